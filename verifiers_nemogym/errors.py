@@ -1,0 +1,26 @@
+"""Errors a caller of verifiers-nemogym can handle, one class per failure.
+
+Every message names what was wrong and where (file:line, env name, server name...).
+"""
+
+from __future__ import annotations
+
+
+class NeMoGymError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(NeMoGymError, ValueError):
+    """Bad user input: unknown environment, malformed row, unparsable YAML, bad option."""
+
+
+class RuntimeSetupError(NeMoGymError):
+    """The NeMo Gym runtime (its uv venv) could not be found or created."""
+
+
+class StackError(NeMoGymError):
+    """The NeMo Gym server stack failed to start, died, or could not be reached."""
+
+
+class RolloutError(NeMoGymError):
+    """One rollout failed inside NeMo Gym (its `/run` did not return a result)."""

@@ -1,0 +1,212 @@
+"""NeMoGymModelProxy against a real aiohttp upstream on loopback: auth, routing, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from openai.types.responses import Response
+
+from verifiers_nemogym.proxy import (
+    ROUTE_HEADER,
+    ROUTE_KEY,
+    SECRET_KEY,
+    NeMoGymModelProxy,
+    ProxyLimits,
+)
+
+
+class Upstream:
+    """Stands in for verifiers' interception endpoint: records who called, answers per script."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.answer: dict[str, Any] | None = None
+        self.status = 200
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        secret = request.headers["Authorization"].removeprefix("Bearer ")
+        self.seen.append(
+            {
+                "secret": secret,
+                "body": body,
+                "cookie": request.cookies.get("turn"),
+                "path": request.path,
+            }
+        )
+        if self.answer is not None:
+            return web.json_response(self.answer, status=self.status)
+        reply = web.json_response(
+            {
+                # Minimal: fields NeMo Gym requires but OpenAI leaves optional are missing.
+                "output": [
+                    {"type": "message", "content": [{"type": "output_text", "text": secret}]}
+                ],
+            }
+        )
+        reply.set_cookie("turn", str(int(request.cookies.get("turn", "0")) + 1))
+        return reply
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
+    up = Upstream()
+    app = web.Application(client_max_size=1024**3)
+    app.router.add_post("/v1/{tail:.*}", up.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield up, f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[NeMoGymModelProxy]:
+    async with NeMoGymModelProxy(limits=ProxyLimits(max_body_bytes=8 * 1024 * 1024)) as p:
+        yield p
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        yield session
+
+
+def body(proxy: NeMoGymModelProxy, route: str | None, **extra: Any) -> dict[str, Any]:
+    metadata = proxy.metadata(route) if route else {}
+    return {"input": [{"role": "user", "content": "hi"}], "metadata": metadata, **extra}
+
+
+async def post(http: aiohttp.ClientSession, proxy: NeMoGymModelProxy, payload: Any, **kw: Any):
+    async with http.post(f"{proxy.url}/v1/responses", json=payload, **kw) as r:
+        return r.status, await r.json()
+
+
+async def test_health_needs_no_secret(proxy, http):
+    async with http.get(proxy.url) as r:
+        assert r.status == 200
+
+
+async def test_refuses_missing_or_wrong_secret(proxy, upstream, http):
+    up, endpoint = upstream
+    route = proxy.open_route(endpoint, "s1")
+    no_secret = {"input": "hi", "metadata": {ROUTE_KEY: route}}
+    wrong = {"input": "hi", "metadata": {ROUTE_KEY: route, SECRET_KEY: "nope"}}
+    for payload in (no_secret, wrong):
+        status, reply = await post(http, proxy, payload)
+        assert status == 401
+        assert reply["error"]["type"] == "unauthorized"
+    status, _ = await post(
+        http,
+        proxy,
+        {"input": "hi"},
+        headers={"Authorization": f"Bearer {proxy.secret}", ROUTE_HEADER: route},
+    )
+    assert status == 200
+    assert len(up.seen) == 1  # the refused calls never went upstream
+
+
+async def test_unknown_and_finished_routes_are_4xx_never_another_route(proxy, upstream, http):
+    up, endpoint = upstream
+    live = proxy.open_route(endpoint, "live-secret")
+    status, reply = await post(http, proxy, body(proxy, "no-such-route"))
+    assert (status, reply["error"]["type"]) == (404, "unknown_route")
+    done = proxy.open_route(endpoint, "done-secret")
+    await proxy.close_route(done)
+    status, reply = await post(http, proxy, body(proxy, done))
+    assert (status, reply["error"]["type"]) == (410, "route_finished")
+    status, _ = await post(http, proxy, {"input": "hi", "metadata": {SECRET_KEY: proxy.secret}})
+    assert status == 404
+    assert up.seen == []  # nothing fell back to the one live route
+    assert proxy.open_routes == 1 and live
+
+
+async def test_many_concurrent_routes_each_get_only_their_calls(proxy, upstream, http):
+    up, endpoint = upstream
+    routes = {f"secret-{i}": proxy.open_route(endpoint, f"secret-{i}") for i in range(200)}
+
+    async def rollout(secret: str, route: str) -> list[str]:
+        texts = []
+        for _ in range(3):
+            status, reply = await post(http, proxy, body(proxy, route))
+            assert status == 200
+            texts.append(reply["output"][0]["content"][0]["text"])
+        return texts
+
+    results = await asyncio.gather(*(rollout(s, r) for s, r in routes.items()))
+    for secret, texts in zip(routes, results, strict=True):
+        assert texts == [secret] * 3  # upstream saw this route's own secret every time
+    assert len(up.seen) == 600
+    # Our routing keys never leave the proxy; each route keeps its own cookie sequence.
+    assert all(ROUTE_KEY not in (c["body"].get("metadata") or {}) for c in up.seen)
+    for secret in routes:
+        cookies = [c["cookie"] for c in up.seen if c["secret"] == secret]
+        assert cookies == [None, "1", "2"]
+
+
+async def test_completes_replies_nemo_gym_would_reject(proxy, upstream, http):
+    _, endpoint = upstream
+    route = proxy.open_route(endpoint, "s")
+    tools = [{"type": "function", "name": "f", "parameters": {}, "strict": True}]
+    status, reply = await post(http, proxy, body(proxy, route, tools=tools, tool_choice="auto"))
+    assert status == 200
+    response = Response.model_validate(reply)  # the openai schema NeMo Gym's subclasses
+    assert response.tools[0].name == "f"
+    assert reply["output"][0]["id"] and reply["output"][0]["content"][0]["annotations"] == []
+    assert isinstance(reply["created_at"], int) and reply["parallel_tool_calls"] is True
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (400, "rollout stopped: max_turns_reached"),
+        (409, "rollout concluded"),
+        (401, "unauthorized"),
+    ],
+)
+async def test_verifiers_stop_becomes_incomplete_response(proxy, upstream, http, status, message):
+    up, endpoint = upstream
+    up.answer, up.status = {"error": {"message": message, "type": "invalid_request_error"}}, status
+    route = proxy.open_route(endpoint, "s")
+    got, reply = await post(http, proxy, body(proxy, route))
+    assert got == 200
+    assert reply["status"] == "incomplete" and reply["incomplete_details"]["reason"]
+    assert reply["output"] == []
+    Response.model_validate(reply)
+
+
+async def test_other_upstream_errors_are_relayed(proxy, upstream, http):
+    up, endpoint = upstream
+    up.answer, up.status = {"error": {"message": "overloaded", "type": "server_error"}}, 500
+    route = proxy.open_route(endpoint, "s")
+    status, reply = await post(http, proxy, body(proxy, route))
+    assert (status, reply["error"]["message"]) == (500, "overloaded")
+
+
+async def test_dead_upstream_is_502_not_a_dropped_connection(proxy, http):
+    route = proxy.open_route("http://127.0.0.1:9/v1", "s")  # discard port: nothing listens
+    status, reply = await post(http, proxy, body(proxy, route))
+    assert status == 502 and reply["error"]["type"] == "upstream_error"
+
+
+async def test_large_bodies_pass_and_oversized_are_413(proxy, upstream, http):
+    up, endpoint = upstream
+    route = proxy.open_route(endpoint, "s")
+    big = "x" * (6 * 1024 * 1024)
+    status, _ = await post(http, proxy, body(proxy, route, instructions=big))
+    assert status == 200 and up.seen[-1]["body"]["instructions"] == big
+    status, reply = await post(http, proxy, body(proxy, route, instructions=big * 2))
+    assert status == 413 and reply["error"]["type"] == "request_too_large"
+
+
+async def test_malformed_json_is_400(proxy, http):
+    async with http.post(f"{proxy.url}/v1/responses", data=b"{not json") as r:
+        assert r.status == 400
+        assert "not JSON" in json.loads(await r.text())["error"]["message"]

@@ -1,0 +1,161 @@
+"""A scripted OpenAI Responses model server: calls the request's first tool once, then answers.
+
+For smoke tests, CI and benchmarks, where a real model would only add noise: instant,
+deterministic, loopback-only. It records every call (body and verifiers' `X-Session-ID`), so a
+test can check which rollout each call belonged to. Run it alone with
+`python -m verifiers_nemogym.scripted_policy --port 8000`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+ANSWER = "Done: I looked it up for you."
+
+
+@dataclass
+class Call:
+    """One model call as the policy saw it."""
+
+    session_id: str | None
+    body: dict[str, Any]
+
+
+def _argument(schema: dict[str, Any]) -> Any:
+    kind = schema.get("type")
+    if "enum" in schema:
+        return schema["enum"][0]
+    return {"integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(
+        kind, "San Francisco"
+    )
+
+
+def tool_arguments(tool: dict[str, Any]) -> dict[str, Any]:
+    """Plausible arguments for `tool`: a value of the right type for each required field."""
+    params = tool.get("parameters") or {}
+    props = params.get("properties") or {}
+    return {name: _argument(props.get(name, {})) for name in params.get("required", props)}
+
+
+def _answered(items: Any) -> bool:
+    return isinstance(items, list) and any(
+        isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
+    )
+
+
+@dataclass
+class ScriptedPolicy:
+    """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1`."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    calls: list[Call] = field(default_factory=list)
+    record: bool = True
+    """Keep every call in `calls` (turn off for long benchmarks)."""
+    _runner: web.AppRunner | None = None
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> ScriptedPolicy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
+        )
+
+    async def _responses(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.record:
+            self.calls.append(Call(request.headers.get("X-Session-ID"), body))
+        return web.json_response(self.reply(body))
+
+    def reply(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The scripted answer to a Responses request body."""
+        n = next(self._ids)
+        tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
+        if tools and not _answered(body.get("input")):
+            item: dict[str, Any] = {
+                "type": "function_call",
+                "id": f"fc_{n}",
+                "call_id": f"call_{n}",
+                "name": tools[0]["name"],
+                "arguments": json.dumps(tool_arguments(tools[0])),
+                "status": "completed",
+            }
+        else:
+            item = {
+                "type": "message",
+                "id": f"msg_{n}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": ANSWER, "annotations": []}],
+            }
+        return {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": body.get("model") or "scripted",
+            "status": "completed",
+            "output": [item],
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "usage": {
+                "input_tokens": 10,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": 5,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 15,
+            },
+        }
+
+
+async def _serve(host: str, port: int) -> None:
+    async with ScriptedPolicy(host, port, record=False) as policy:
+        print(f"scripted policy on {policy.base_url}", flush=True)
+        await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()

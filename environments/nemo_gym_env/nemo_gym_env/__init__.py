@@ -1,0 +1,26 @@
+"""nemo-gym-env: NeMo Gym environments run by NeMo Gym's own agents, through verifiers.
+
+Exports exactly one Taskset, Harness and Env (verifiers' discovery rule) plus `load_environment`,
+the short form of `vf.load_environment(vf.resolve_env_config({"taskset": {...}}))`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import verifiers.v1 as vf
+
+from verifiers_nemogym import NeMoGymEnv, NeMoGymHarness, NeMoGymTaskset
+
+ENV_ID = "nemo-gym-env"
+
+
+def load_environment(**taskset: Any) -> NeMoGymEnv:
+    """The env for taskset fields given as keywords, e.g.
+    `load_environment(nemo_env="example_single_tool_call")`."""
+    env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": ENV_ID, **taskset}}))
+    assert isinstance(env, NeMoGymEnv)
+    return env
+
+
+__all__ = ["NeMoGymEnv", "NeMoGymHarness", "NeMoGymTaskset", "load_environment"]

@@ -1,0 +1,13 @@
+"""Shared fixtures: the real NeMo Gym runtime (created on first use, then cached)."""
+
+from __future__ import annotations
+
+import pytest
+
+from verifiers_nemogym.runtime import NeMoGymRuntime, ensure_runtime
+
+
+@pytest.fixture(scope="session")
+def nemo_runtime() -> NeMoGymRuntime:
+    """The NeMo Gym 0.4.0 runtime venv; the first test run creates it (about a minute)."""
+    return ensure_runtime()

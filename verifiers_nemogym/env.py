@@ -1,0 +1,94 @@
+"""NeMoGymEnv: starts one NeMo Gym stack per env process and hands it to every rollout.
+
+`start()` brings up the model proxy, then the NeMo Gym servers of the taskset's environments
+with the proxy registered as `policy_model`; `stop()` takes both down (also after a failed or
+partial start). Everything else is verifiers' single-agent env.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import cast
+
+import aiohttp
+import verifiers.v1 as vf
+
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.proxy import NeMoGymModelProxy
+from verifiers_nemogym.stack import NeMoGymStack
+from verifiers_nemogym.taskset import NeMoGymTaskset
+
+logger = logging.getLogger(__name__)
+
+
+class NeMoGymEnvConfig(vf.EnvConfig):
+    """The single `agent` seat, pinned to the subprocess runtime: the harness only makes HTTP
+    calls to the env's own loopback stack, so no container is needed."""
+
+    agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
+    """The policy under evaluation/training (`--env.agent.*`)."""
+
+
+class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
+    """One agent seat playing NeMo Gym rows on a stack this env process owns."""
+
+    _proxy: NeMoGymModelProxy | None = None
+    _stack: NeMoGymStack | None = None
+    _http: aiohttp.ClientSession | None = None
+
+    async def run(self, task: vf.Task, agents: vf.Agents) -> None:
+        await agents.agent.run(task)
+
+    async def start(self) -> None:
+        taskset = cast(NeMoGymTaskset, self.taskset)
+        config = taskset.config
+        began = time.monotonic()
+        # Input errors first (unknown env, bad rows, missing configs): nothing is started yet.
+        config_paths = await asyncio.to_thread(taskset.config_paths)
+        wanted = await asyncio.to_thread(lambda: {t.data.agent for t in taskset.load()})
+        self._proxy = NeMoGymModelProxy()
+        await self._proxy.start()
+        self._stack = NeMoGymStack(
+            taskset.runtime,
+            config_paths,
+            policy_host=self._proxy.host,
+            policy_port=self._proxy.port,
+            start_timeout=config.start_timeout,
+        )
+        await self._stack.start()
+        agents = dict(self._stack.agents)
+        if unknown := sorted(a if a is not None else "<none>" for a in wanted - agents.keys()):
+            raise ConfigError(
+                f"rows name agent(s) {', '.join(unknown)} that the stack does not have "
+                f"(agents: {', '.join(sorted(agents))}); set agent_ref in the rows or "
+                "--env.taskset.agent"
+            )
+        # No cookie jar: NeMo Gym keys agent sessions by cookie, and each /run is its own session.
+        self._http = aiohttp.ClientSession(
+            cookie_jar=aiohttp.DummyCookieJar(),
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+        config.task._live = LiveStack(
+            proxy=self._proxy, agents=agents, http=self._http, run_timeout=config.task.run_timeout
+        )
+        logger.info(
+            "NeMo Gym stack ready in %.1f s: agents %s", time.monotonic() - began, sorted(agents)
+        )
+
+    async def stop(self) -> None:
+        cast(NeMoGymTaskset, self.taskset).config.task._live = None
+        try:
+            if self._stack is not None:
+                stack, self._stack = self._stack, None
+                await stack.stop()
+        finally:
+            if self._http is not None:
+                http, self._http = self._http, None
+                await http.close()
+            if self._proxy is not None:
+                proxy, self._proxy = self._proxy, None
+                await proxy.stop()

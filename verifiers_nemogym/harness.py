@@ -1,0 +1,127 @@
+"""NeMoGymHarness: one rollout = one `POST /run` on the row's NeMo Gym agent.
+
+The agent's model calls reach this rollout's verifiers endpoint through the model proxy (a route
+that lives until `/run` has returned), so verifiers records the trajectory. NeMo Gym's reward,
+numeric verify fields and the rest of its result land on the trace. A failed `/run` raises: the
+rollout is an error, never reward 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, ClassVar
+
+import aiohttp
+import verifiers.v1 as vf
+from verifiers.v1.runtimes import ProgramResult
+
+from verifiers_nemogym.errors import RolloutError, StackError
+from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.proxy import ROUTE_KEY, SECRET_KEY
+from verifiers_nemogym.taskset import NeMoGymData, row_sampling
+
+logger = logging.getLogger(__name__)
+
+# Echoes of the request and the raw NeMo Gym response: the trajectory already holds them.
+_ECHOED = ("responses_create_params", "response")
+
+
+class NeMoGymHarnessConfig(vf.HarnessConfig):
+    """The harness has no knobs of its own; rollout knobs live on `--env.taskset.task.*`."""
+
+
+class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
+    """Runs a task's row through NeMo Gym's own agent server (see module doc)."""
+
+    NEEDS_CONTAINER: ClassVar[bool] = False  # only HTTP calls to the env's own stack
+    EXECUTES_CODE: ClassVar[bool] = False  # the model never executes anything on this host
+
+    async def launch(
+        self,
+        ctx: Any,
+        trace: vf.Trace,
+        runtime: Any,
+        endpoint: str,
+        secret: str,
+        mcp_urls: dict[str, str],
+        data: vf.TaskData,
+    ) -> ProgramResult:
+        if not isinstance(data, NeMoGymData):
+            raise TypeError(f"NeMoGymHarness runs NeMo Gym rows, got {type(data).__name__}")
+        live = trace.state.live
+        if not isinstance(live, LiveStack):
+            raise StackError("no NeMo Gym stack is running: use NeMoGymEnv (nemo-gym-env)")
+        agent_url = live.agents.get(data.agent or "")
+        if agent_url is None:
+            raise RolloutError(
+                f"{data.source}: agent {data.agent!r} is not on this stack "
+                f"(agents: {', '.join(sorted(live.agents)) or 'none'})"
+            )
+        if sampling := row_sampling(data.row):
+            trace.info["nemo_gym_row_sampling"] = sampling
+            _warn_once(live, "sampling", sampling)
+        async with live.proxy.route(endpoint, secret) as route_id:
+            body = _tag(data.row, route_id, live.proxy.secret)
+            result = await _post_run(live, data, agent_url, body)
+        record(trace, result)
+        return ProgramResult(exit_code=0, stdout="", stderr="")
+
+
+def _tag(row: dict[str, Any], route_id: str, proxy_secret: str) -> dict[str, Any]:
+    """The row with the routing entries added to `responses_create_params.metadata`
+    (NeMo Gym forwards that metadata on every model call of the rollout)."""
+    params = row["responses_create_params"]
+    metadata = {**(params.get("metadata") or {}), ROUTE_KEY: route_id, SECRET_KEY: proxy_secret}
+    return {**row, "responses_create_params": {**params, "metadata": metadata}}
+
+
+async def _post_run(
+    live: LiveStack, data: NeMoGymData, url: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    timeout = live.run_timeout
+    where = f"{data.source}: agent {data.agent!r} /run"
+    try:
+        async with (
+            asyncio.timeout(timeout),
+            live.http.post(f"{url}/run", json=body) as response,
+        ):
+            text = await response.text()
+            status = response.status
+    except TimeoutError:
+        raise RolloutError(f"{where} did not return within {timeout:g} s") from None
+    except aiohttp.ClientError as e:
+        raise RolloutError(f"{where} failed: {e!r} (is the NeMo Gym stack still up?)") from e
+    if status != 200:
+        raise RolloutError(f"{where} answered {status}: {text[-2000:]}")
+    try:
+        result = json.loads(text)
+    except ValueError:
+        raise RolloutError(f"{where} answered non-JSON: {text[:500]}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("reward"), int | float):
+        raise RolloutError(f"{where} returned no numeric `reward`: {text[:500]}")
+    return result
+
+
+def record(trace: vf.Trace, result: dict[str, Any]) -> None:
+    """NeMo Gym's `/run` result onto the trace: `reward` as the reward `nemo_gym`, numeric
+    verify fields as metrics, everything else but the request/response echoes in
+    `trace.info["nemo_gym"]`."""
+    trace.record_reward("nemo_gym", float(result["reward"]))
+    info = {k: v for k, v in result.items() if k not in _ECHOED}
+    for key, value in info.items():
+        if key != "reward" and isinstance(value, bool | int | float):
+            trace.record_metric(key, float(value))
+    trace.info["nemo_gym"] = info
+
+
+def _warn_once(live: LiveStack, key: str, sampling: dict[str, Any]) -> None:
+    if key in live.warned:
+        return
+    live.warned.add(key)
+    logger.warning(
+        "rows carry sampling settings %s; verifiers applies --sampling.* to every model call "
+        "instead (the row values are kept in trace.info['nemo_gym_row_sampling'])",
+        sorted(sampling),
+    )

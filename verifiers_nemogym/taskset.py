@@ -1,0 +1,219 @@
+"""NeMoGymTaskset: NeMo Gym JSONL rows as verifiers tasks.
+
+Rows come from an environment's packaged data (`nemo_env`) or any JSONL file (`jsonl_path`).
+Each task keeps its row untouched (`data.row`) plus the agent that runs it (`data.agent`) and a
+prompt for display. Bad input raises `ConfigError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import verifiers.v1 as vf
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from verifiers.v1.dialects.responses import ResponsesDialect
+
+from verifiers_nemogym.catalog import Catalog
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.runtime import DEFAULT_NEMO_GYM_VERSION, NeMoGymRuntime, ensure_runtime
+
+logger = logging.getLogger(__name__)
+
+
+class NeMoGymTaskConfig(vf.TaskConfig):
+    """Per-rollout knobs, under `--env.taskset.task.*`."""
+
+    run_timeout: float = Field(1800.0, gt=0)
+    """Seconds one rollout's `POST /run` may take; on expiry the request is cancelled and the
+    rollout fails with an error (verifiers' `--env.agent.timeout.rollout` also applies)."""
+
+    _live: LiveStack | None = PrivateAttr(default=None)
+    """The running stack, set by `NeMoGymEnv.start()` and read by every task (shared object)."""
+
+
+class NeMoGymTasksetConfig(vf.TasksetConfig):
+    """Which rows load and which NeMo Gym runs them, under `--env.taskset.*`."""
+
+    nemo_env: list[str] = Field(default_factory=list)
+    """NeMo Gym environment name(s) (resources server folders, e.g. `example_single_tool_call`).
+    Their configs are started on one stack; without `jsonl_path` their `dataset` rows load."""
+    jsonl_path: Path | None = None
+    """A JSONL file of NeMo Gym rows to load instead of the environments' packaged data. Rows
+    name their agent with `agent_ref`; rows without one go to the single agent of `nemo_env`."""
+    dataset: str = "example"
+    """Which declared dataset of each environment loads: `example` (shipped with NeMo Gym),
+    `train` or `validation` (downloaded separately; a clear error says how)."""
+    agent: str | None = None
+    """Agent instance for rows without `agent_ref` (needed only if the stack has several)."""
+    config_paths: list[str] = Field(default_factory=list)
+    """Extra NeMo Gym config YAMLs (paths, or relative to the NeMo Gym install) to start."""
+    nemo_gym_version: str = DEFAULT_NEMO_GYM_VERSION
+    """nemo-gym release installed in the runtime venv (0.4.0 is the newest that runs on
+    Python 3.12; later ones need Python >= 3.13.14)."""
+    python: str | None = None
+    """Python (>= 3.12) for the NeMo Gym runtime: a path or a version such as `3.12`.
+    Default: `$VF_NEMOGYM_PYTHON`, else the first suitable interpreter found."""
+    start_timeout: float = Field(900.0, gt=0)
+    """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
+    task: NeMoGymTaskConfig = NeMoGymTaskConfig()
+
+    @field_validator("nemo_env", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        # `--env.taskset.nemo-env a,b` and a TOML string both mean a list of names.
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+
+class NeMoGymData(vf.TaskData):
+    """A task: one NeMo Gym row, untouched, and the agent instance that runs it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    row: dict[str, Any]
+    """The JSONL row as read; posted to the agent's `/run` (plus a routing tag)."""
+    agent: str | None = None
+    """Agent instance name (the row's `agent_ref.name`, else the taskset's only agent)."""
+    source: str = ""
+    """Where the row came from, as `file:line`."""
+
+
+class NeMoGymState(vf.State):
+    """Per-rollout state: the live stack handle, copied from the task config in `setup`."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    live: Any = None
+
+
+class NeMoGymTask(vf.Task[NeMoGymData, NeMoGymState, NeMoGymTaskConfig]):
+    """A NeMo Gym row; scoring happens inside NeMo Gym (`/run` verifies), see the harness."""
+
+    async def setup(self, trace: vf.Trace, runtime: Any) -> None:
+        trace.state.live = self.config._live
+
+
+class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
+    """NeMo Gym rows by environment name or JSONL path (see `NeMoGymTasksetConfig`)."""
+
+    def __init__(self, config: NeMoGymTasksetConfig) -> None:
+        super().__init__(config)
+        if not config.nemo_env and config.jsonl_path is None:
+            raise ConfigError(
+                "nemo-gym-env needs rows: set --env.taskset.nemo-env NAME (a NeMo Gym "
+                "environment, e.g. example_single_tool_call) or --env.taskset.jsonl-path FILE"
+            )
+        self._runtime: NeMoGymRuntime | None = None
+        self._catalog: Catalog | None = None
+
+    @property
+    def runtime(self) -> NeMoGymRuntime:
+        """The NeMo Gym runtime venv (created on first use, then cached on disk)."""
+        if self._runtime is None:
+            self._runtime = ensure_runtime(self.config.nemo_gym_version, self.config.python)
+        return self._runtime
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = Catalog(self.runtime)
+            for name in self.config.nemo_env:
+                self._catalog.env(name)  # unknown names fail here, before anything starts
+        return self._catalog
+
+    def config_paths(self) -> list[Path]:
+        """NeMo Gym config YAMLs the stack needs: those of `nemo_env`, of every agent the rows
+        name, and `config_paths`."""
+        catalog = self.catalog
+        paths: list[Path] = []
+        for name in self.config.nemo_env:
+            paths.extend(catalog.env(name).config_paths)
+        if self.config.jsonl_path is not None:
+            known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
+            for agent in {t.data.agent for t in self.load()} - known - {None}:
+                paths.extend(catalog.agent_env(agent).config_paths)
+        for extra in self.config.config_paths:
+            path = Path(extra).expanduser()
+            paths.append(path if path.is_absolute() else self.runtime.site_packages / path)
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise ConfigError(f"NeMo Gym config file(s) not found: {', '.join(missing)}")
+        return list(dict.fromkeys(paths))
+
+    def load(self) -> Iterator[NeMoGymTask]:
+        if self.config.jsonl_path is not None:
+            default_agent = self._default_agent()
+            path = self.config.jsonl_path.expanduser().resolve()
+            yield from self._read(path, path.name, default_agent)
+            return
+        for name in self.config.nemo_env:
+            env = self.catalog.env(name)
+            default = self.config.agent or (env.agents[0].name if len(env.agents) == 1 else None)
+            label = f"{name}/{self.config.dataset}"
+            yield from self._read(env.dataset(self.config.dataset), label, default)
+
+    def _default_agent(self) -> str | None:
+        if self.config.agent is not None:
+            return self.config.agent
+        agents = [a.name for n in self.config.nemo_env for a in self.catalog.env(n).agents]
+        return agents[0] if len(agents) == 1 else None
+
+    def _read(self, path: Path, label: str, default_agent: str | None) -> Iterator[NeMoGymTask]:
+        """Tasks from `path`, named `<label>:<line>`."""
+        if not path.is_file():
+            raise ConfigError(f"NeMo Gym rows file not found: {path}")
+        found = False
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                found = True
+                data = parse_row(line, f"{path}:{number}", default_agent)
+                data = data.model_copy(
+                    update={"id": f"{label}:{number}", "name": f"{label}:{number}"}
+                )
+                yield NeMoGymTask(data, self.config.task)
+        if not found:
+            raise ConfigError(f"NeMo Gym rows file is empty: {path}")
+
+
+_DIALECT = ResponsesDialect()
+_DROPPED_SAMPLING = ("temperature", "top_p", "max_output_tokens")
+
+
+def parse_row(line: str, where: str, default_agent: str | None) -> NeMoGymData:
+    """One JSONL line as task data; `where` (`file:line`) prefixes every error."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+    params = row.get("responses_create_params")
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}: row has no `responses_create_params` object")
+    if not isinstance(params.get("input"), str | list):
+        raise ConfigError(f"{where}: `responses_create_params.input` must be a string or list")
+    agent = default_agent
+    ref = row.get("agent_ref")
+    if ref is not None:
+        if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
+            raise ConfigError(f"{where}: `agent_ref` must be an object with a string `name`")
+        agent = ref["name"]
+    try:
+        prompt = _DIALECT.parse_request(params).messages
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{where}: cannot read `responses_create_params.input`: {e}") from None
+    return NeMoGymData(prompt=prompt, row=row, agent=agent, source=where)
+
+
+def row_sampling(row: dict[str, Any]) -> dict[str, Any]:
+    """Sampling fields a row carries that verifiers' interception replaces with `--sampling.*`."""
+    params = row["responses_create_params"]
+    return {key: params[key] for key in _DROPPED_SAMPLING if key in params}

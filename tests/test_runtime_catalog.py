@@ -1,0 +1,131 @@
+"""The NeMo Gym runtime venv (found, created once, reused cheaply) and the catalog read from it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verifiers_nemogym.catalog import Catalog
+from verifiers_nemogym.errors import ConfigError, RuntimeSetupError
+from verifiers_nemogym.runtime import (
+    DEFAULT_NEMO_GYM_VERSION,
+    NeMoGymRuntime,
+    ensure_runtime,
+    find_python,
+)
+
+
+@pytest.fixture(scope="module")
+def catalog_runtime() -> NeMoGymRuntime:
+    return ensure_runtime()
+
+
+@pytest.fixture(scope="module")
+def catalog(catalog_runtime: NeMoGymRuntime) -> Catalog:
+    return Catalog(catalog_runtime)
+
+
+def test_find_python_accepts_a_named_interpreter() -> None:
+    found = find_python()
+    assert find_python(str(found)) == found
+
+
+def test_find_python_rejects_a_missing_interpreter(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeSetupError, match="does not exist"):
+        find_python(str(tmp_path / "no-such-python"))
+
+
+def test_find_python_rejects_an_old_interpreter() -> None:
+    if sys.version_info >= (3, 12):
+        pytest.fail("this test expects the verifiers side to run on Python < 3.12")
+    with pytest.raises(RuntimeSetupError, match=r"needs CPython >= 3\.12"):
+        find_python(sys.executable)
+
+
+def test_find_python_env_var_is_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("VF_NEMOGYM_PYTHON", str(tmp_path / "missing"))
+    with pytest.raises(RuntimeSetupError, match="missing"):
+        find_python()
+
+
+def test_ensure_runtime_is_reused_quickly(catalog_runtime: NeMoGymRuntime) -> None:
+    started = time.perf_counter()
+    again = ensure_runtime()
+    assert time.perf_counter() - started < 0.5
+    assert again == catalog_runtime
+    assert again.nemo_gym_version == DEFAULT_NEMO_GYM_VERSION
+    assert again.bin("ng_run").exists()
+    assert (again.site_packages / "nemo_gym").is_dir()
+    # The same interpreter named explicitly hits the same cache entry.
+    assert ensure_runtime(python=str(again.python)) == again
+
+
+def test_runtime_env_puts_its_interpreter_first(catalog_runtime: NeMoGymRuntime) -> None:
+    env = catalog_runtime.env(Path("/tmp/vfng-x"))
+    assert env["PATH"].split(":")[0] == str(catalog_runtime.python.parent)
+    assert env["UV_PYTHON_DOWNLOADS"] == "never"
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert env["RAY_TMPDIR"] == "/tmp/vfng-x"
+    assert "VIRTUAL_ENV" not in env
+
+
+def test_catalog_lists_packaged_environments(catalog: Catalog) -> None:
+    names = catalog.names()
+    assert "example_single_tool_call" in names
+    assert len(names) > 50
+
+
+def test_catalog_env_and_dataset(catalog: Catalog) -> None:
+    spec = catalog.env("example_single_tool_call")
+    assert [p.name for p in spec.config_paths] == ["example_single_tool_call.yaml"]
+    assert spec.agent.name == "example_single_tool_call_simple_agent"
+    assert spec.agent.impl == "simple_agent"
+    example = spec.dataset()
+    assert example.is_file()
+    row = json.loads(example.read_text().splitlines()[0])
+    assert "responses_create_params" in row
+
+
+def test_catalog_picks_the_config_of_an_env_without_a_same_named_yaml(catalog: Catalog) -> None:
+    spec = catalog.env("equivalence_rule")
+    assert [p.name for p in spec.config_paths] == ["lc.yaml"]
+    assert spec.agent.name == "lc_equivalence_rule_simple_agent"
+    assert spec.dataset().is_file()
+
+
+def test_catalog_example_fallback_and_missing_train_data(catalog: Catalog) -> None:
+    spec = catalog.env("reasoning_gym")
+    # Its config lists only a train dataset, but the wheel ships data/example.jsonl.
+    assert spec.dataset("example") == spec.root / "data" / "example.jsonl"
+    with pytest.raises(ConfigError, match="ng_download_dataset_from_hf"):
+        spec.dataset("train")
+
+
+def test_catalog_unknown_env_lists_close_matches(catalog: Catalog) -> None:
+    with pytest.raises(ConfigError, match="example_single_tool_call"):
+        catalog.env("example_single_tool")
+
+
+def test_catalog_unknown_config(catalog: Catalog) -> None:
+    with pytest.raises(ConfigError, match=r"available: lc\.yaml"):
+        catalog.env("equivalence_rule", config="nope")
+
+
+def test_catalog_reports_unparsable_yaml(tmp_path: Path, catalog_runtime: NeMoGymRuntime) -> None:
+    # A fake runtime layout, so the real site-packages stays untouched.
+    site = tmp_path / "lib" / "python3.12" / "site-packages"
+    configs = site / "resources_servers" / "broken" / "configs"
+    configs.mkdir(parents=True)
+    (configs / "broken.yaml").write_text("broken: [unclosed\n")
+    fake = NeMoGymRuntime(
+        venv=tmp_path,
+        python=catalog_runtime.python,
+        python_version="3.12.1",
+        nemo_gym_version=catalog_runtime.nemo_gym_version,
+    )
+    with pytest.raises(ConfigError, match=str(configs / "broken.yaml")):
+        Catalog(fake).env("broken")

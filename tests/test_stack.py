@@ -1,0 +1,140 @@
+"""A real NeMo Gym stack (example_single_tool_call) with a scripted policy: rollouts work, and
+no NeMo Gym process survives stop() or a SIGKILL of the process that owns the stack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from nemo_helpers import ScriptedPolicy
+
+from verifiers_nemogym.catalog import Catalog, EnvSpec
+from verifiers_nemogym.runtime import NeMoGymRuntime, ensure_runtime
+from verifiers_nemogym.stack import NeMoGymStack, processes_with_marker
+
+ENV_NAME = "example_single_tool_call"
+
+
+@pytest.fixture(scope="module")
+def stack_runtime() -> NeMoGymRuntime:
+    return ensure_runtime()
+
+
+@pytest.fixture(scope="module")
+def single_tool_env(stack_runtime: NeMoGymRuntime) -> EnvSpec:
+    return Catalog(stack_runtime).env(ENV_NAME)
+
+
+@pytest.fixture
+async def scripted_policy() -> AsyncIterator[ScriptedPolicy]:
+    policy = ScriptedPolicy()
+    await policy.start()
+    try:
+        yield policy
+    finally:
+        await policy.stop()
+
+
+async def _wait_no_marker(marker: str, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := processes_with_marker(marker)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    return alive
+
+
+async def test_stack_runs_a_rollout_and_stops_clean(
+    stack_runtime: NeMoGymRuntime, single_tool_env: EnvSpec, scripted_policy: ScriptedPolicy
+) -> None:
+    stack = NeMoGymStack(
+        stack_runtime,
+        single_tool_env.config_paths,
+        policy_host=scripted_policy.host,
+        policy_port=scripted_policy.port,
+        start_timeout=300,
+    )
+    try:
+        await stack.start()
+        assert processes_with_marker(stack.marker), "the stack should be running under its marker"
+        agent_url = stack.agents[single_tool_env.agent.name]
+        assert agent_url.startswith("http://127.0.0.1:")
+        assert stack.head_url.startswith("http://127.0.0.1:")
+        row = json.loads(single_tool_env.dataset().read_text().splitlines()[0])
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
+            session.post(f"{agent_url}/run", json=row) as response,
+        ):
+            assert response.status == 200, await response.text()
+            result = await response.json()
+        assert result["reward"] == 1.0
+        assert len(scripted_policy.requests) == 2
+        await stack.check_alive()
+    finally:
+        await stack.stop()
+    assert await _wait_no_marker(stack.marker, 10) == []
+    await stack.stop()  # idempotent
+
+
+_OWNER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from verifiers_nemogym.runtime import ensure_runtime
+    from verifiers_nemogym.stack import NeMoGymStack
+
+    async def main() -> None:
+        stack = NeMoGymStack(ensure_runtime(), [Path(sys.argv[1])], policy_host="127.0.0.1",
+                             policy_port=int(sys.argv[2]), start_timeout=300)
+        print("MARKER", stack.marker, flush=True)
+        await stack.start()
+        print("READY", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_sigkill_of_owner_leaves_no_process(
+    single_tool_env: EnvSpec, scripted_policy: ScriptedPolicy
+) -> None:
+    owner = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _OWNER_SCRIPT,
+        str(single_tool_env.config_paths[0]),
+        str(scripted_policy.port),
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert owner.stdout is not None
+    marker = ""
+    try:
+        async with asyncio.timeout(300):
+            while True:
+                line = (await owner.stdout.readline()).decode()
+                assert line, "the owner process exited before its stack was ready"
+                if line.startswith("MARKER "):
+                    marker = line.split()[1]
+                if line.startswith("READY"):
+                    break
+        assert marker and processes_with_marker(marker)
+        os.kill(owner.pid, signal.SIGKILL)
+        await owner.wait()
+        assert await _wait_no_marker(marker, 60) == []
+    finally:
+        if owner.returncode is None:
+            owner.kill()
+            await owner.wait()
+        # Belt and braces so a failing assertion does not leak a stack into later tests.
+        for pid in processes_with_marker(marker) if marker else []:
+            os.kill(pid, signal.SIGKILL)

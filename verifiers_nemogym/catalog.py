@@ -1,0 +1,243 @@
+"""What NeMo Gym environments a runtime ships, read from its files (no `nemo_gym` import).
+
+Contract: the only module that knows NeMo Gym's on-disk layout (`resources_servers/<env>/
+configs/*.yaml`, `data/*.jsonl`) and its server-config shape (`<instance>: {<server type>:
+{<impl>: {...}}}`).
+Everything else asks a `Catalog` for an `EnvSpec` and gets absolute paths back.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.runtime import NeMoGymRuntime
+
+RESOURCES_SERVERS = "resources_servers"
+AGENTS = "responses_api_agents"
+DATASET_KINDS = ("example", "train", "validation")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset an agent config lists."""
+
+    name: str
+    type: str
+    """"example", "train" or "validation"."""
+    jsonl_path: Path
+    """Absolute; relative `jsonl_fpath`s resolve against the runtime's site-packages."""
+    gitlab: dict[str, str] | None = None
+    """`gitlab_identifier` (dataset_name, version, artifact_fpath) if the config has one."""
+    huggingface: dict[str, str] | None = None
+    """`huggingface_identifier` (repo_id, artifact_fpath) if the config has one."""
+    license: str | None = None
+
+    def how_to_get(self) -> str:
+        """A hint for fetching a dataset the wheel does not ship."""
+        if self.huggingface and self.huggingface.get("repo_id"):
+            artifact = self.huggingface.get("artifact_fpath", f"{self.type}.jsonl")
+            return (
+                f"download it with `ng_download_dataset_from_hf +repo_id="
+                f"{self.huggingface['repo_id']} +artifact_fpath={artifact} "
+                "+output_fpath=<file>.jsonl` (a command of the NeMo Gym runtime venv) "
+                "and pass that file's path"
+            )
+        if self.gitlab:
+            return (
+                f"it lives in NVIDIA's GitLab model registry ({self.gitlab.get('dataset_name')} "
+                f"v{self.gitlab.get('version')}), which needs their credentials; "
+                "pass the path of a JSONL file you have instead"
+            )
+        return "pass the path of a JSONL file with rows for this environment"
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One agent server instance from an environment's config."""
+
+    name: str
+    """Top-level key, e.g. "example_single_tool_call_simple_agent" (the `/run` target)."""
+    impl: str
+    """Folder under responses_api_agents/, e.g. "simple_agent"."""
+    config_path: Path
+    datasets: list[DatasetSpec] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A NeMo Gym environment: a resources server folder and the config chosen to run it."""
+
+    name: str
+    """Folder name under resources_servers/, e.g. "example_single_tool_call"."""
+    root: Path
+    config_paths: list[Path]
+    """The config(s) to hand to `ng_run` for this environment (see `Catalog.env`)."""
+    agents: list[AgentSpec]
+    available_configs: list[Path] = field(default_factory=list)
+    """Every YAML in configs/, for error messages and for picking another one."""
+
+    @property
+    def agent(self) -> AgentSpec:
+        """The default agent: the first one the chosen config defines."""
+        return self.agents[0]
+
+    def dataset(self, kind: str = "example") -> Path:
+        """Path of this environment's `kind` dataset ("example", "train" or "validation").
+
+        "example" falls back to `data/example.jsonl` even when no config lists it (most
+        environments ship it). A missing file raises ConfigError saying how to get it.
+        """
+        if kind not in DATASET_KINDS:
+            raise ConfigError(f"unknown dataset kind {kind!r}; expected one of {DATASET_KINDS}")
+        specs = [d for a in self.agents for d in a.datasets if d.type == kind]
+        for spec in specs:
+            if spec.jsonl_path.is_file():
+                return spec.jsonl_path
+        fallback = self.root / "data" / f"{kind}.jsonl"
+        if kind == "example" and fallback.is_file():
+            return fallback
+        if specs:
+            spec = specs[0]
+            raise ConfigError(
+                f"the {kind} dataset of {self.name!r} is not installed (expected at "
+                f"{spec.jsonl_path}); {spec.how_to_get()}"
+            )
+        raise ConfigError(
+            f"{self.name!r} lists no {kind} dataset in {', '.join(map(str, self.config_paths))} "
+            f"and ships no {fallback}; pass the path of a JSONL file instead"
+        )
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read NeMo Gym config {path}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"NeMo Gym config {path} is not a mapping at the top level")
+    return data
+
+
+def _server_block(value: Any, server_type: str) -> tuple[str, dict[str, Any]] | None:
+    """(impl, settings) if `value` is `{server_type: {impl: {...entrypoint...}}}`."""
+    if not isinstance(value, dict) or not isinstance(value.get(server_type), dict):
+        return None
+    inner = value[server_type]
+    if len(inner) != 1:
+        return None
+    impl, settings = next(iter(inner.items()))
+    if not isinstance(settings, dict) or "entrypoint" not in settings:
+        return None
+    return str(impl), settings
+
+
+def _as_str_dict(value: Any) -> dict[str, str] | None:
+    if not isinstance(value, dict):
+        return None
+    return {str(k): str(v) for k, v in value.items()}
+
+
+class Catalog:
+    """The environments shipped in one runtime's site-packages."""
+
+    def __init__(self, runtime: NeMoGymRuntime) -> None:
+        self.runtime = runtime
+        self.root = runtime.site_packages
+
+    def names(self) -> list[str]:
+        """Every resources server folder that has at least one config YAML, sorted."""
+        folder = self.root / RESOURCES_SERVERS
+        return sorted(
+            p.name for p in folder.iterdir() if p.is_dir() and any((p / "configs").glob("*.yaml"))
+        )
+
+    def env(self, name: str, config: str | None = None) -> EnvSpec:
+        """The environment `name`, run with `config` (a file name in its configs/, with or
+        without ".yaml"; default: see `_default_config`). Unknown names raise ConfigError
+        listing close matches."""
+        root = self.root / RESOURCES_SERVERS / name
+        configs = sorted((root / "configs").glob("*.yaml")) if root.is_dir() else []
+        if not configs:
+            known = self.names()
+            close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise ConfigError(
+                f"unknown NeMo Gym environment {name!r} (NeMo Gym "
+                f"{self.runtime.nemo_gym_version} ships {len(known)}).{hint}"
+            )
+        if config is None:
+            chosen = self._default_config(name, configs)
+        else:
+            wanted = config if config.endswith(".yaml") else f"{config}.yaml"
+            matching = [c for c in configs if c.name == wanted]
+            if not matching:
+                raise ConfigError(
+                    f"environment {name!r} has no config {wanted!r}; available: "
+                    f"{', '.join(c.name for c in configs)}"
+                )
+            chosen = matching[0]
+        agents = self._agents(chosen)
+        if not agents:
+            raise ConfigError(
+                f"config {chosen} of environment {name!r} defines no agent server "
+                f"({AGENTS}); available configs: {', '.join(c.name for c in configs)}"
+            )
+        return EnvSpec(
+            name=name,
+            root=root,
+            config_paths=[chosen],
+            agents=agents,
+            available_configs=configs,
+        )
+
+    def _default_config(self, name: str, configs: list[Path]) -> Path:
+        """`configs/<name>.yaml` if present (the NeMo Gym convention); otherwise the first YAML,
+        alphabetically, that defines an agent (e.g. equivalence_rule -> lc.yaml). Some folders
+        also hold helper YAMLs (judge models, prompt templates) that define no agent."""
+        for path in configs:
+            if path.stem == name:
+                return path
+        for path in configs:
+            if self._agents(path):
+                return path
+        return configs[0]
+
+    def _agents(self, config_path: Path) -> list[AgentSpec]:
+        agents: list[AgentSpec] = []
+        for key, value in _load_yaml(config_path).items():
+            block = _server_block(value, AGENTS)
+            if block is None:
+                continue
+            impl, settings = block
+            datasets = [
+                self._dataset(d, config_path)
+                for d in settings.get("datasets") or []
+                if isinstance(d, dict) and d.get("jsonl_fpath")
+            ]
+            agents.append(
+                AgentSpec(name=str(key), impl=impl, config_path=config_path, datasets=datasets)
+            )
+        return agents
+
+    def _dataset(self, entry: dict[str, Any], config_path: Path) -> DatasetSpec:
+        path = Path(str(entry["jsonl_fpath"]))
+        # NeMo Gym resolves these against its cwd, then its install root; for the packaged
+        # environments the install root (site-packages) is the one that holds the files.
+        if not path.is_absolute():
+            path = self.root / path
+        return DatasetSpec(
+            name=str(entry.get("name", "")),
+            type=str(entry.get("type", "")),
+            jsonl_path=path,
+            gitlab=_as_str_dict(entry.get("gitlab_identifier")),
+            huggingface=_as_str_dict(entry.get("huggingface_identifier")),
+            license=str(entry["license"]) if entry.get("license") else None,
+        )

@@ -1,0 +1,452 @@
+"""One NeMo Gym server stack (`ng_run` from the runtime venv) whose policy model is our proxy.
+
+Contract: `await start()` returns once every server answers HTTP and `ng_run` reported them ready,
+or raises StackError with nothing left running; `agents` then maps agent instance names to base
+URLs. `await stop()` is idempotent and takes the whole process tree down; if the owning process
+dies instead, the supervisor (supervisor.py) does the same. Stacks share no state in this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import yaml
+
+from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.runtime import NeMoGymRuntime, uv_cache_dir
+from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_marker
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MARKER_ENV_VAR", "NeMoGymStack", "processes_with_marker"]
+
+POLICY_INSTANCE = "policy_model"
+"""The instance name NeMo Gym's agent configs reference as their model server."""
+PLACEHOLDER_IMPL = "vf_external_model"
+"""Folder of the placeholder model server we put in ng_run's cwd (cwd wins over the install)."""
+_SUPERVISOR = Path(__file__).with_name("supervisor.py")
+# `RunHelper.wait_for_spinup` prints this once every server answered its `GET /`. Signalling
+# ng_run before this line makes it exit without running its own shutdown.
+_READY_LINE = re.compile(r"All (\d+) / (\d+) servers ready")
+_DIED_LINE = re.compile(r"Process `([^`]+)` finished unexpectedly")
+_PROGRESS_EVERY = 5.0
+# supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
+_STOP_TIMEOUT = 30.0
+
+_PLACEHOLDER_APP = '''\
+"""Placeholder for an external policy model (verifiers-nemogym's proxy).
+
+NeMo Gym needs a process per configured server; the real model server is the proxy at the
+configured host/port, which agents call directly. This process only waits to be stopped.
+"""
+
+import signal
+import sys
+
+signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while True:
+    signal.pause()
+'''
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _hydra_list(paths: list[Path]) -> str:
+    """A hydra list literal; quoted so paths with commas or spaces stay one element."""
+    quoted = ["'" + str(p).replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths]
+    return "[" + ",".join(quoted) + "]"
+
+
+class NeMoGymStack:
+    """NeMo Gym servers for `config_paths`, with `policy_model` served by the proxy at
+    `policy_host:policy_port` (which must answer `GET /` and `POST /v1/responses`)."""
+
+    def __init__(
+        self,
+        runtime: NeMoGymRuntime,
+        config_paths: list[Path],
+        *,
+        policy_host: str,
+        policy_port: int,
+        workdir: Path | None = None,
+        start_timeout: float = 600,
+        log: logging.Logger = logger,
+    ) -> None:
+        if not config_paths:
+            raise StackError("a NeMo Gym stack needs at least one config path")
+        self.runtime = runtime
+        self.config_paths = [Path(p).absolute() for p in config_paths]
+        self.policy_host = policy_host
+        self.policy_port = policy_port
+        self.start_timeout = start_timeout
+        self.log = log
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir is not None else None
+        self.marker = uuid.uuid4().hex
+        self.agents: dict[str, str] = {}
+        self.head_url = ""
+        self.servers: dict[str, str] = {}
+        """Every NeMo Gym server instance name -> base URL (including policy_model)."""
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ray_tmpdir: Path | None = None
+        self._build_lock: IO[str] | None = None
+        self._started = False
+        self._failed = False
+
+    @property
+    def log_path(self) -> Path:
+        assert self.workdir is not None, "the stack has not been started"
+        return self.workdir / "ng_run.log"
+
+    # ----------------------------------------------------------------------------- start
+
+    async def start(self) -> None:
+        if self._proc is not None:
+            raise StackError("this NeMo Gym stack was already started")
+        started = time.monotonic()
+        try:
+            await self._start(started)
+        except BaseException:
+            # Cancellation and Ctrl-C included: nothing may outlive a failed start.
+            self._failed = True
+            await self.stop()
+            raise
+        self._started = True
+        self.log.info(
+            "NeMo Gym stack ready in %.1f s: %s", time.monotonic() - started, ", ".join(self.agents)
+        )
+
+    async def _start(self, started: float) -> None:
+        deadline = started + self.start_timeout
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="vf-nemogym-stack-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        policy_config = self._write_placeholder()
+        self._link_placeholder_venv()
+        # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
+        self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
+        await self._acquire_build_lock_if_cold(deadline)
+
+        head_port = _free_port()
+        self.head_url = f"http://127.0.0.1:{head_port}"
+        command = [
+            str(self.runtime.bin("ng_run")),
+            f"+config_paths={_hydra_list([*self.config_paths, policy_config])}",
+            "+head_server.host=127.0.0.1",
+            f"+head_server.port={head_port}",
+            # NeMo Gym's default is already loopback unless use_absolute_ip; say so explicitly.
+            "+default_host=127.0.0.1",
+            f"+uv_venv_dir={self.runtime.server_venvs_dir}",
+            "+skip_venv_if_present=true",
+            f"+uv_cache_dir={uv_cache_dir()}",
+        ]
+        self.log_path.touch()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", str(_SUPERVISOR), "--marker", self.marker,
+             "--log", str(self.log_path), "--cwd", str(self.workdir), "--", *command],
+            cwd=self.workdir,
+            env=self.runtime.env(self._ray_tmpdir),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            # Own session: a terminal Ctrl-C goes to our owner, which then stops us in order.
+            start_new_session=True,
+        )  # fmt: skip
+        self.log.info(
+            "starting NeMo Gym stack (%s), log: %s",
+            ", ".join(p.name for p in self.config_paths),
+            self.log_path,
+        )
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await self._wait_ready(session, started, deadline)
+            config = await self._fetch_config(session)
+        self.agents = self._agent_urls(config)
+        if not self.agents:
+            raise StackError(
+                f"NeMo Gym started but its config defines no agent server "
+                f"({', '.join(map(str, self.config_paths))})"
+            )
+        self._mark_warm()
+        self._release_build_lock()
+
+    def _write_placeholder(self) -> Path:
+        """Way A: a model server dir in ng_run's cwd whose process only waits; agents reach
+        `policy_model` at host/port = our proxy. No patch to NeMo Gym, no extra hop."""
+        assert self.workdir is not None
+        server_dir = self.workdir / "responses_api_models" / PLACEHOLDER_IMPL
+        server_dir.mkdir(parents=True, exist_ok=True)
+        (server_dir / "app.py").write_text(_PLACEHOLDER_APP)
+        # NeMo Gym only looks in the cwd for a server dir that has a requirements.txt.
+        (server_dir / "requirements.txt").write_text("# stdlib only; see app.py\n")
+        config = {
+            POLICY_INSTANCE: {
+                "responses_api_models": {
+                    PLACEHOLDER_IMPL: {
+                        "entrypoint": "app.py",
+                        "host": self.policy_host,
+                        "port": self.policy_port,
+                    }
+                }
+            }
+        }
+        path = self.workdir / f"{PLACEHOLDER_IMPL}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _link_placeholder_venv(self) -> None:
+        """The placeholder is stdlib-only: point its per-server venv at the runtime venv, so
+        `skip_venv_if_present` finds one and nothing is installed for it."""
+        link = self.runtime.server_venvs_dir / "responses_api_models" / PLACEHOLDER_IMPL / ".venv"
+        if link.exists():
+            return
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp = link.with_name(f".venv-{uuid.uuid4().hex[:8]}")
+        os.symlink(self.runtime.venv, tmp)
+        os.replace(tmp, link)  # atomic, so concurrent stacks never see a half-made link
+
+    def _warm_stamp(self) -> Path:
+        key = json.dumps(sorted(map(str, self.config_paths))).encode()
+        digest = hashlib.sha256(key).hexdigest()[:16]
+        return self.runtime.server_venvs_dir / ".warm" / digest
+
+    async def _acquire_build_lock_if_cold(self, deadline: float) -> None:
+        """Serialise the first start of a config set: with `skip_venv_if_present`, a second
+        stack would otherwise use a per-server venv another stack is still installing."""
+        stamp = self._warm_stamp()
+        if stamp.exists():
+            return
+        path = self.runtime.server_venvs_dir / ".build.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a")
+        waited = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    self.log.info("waiting for another stack to build NeMo Gym server venvs")
+                    waited = True
+                if time.monotonic() > deadline:
+                    handle.close()
+                    raise StackError(f"timed out waiting for {path}") from None
+                await asyncio.sleep(0.5)
+        self._build_lock = handle
+        if stamp.exists():  # built by the stack we waited for
+            self._release_build_lock()
+
+    def _mark_warm(self) -> None:
+        stamp = self._warm_stamp()
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text("\n".join(map(str, self.config_paths)) + "\n")
+
+    def _release_build_lock(self) -> None:
+        if self._build_lock is not None:
+            self._build_lock.close()  # closing the fd drops the flock
+            self._build_lock = None
+
+    async def _wait_ready(
+        self, session: aiohttp.ClientSession, started: float, deadline: float
+    ) -> None:
+        instances: list[dict[str, Any]] = []
+        up: set[str] = set()
+        ready_line = False
+        last_progress = started
+        while True:
+            if (code := self._proc.poll() if self._proc else None) is not None:
+                raise StackError(self._death_message(code))
+            if not instances:
+                instances = await self._get_json(session, f"{self.head_url}/server_instances") or []
+                self.servers = {
+                    str(i["process_name"]): str(i["url"]) for i in instances if i.get("url")
+                }
+            for name, url in self.servers.items():
+                if name not in up and await self._answers(session, url):
+                    up.add(name)
+            ready_line = ready_line or bool(_READY_LINE.search(self._read_log()))
+            if ready_line and self.servers and up == set(self.servers):
+                return
+            now = time.monotonic()
+            if now > deadline:
+                raise StackError(
+                    f"NeMo Gym stack not ready after {self.start_timeout:.0f} s "
+                    f"({self._progress(up)}).\n{self._tail_for(set(self.servers) - up)}"
+                )
+            if now - last_progress >= _PROGRESS_EVERY:
+                last_progress = now
+                self.log.info("NeMo Gym stack: %s, %.0f s", self._progress(up), now - started)
+            await asyncio.sleep(0.5)
+
+    def _progress(self, up: set[str]) -> str:
+        if not self.servers:
+            return "head server not up yet"
+        waiting = sorted(set(self.servers) - up)
+        text = f"{len(up)}/{len(self.servers)} servers up"
+        return text + (f", waiting for {', '.join(waiting)}" if waiting else ", waiting for ng_run")
+
+    async def _get_json(self, session: aiohttp.ClientSession, url: str) -> Any:
+        try:
+            async with session.get(url) as response:
+                if response.status != 200:
+                    return None
+                return await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def _answers(self, session: aiohttp.ClientSession, url: str) -> bool:
+        """Any HTTP answer counts: NeMo Gym's own poll ignores the status too."""
+        try:
+            async with session.get(url) as response:
+                await response.read()
+                return True
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def _fetch_config(self, session: aiohttp.ClientSession) -> dict[str, Any]:
+        # A JSON-encoded YAML string with secrets in clear text: parse it, never log it.
+        raw = await self._get_json(session, f"{self.head_url}/global_config_dict_yaml")
+        if not isinstance(raw, str):
+            raise StackError(f"NeMo Gym head server {self.head_url} returned no config")
+        config = yaml.safe_load(raw)
+        if not isinstance(config, dict):
+            raise StackError(f"NeMo Gym head server {self.head_url} returned a malformed config")
+        return config
+
+    @staticmethod
+    def _agent_urls(config: dict[str, Any]) -> dict[str, str]:
+        agents: dict[str, str] = {}
+        for name, value in config.items():
+            block = value.get("responses_api_agents") if isinstance(value, dict) else None
+            if not isinstance(block, dict) or len(block) != 1:
+                continue
+            settings = next(iter(block.values()))
+            if isinstance(settings, dict) and settings.get("host") and settings.get("port"):
+                agents[str(name)] = f"http://{settings['host']}:{settings['port']}"
+        return agents
+
+    # ----------------------------------------------------------------------------- logs
+
+    def _read_log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except (OSError, AssertionError):
+            return ""
+
+    def server_log_tail(self, name: str | None = None, n: int = 40) -> str:
+        """The last `n` log lines of server `name` (NeMo Gym prefixes them "(name) "), or of
+        the whole stack log."""
+        lines = self._read_log().splitlines()
+        if name is not None:
+            prefix = f"({name}) "
+            lines = [line for line in lines if line.startswith(prefix)]
+        return "\n".join(lines[-n:])
+
+    def _tail_for(self, names: set[str]) -> str:
+        parts = [f"--- {name} ---\n{self.server_log_tail(name, 20)}" for name in sorted(names)]
+        parts.append(f"--- ng_run ({self.log_path}) ---\n{self.server_log_tail(None, 20)}")
+        return "\n".join(parts)
+
+    def _death_message(self, code: int) -> str:
+        died = _DIED_LINE.findall(self._read_log())
+        if died:
+            return (
+                f"NeMo Gym server {died[0]!r} died (ng_run exit {code}); log tail:\n"
+                f"{self._tail_for(set(died))}"
+            )
+        return f"NeMo Gym's ng_run exited with status {code}; log tail:\n{self._tail_for(set())}"
+
+    # ----------------------------------------------------------------------------- health
+
+    async def check_alive(self) -> None:
+        """Raise StackError naming a dead server (or ng_run itself)."""
+        if self._proc is None or not self._started:
+            raise StackError("the NeMo Gym stack is not running")
+        if (code := self._proc.poll()) is not None:
+            raise StackError(self._death_message(code))
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for name, url in self.servers.items():
+                if name == POLICY_INSTANCE:  # the proxy belongs to our owner, not to the stack
+                    continue
+                if not await self._answers(session, url):
+                    raise StackError(
+                        f"NeMo Gym server {name!r} at {url} does not answer; log tail:\n"
+                        f"{self.server_log_tail(name, 20)}"
+                    )
+
+    # ----------------------------------------------------------------------------- stop
+
+    def _request_stop(self) -> None:
+        """Synchronous first step of stop(), so even a cancelled stop() starts the teardown."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        # Also signal: a forked copy of the pipe in some other process would hide the EOF.
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+
+    async def stop(self) -> None:
+        """Stop everything this stack started. Safe to call twice or after a failed start."""
+        self._request_stop()
+        proc = self._proc
+        if proc is not None:
+            deadline = time.monotonic() + _STOP_TIMEOUT
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if proc.poll() is None:
+                self.log.warning("NeMo Gym supervisor did not exit in time; killing it")
+                proc.kill()
+                proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+        survivors = await self._sweep()
+        self._release_build_lock()
+        if self._ray_tmpdir is not None:
+            shutil.rmtree(self._ray_tmpdir, ignore_errors=True)
+            self._ray_tmpdir = None
+        if self._own_workdir and self.workdir is not None and not self._failed:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self._started = False
+        if survivors:
+            raise StackError(
+                f"NeMo Gym processes survived SIGKILL: {survivors} (marker {self.marker})"
+            )
+
+    async def _sweep(self) -> list[int]:
+        """Kill whatever still carries our marker (normally nothing: the supervisor did it)."""
+        deadline = time.monotonic() + 5
+        while True:
+            alive = processes_with_marker(self.marker)
+            if not alive or time.monotonic() > deadline:
+                return alive
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.2)

@@ -1,0 +1,201 @@
+"""Keeps one `ng_run` process tree from outliving the Python process that started it.
+
+Contract: run as a script (stdlib only, so the owner starts it with its own `sys.executable` by
+file path without importing this package):
+
+    python supervisor.py --marker ID --log FILE --cwd DIR -- ng_run ARGS...
+
+It starts the command in its own session with `VF_NEMOGYM_STACK=ID` in its environment, appends
+its output to FILE, and reads its own stdin until EOF. EOF (the owner closed the pipe or died),
+SIGTERM/SIGINT, the owner disappearing (re-parenting), or the command exiting all lead to the same
+teardown: SIGINT to the command's process group (NeMo Gym's own graceful shutdown), then SIGTERM
+and SIGKILL to every process whose environment carries the marker, whatever session it moved to.
+Exit status: the command's exit status, or 0 if it was stopped by the teardown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARKER_ENV_VAR = "VF_NEMOGYM_STACK"
+# NeMo Gym's own shutdown (SIGINT to servers, 1 s grace, SIGKILL) takes ~5 s.
+GRACEFUL_SECONDS = 10.0
+TERM_SECONDS = 3.0
+KILL_SECONDS = 5.0
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    """PIDs of live processes whose initial environment has VF_NEMOGYM_STACK=<marker>.
+
+    Zombies have an empty environ and are not reported (they hold no resources but a PID).
+    """
+    needle = f"{MARKER_ENV_VAR}={marker}".encode()
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+class _Supervisor:
+    def __init__(self, marker: str, log_path: Path, cwd: Path, command: list[str]) -> None:
+        self.marker = marker
+        self.log_path = log_path
+        self.cwd = cwd
+        self.command = command
+        self.owner = os.getppid()
+        self.stop_requested = False
+        self.child_pid: int | None = None
+        self.child_status: int | None = None
+
+    def note(self, message: str) -> None:
+        with self.log_path.open("a") as handle:
+            handle.write(f"[vf-nemogym supervisor] {message}\n")
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env[MARKER_ENV_VAR] = self.marker
+        with self.log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                self.command,
+                cwd=self.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Own session: signals we send to the group reach ng_run and its servers only.
+                start_new_session=True,
+            )
+        # From here on children are reaped by `reap()` (we are a subreaper), not by Popen.
+        self.child_pid = proc.pid
+        self.note(f"started pid {proc.pid}: {' '.join(self.command[:1])}")
+
+    def reap(self) -> None:
+        """Collect every exited child: ng_run and orphans re-parented to us."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.child_pid:
+                self.child_status = os.waitstatus_to_exitcode(status)
+
+    def should_stop(self) -> str | None:
+        if self.stop_requested:
+            return "stop requested"
+        if os.getppid() != self.owner:
+            # The owner died but a forked copy of our stdin pipe kept EOF from arriving.
+            return "owner process is gone"
+        if self.child_status is not None:
+            return f"ng_run exited with status {self.child_status}"
+        return None
+
+    def wait(self) -> str:
+        stdin_fd = sys.stdin.fileno()
+        while True:
+            self.reap()
+            if (reason := self.should_stop()) is not None:
+                return reason
+            readable, _, _ = select.select([stdin_fd], [], [], 0.5)
+            if readable and not os.read(stdin_fd, 4096):
+                return "owner closed the control pipe"
+
+    def teardown(self) -> None:
+        pid = self.child_pid
+        if pid is not None and self.child_status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGINT)
+            deadline = time.monotonic() + GRACEFUL_SECONDS
+            while self.child_status is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                self.reap()
+        self._signal_all(signal.SIGTERM, TERM_SECONDS)
+        left = self._signal_all(signal.SIGKILL, KILL_SECONDS)
+        if left:
+            self.note(f"processes survived SIGKILL: {left}")
+
+    def _signal_all(self, sig: signal.Signals, seconds: float) -> list[int]:
+        """Send `sig` to the group and to every marker process until none is left or time is up.
+
+        Repeated because a dying Ray raylet or a shell may still spawn a process meanwhile.
+        """
+        if self.child_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.child_pid, sig)
+        deadline = time.monotonic() + seconds
+        while True:
+            self.reap()
+            alive = [p for p in processes_with_marker(self.marker) if p != os.getpid()]
+            if not alive or time.monotonic() >= deadline:
+                return alive
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            time.sleep(0.2)
+
+
+def _become_subreaper() -> None:
+    """Orphans of the tree get re-parented to us (Linux), so we can reap them. Best effort."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--marker", required=True)
+    parser.add_argument("--log", required=True, type=Path)
+    parser.add_argument("--cwd", required=True, type=Path)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+
+    supervisor = _Supervisor(args.marker, args.log, args.cwd, command)
+
+    def request_stop(signum: int, _frame: object) -> None:
+        supervisor.stop_requested = True
+
+    # Handlers (not SIG_IGN) so that the command starts with default dispositions even when our
+    # owner was started with SIGINT ignored (background shells): exec resets handled signals.
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGHUP, request_stop)
+    _become_subreaper()
+    try:
+        supervisor.start()
+    except OSError as exc:
+        supervisor.note(f"cannot start {command[0]}: {exc}")
+        return 127
+    reason = supervisor.wait()
+    supervisor.note(f"tearing down: {reason}")
+    stopped_by_us = supervisor.child_status is None
+    supervisor.teardown()
+    supervisor.note("teardown complete")
+    if stopped_by_us:
+        return 0
+    return supervisor.child_status or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,6 +43,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         await agents.agent.run(task)
 
     async def start(self) -> None:
+        _follow_verifiers_logging()
         taskset = cast(NeMoGymTaskset, self.taskset)
         config = taskset.config
         began = time.monotonic()
@@ -92,3 +93,16 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             if self._proxy is not None:
                 proxy, self._proxy = self._proxy, None
                 await proxy.stop()
+
+
+def _follow_verifiers_logging() -> None:
+    """Send this package's logs where verifiers' CLIs send theirs (console and/or the run's
+    `eval.log`), so stack start-up progress shows up beside the rollouts. Without a CLI (no
+    handlers on verifiers' logger) the application's own logging setup applies."""
+    library = logging.getLogger("verifiers.v1")
+    ours = logging.getLogger("verifiers_nemogym")
+    if library.handlers and not ours.handlers:
+        for handler in library.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(library.level)
+        ours.propagate = False

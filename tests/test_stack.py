@@ -19,6 +19,7 @@ import pytest
 from nemo_helpers import ScriptedPolicy
 
 from verifiers_nemogym.catalog import Catalog, EnvSpec
+from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.runtime import NeMoGymRuntime, ensure_runtime
 from verifiers_nemogym.stack import NeMoGymStack, processes_with_marker
 
@@ -138,3 +139,40 @@ async def test_sigkill_of_owner_leaves_no_process(
         # Belt and braces so a failing assertion does not leak a stack into later tests.
         for pid in processes_with_marker(marker) if marker else []:
             os.kill(pid, signal.SIGKILL)
+
+
+async def test_server_dying_during_start_raises_and_leaves_nothing(
+    stack_runtime: NeMoGymRuntime,
+    single_tool_env: EnvSpec,
+    scripted_policy: ScriptedPolicy,
+    tmp_path: Path,
+) -> None:
+    # A resources server in ng_run's cwd (the stack workdir) that crashes on start-up, next to
+    # the healthy example servers that NeMo Gym would otherwise leave orphaned.
+    server_dir = tmp_path / "workdir" / "resources_servers" / "vf_test_broken"
+    server_dir.mkdir(parents=True)
+    (server_dir / "app.py").write_text("import sys\nsys.exit('vf_test_broken: boom')\n")
+    (server_dir / "requirements.txt").write_text("")
+    config = tmp_path / "broken.yaml"
+    config.write_text(
+        "vf_test_broken:\n  resources_servers:\n    vf_test_broken:\n"
+        "      entrypoint: app.py\n      domain: other\n"
+    )
+    # Stdlib-only server: reuse the runtime venv instead of installing one into the cache.
+    venv_link = stack_runtime.server_venvs_dir / "resources_servers" / "vf_test_broken" / ".venv"
+    venv_link.parent.mkdir(parents=True, exist_ok=True)
+    if not venv_link.exists():
+        venv_link.symlink_to(stack_runtime.venv)
+    stack = NeMoGymStack(
+        stack_runtime,
+        [*single_tool_env.config_paths, config],
+        policy_host=scripted_policy.host,
+        policy_port=scripted_policy.port,
+        workdir=tmp_path / "workdir",
+        start_timeout=300,
+    )
+    with pytest.raises(StackError, match="vf_test_broken") as caught:
+        await stack.start()
+    assert "boom" in str(caught.value)
+    assert await _wait_no_marker(stack.marker, 10) == []
+    await stack.stop()

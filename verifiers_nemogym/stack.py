@@ -47,6 +47,8 @@ _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 # ng_run before this line makes it exit without running its own shutdown.
 _READY_LINE = re.compile(r"All (\d+) / (\d+) servers ready")
 _DIED_LINE = re.compile(r"Process `([^`]+)` finished unexpectedly")
+_SERVER_LINE = re.compile(r"^\([\w.-]+\) ")
+_CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
@@ -365,17 +367,39 @@ class NeMoGymStack:
             lines = [line for line in lines if line.startswith(prefix)]
         return "\n".join(lines[-n:])
 
+    def _ng_run_tail(self, n: int = 20, *, before_traceback: bool = False) -> str:
+        """ng_run's own lines (not its servers'), cut before the config dump NeMo Gym prints
+        after a config error: that dump buries the error and may hold unmasked values.
+
+        With `before_traceback`, only what precedes ng_run's last traceback: a server that dies
+        while importing writes its error unprefixed (NeMo Gym prefixes only later), so it lands
+        there, above ng_run's own "finished unexpectedly" traceback."""
+        lines: list[str] = []
+        for line in self._read_log().splitlines():
+            if _CONFIG_DUMP_LINE in line:
+                break
+            if not _SERVER_LINE.match(line):
+                lines.append(line)
+        if before_traceback:
+            starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most")]
+            if starts:
+                lines = lines[: starts[-1]]
+        return "\n".join(lines[-n:])
+
     def _tail_for(self, names: set[str]) -> str:
         parts = [f"--- {name} ---\n{self.server_log_tail(name, 20)}" for name in sorted(names)]
-        parts.append(f"--- ng_run ({self.log_path}) ---\n{self.server_log_tail(None, 20)}")
+        parts.append(f"--- ng_run ({self.log_path}) ---\n{self._ng_run_tail()}")
         return "\n".join(parts)
 
     def _death_message(self, code: int) -> str:
         died = _DIED_LINE.findall(self._read_log())
         if died:
+            name = died[0]
             return (
-                f"NeMo Gym server {died[0]!r} died (ng_run exit {code}); log tail:\n"
-                f"{self._tail_for(set(died))}"
+                f"NeMo Gym server {name!r} died (ng_run exit {code}); its log:\n"
+                f"{self.server_log_tail(name, 20)}\n"
+                f"--- unprefixed output ({self.log_path}) ---\n"
+                f"{self._ng_run_tail(20, before_traceback=True)}"
             )
         return f"NeMo Gym's ng_run exited with status {code}; log tail:\n{self._tail_for(set())}"
 

@@ -166,9 +166,14 @@ class NeMoGymStack:
             f"+uv_cache_dir={uv_cache_dir()}",
         ]
         self.log_path.touch()
+        orphan_cleanup = [str(self._ray_tmpdir)]
+        if self._own_workdir:
+            orphan_cleanup.append(str(self.workdir))
         self._proc = subprocess.Popen(
             [sys.executable, "-I", str(_SUPERVISOR), "--marker", self.marker,
-             "--log", str(self.log_path), "--cwd", str(self.workdir), "--", *command],
+             "--log", str(self.log_path), "--cwd", str(self.workdir),
+             *(arg for folder in orphan_cleanup for arg in ("--remove-if-orphaned", folder)),
+             "--", *command],
             cwd=self.workdir,
             env=self.runtime.env(self._ray_tmpdir),
             stdin=subprocess.PIPE,

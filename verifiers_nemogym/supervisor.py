@@ -3,7 +3,7 @@
 Contract: run as a script (stdlib only, so the owner starts it with its own `sys.executable` by
 file path without importing this package):
 
-    python supervisor.py --marker ID --log FILE --cwd DIR -- ng_run ARGS...
+    python supervisor.py --marker ID --log FILE --cwd DIR [--remove-if-orphaned DIR] -- ng_run ...
 
 It starts the command in its own session with `VF_NEMOGYM_STACK=ID` in its environment, appends
 its output to FILE, and reads its own stdin until EOF. EOF (the owner closed the pipe or died),
@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marker", required=True)
     parser.add_argument("--log", required=True, type=Path)
     parser.add_argument("--cwd", required=True, type=Path)
+    parser.add_argument(
+        "--remove-if-orphaned",
+        action="append",
+        default=[],
+        type=Path,
+        help="a folder to delete after teardown if the owner died (it would clean it up itself)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -192,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     stopped_by_us = supervisor.child_status is None
     supervisor.teardown()
     supervisor.note("teardown complete")
+    if os.getppid() != supervisor.owner:
+        for folder in args.remove_if_orphaned:
+            shutil.rmtree(folder, ignore_errors=True)
     if stopped_by_us:
         return 0
     return supervisor.child_status or 0

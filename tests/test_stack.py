@@ -16,11 +16,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from nemo_helpers import ScriptedPolicy
 
 from verifiers_nemogym.catalog import Catalog, EnvSpec
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.runtime import NeMoGymRuntime, ensure_runtime
+from verifiers_nemogym.scripted_policy import ScriptedPolicy
 from verifiers_nemogym.stack import NeMoGymStack, processes_with_marker
 
 ENV_NAME = "example_single_tool_call"
@@ -77,7 +77,7 @@ async def test_stack_runs_a_rollout_and_stops_clean(
             assert response.status == 200, await response.text()
             result = await response.json()
         assert result["reward"] == 1.0
-        assert len(scripted_policy.requests) == 2
+        assert len(scripted_policy.calls) == 2
         await stack.check_alive()
     finally:
         await stack.stop()

@@ -87,3 +87,14 @@ def test_missing_and_empty_files(tmp_path: Path, nemo_runtime):
 def test_dataset_not_on_disk_says_how_to_get_it(nemo_runtime):
     with pytest.raises(ConfigError, match="train"):
         list(taskset(nemo_env=["example_single_tool_call"], dataset="train"))
+
+
+def test_jsonl_rows_bring_their_agents_environment(tmp_path: Path, nemo_runtime):
+    ref = {"type": "responses_api_agents", "name": "example_multi_step_simple_agent"}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({**ROW, "agent_ref": ref}) + "\n")
+    configs = taskset(jsonl_path=path).config_paths()
+    assert [p.name for p in configs] == ["example_multi_step.yaml"]
+    path.write_text(json.dumps({**ROW, "agent_ref": {**ref, "name": "no_such_agent"}}) + "\n")
+    with pytest.raises(ConfigError, match="no_such_agent"):
+        taskset(jsonl_path=path).config_paths()

@@ -198,6 +198,24 @@ class Catalog:
             available_configs=configs,
         )
 
+    def agent_env(self, agent: str) -> EnvSpec:
+        """The environment whose default config defines the agent instance `agent` (as rows
+        name it in `agent_ref`). Unknown agents raise ConfigError listing close matches."""
+        owners: dict[str, str] = {}
+        for name in self.names():
+            root = self.root / RESOURCES_SERVERS / name
+            path = root / "configs" / f"{name}.yaml"
+            for spec in self._agents(path) if path.is_file() else []:
+                owners.setdefault(spec.name, name)
+        if agent in owners:
+            return self.env(owners[agent])
+        close = difflib.get_close_matches(agent, list(owners), n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise ConfigError(
+            f"no NeMo Gym environment defines the agent {agent!r}; name its environment "
+            f"with --env.taskset.nemo-env (or its config with --env.taskset.config-paths).{hint}"
+        )
+
     def _default_config(self, name: str, configs: list[Path]) -> Path:
         """`configs/<name>.yaml` if present (the NeMo Gym convention); otherwise the first YAML,
         alphabetically, that defines an agent (e.g. equivalence_rule -> lc.yaml). Some folders

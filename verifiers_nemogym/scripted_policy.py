@@ -70,6 +70,7 @@ class ScriptedPolicy:
 
     async def start(self) -> None:
         app = web.Application(client_max_size=1024**3)
+        app.router.add_get("/", self._health)  # NeMo Gym's readiness poll, if used directly
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -89,6 +90,9 @@ class ScriptedPolicy:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(

@@ -15,7 +15,7 @@ from typing import cast
 import aiohttp
 import verifiers.v1 as vf
 
-from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.proxy import NeMoGymModelProxy
 from verifiers_nemogym.stack import NeMoGymStack
@@ -38,6 +38,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
     _proxy: NeMoGymModelProxy | None = None
     _stack: NeMoGymStack | None = None
     _http: aiohttp.ClientSession | None = None
+    _watchdog: asyncio.Task[None] | None = None
 
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:
         await agents.agent.run(task)
@@ -50,8 +51,14 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         # Input errors first (unknown env, bad rows, missing configs): nothing is started yet.
         config_paths = await asyncio.to_thread(taskset.config_paths)
         wanted = await asyncio.to_thread(lambda: {t.data.agent for t in taskset.load()})
-        self._proxy = NeMoGymModelProxy()
-        await self._proxy.start()
+        self._proxy = NeMoGymModelProxy(port=config.proxy_port)
+        try:
+            await self._proxy.start()
+        except OSError as e:
+            raise ConfigError(
+                f"model proxy cannot listen on 127.0.0.1:{config.proxy_port} ({e.strerror}); "
+                "choose another --env.taskset.proxy-port (0 picks a free one)"
+            ) from None
         self._stack = NeMoGymStack(
             taskset.runtime,
             config_paths,
@@ -73,15 +80,21 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=None),
         )
-        config.task._live = LiveStack(
+        live = LiveStack(
             proxy=self._proxy, agents=agents, http=self._http, run_timeout=config.task.run_timeout
         )
+        config.task._live = live
+        self._watchdog = asyncio.create_task(_watch(self._stack, live))
         logger.info(
             "NeMo Gym stack ready in %.1f s: agents %s", time.monotonic() - began, sorted(agents)
         )
 
     async def stop(self) -> None:
         cast(NeMoGymTaskset, self.taskset).config.task._live = None
+        if self._watchdog is not None:
+            watchdog, self._watchdog = self._watchdog, None
+            watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)
         try:
             if self._stack is not None:
                 stack, self._stack = self._stack, None
@@ -93,6 +106,24 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             if self._proxy is not None:
                 proxy, self._proxy = self._proxy, None
                 await proxy.stop()
+
+
+WATCH_INTERVAL = 2.0
+"""Seconds between liveness checks of a running stack."""
+
+
+async def _watch(stack: NeMoGymStack, live: LiveStack) -> None:
+    """Check the stack until it dies, then fail it: a dead server is reported once, and every
+    rollout fails fast with the reason. The stack is not restarted: a server that died mid-run
+    (out of memory, a crash) would most likely die again, and a restart would hide it."""
+    while True:
+        await asyncio.sleep(WATCH_INTERVAL)
+        try:
+            await stack.check_alive()
+        except StackError as e:
+            logger.error("NeMo Gym stack died; remaining rollouts fail: %s", e)
+            live.fail(str(e))
+            return
 
 
 def _follow_verifiers_logging() -> None:

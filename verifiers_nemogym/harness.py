@@ -80,19 +80,29 @@ def _tag(row: dict[str, Any], route_id: str, proxy_secret: str) -> dict[str, Any
 async def _post_run(
     live: LiveStack, data: NeMoGymData, url: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    timeout = live.run_timeout
     where = f"{data.source}: agent {data.agent!r} /run"
+    if live.failure is not None:
+        raise RolloutError(f"{where} not started: {live.failure}")
+    request = asyncio.ensure_future(_request(live.http, f"{url}/run", body))
+    died = asyncio.ensure_future(live.died.wait())
     try:
-        async with (
-            asyncio.timeout(timeout),
-            live.http.post(f"{url}/run", json=body) as response,
-        ):
-            text = await response.text()
-            status = response.status
-    except TimeoutError:
-        raise RolloutError(f"{where} did not return within {timeout:g} s") from None
-    except aiohttp.ClientError as e:
-        raise RolloutError(f"{where} failed: {e!r} (is the NeMo Gym stack still up?)") from e
+        done, _ = await asyncio.wait(
+            {request, died}, timeout=live.run_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        # Cancelling the request closes its connection: NeMo Gym sees the client leave.
+        for task in (request, died):
+            task.cancel()
+        await asyncio.gather(request, died, return_exceptions=True)
+    if request in done:
+        try:
+            status, text = request.result()
+        except aiohttp.ClientError as e:
+            raise RolloutError(f"{where} failed: {e!r}") from e
+    elif died in done:
+        raise RolloutError(f"{where} lost its NeMo Gym stack: {live.failure}")
+    else:
+        raise RolloutError(f"{where} did not return within {live.run_timeout:g} s")
     if status != 200:
         raise RolloutError(f"{where} answered {status}: {text[-2000:]}")
     try:
@@ -102,6 +112,11 @@ async def _post_run(
     if not isinstance(result, dict) or not isinstance(result.get("reward"), int | float):
         raise RolloutError(f"{where} returned no numeric `reward`: {text[:500]}")
     return result
+
+
+async def _request(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:
+    async with http.post(url, json=body) as response:
+        return response.status, await response.text()
 
 
 def record(trace: vf.Trace, result: dict[str, Any]) -> None:

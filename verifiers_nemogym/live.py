@@ -1,11 +1,14 @@
 """LiveStack: what `NeMoGymEnv.start()` hands to every rollout of its process.
 
 It rides on the shared task config, so it must survive the copies verifiers makes of task
-objects: a deep copy returns the same handle (a running server cannot be copied).
+objects: a deep copy returns the same handle (a running server cannot be copied). It also carries
+the stack's death notice: once `fail()` is called, every rollout in flight or to come fails fast
+with that message instead of waiting on a server that will never answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +28,16 @@ class LiveStack:
     """Seconds one `/run` may take (`--env.taskset.task.run-timeout`)."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
+    failure: str | None = None
+    """Why the stack is unusable (a server died), once it is."""
+    died: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set together with `failure`."""
+
+    def fail(self, reason: str) -> None:
+        """Mark the stack dead: rollouts waiting on `/run` and all later ones fail with `reason`."""
+        if self.failure is None:
+            self.failure = reason
+            self.died.set()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LiveStack:
         return self

@@ -4,6 +4,10 @@ For smoke tests, CI and benchmarks, where a real model would only add noise: ins
 deterministic, loopback-only. It records every call (body and verifiers' `X-Session-ID`), so a
 test can check which rollout each call belonged to. Run it alone with
 `python -m verifiers_nemogym.scripted_policy --port 8000`.
+
+Fault injection, for tests: a request whose first user message contains `[fault:MODE]` gets
+MODE = `500` or `429` (that HTTP error), `garbage` (200 with a body that is not JSON), `hang`
+(no answer for `hang_seconds`) or `huge` (a normal answer whose text is `huge_bytes` long).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 ANSWER = "Done: I looked it up for you."
+_FAULT = re.compile(r"\[fault:(\w+)\]")
 
 
 @dataclass
@@ -28,6 +34,24 @@ class Call:
 
     session_id: str | None
     body: dict[str, Any]
+
+    @property
+    def prompt(self) -> str:
+        """The first user message's text: which task the call belongs to."""
+        return first_user_text(self.body)
+
+
+def first_user_text(body: dict[str, Any]) -> str:
+    items = body.get("input")
+    if isinstance(items, str):
+        return items
+    for item in items or []:
+        if isinstance(item, dict) and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                return content
+            return " ".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+    return ""
 
 
 def _argument(schema: dict[str, Any]) -> Any:
@@ -61,6 +85,10 @@ class ScriptedPolicy:
     calls: list[Call] = field(default_factory=list)
     record: bool = True
     """Keep every call in `calls` (turn off for long benchmarks)."""
+    hang_seconds: float = 600.0
+    """How long a `[fault:hang]` request waits before it is answered."""
+    huge_bytes: int = 50 * 1024 * 1024
+    """Length of a `[fault:huge]` answer's text."""
     _runner: web.AppRunner | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
 
@@ -103,7 +131,21 @@ class ScriptedPolicy:
         body = await request.json()
         if self.record:
             self.calls.append(Call(request.headers.get("X-Session-ID"), body))
-        return web.json_response(self.reply(body))
+        fault = _FAULT.search(first_user_text(body))
+        mode = fault.group(1) if fault else None
+        if mode in ("500", "429"):
+            error = {"message": f"scripted fault {mode}", "type": "server_error"}
+            return web.json_response({"error": error}, status=int(mode))
+        if mode == "garbage":
+            return web.Response(
+                body=b'{"id": "resp_1", "output": [', content_type="application/json"
+            )
+        if mode == "hang":
+            await asyncio.sleep(self.hang_seconds)
+        reply = self.reply(body)
+        if mode == "huge":
+            reply["output"] = [_message(reply["id"], "x" * self.huge_bytes)]
+        return web.json_response(reply)
 
     def reply(self, body: dict[str, Any]) -> dict[str, Any]:
         """The scripted answer to a Responses request body."""
@@ -119,13 +161,7 @@ class ScriptedPolicy:
                 "status": "completed",
             }
         else:
-            item = {
-                "type": "message",
-                "id": f"msg_{n}",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": ANSWER, "annotations": []}],
-            }
+            item = _message(f"msg_{n}", ANSWER)
         return {
             "id": f"resp_{n}",
             "object": "response",
@@ -144,6 +180,16 @@ class ScriptedPolicy:
                 "total_tokens": 15,
             },
         }
+
+
+def _message(item_id: str, text: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id,
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
 async def _serve(host: str, port: int) -> None:

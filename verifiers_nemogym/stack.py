@@ -333,6 +333,18 @@ class NeMoGymStack:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
+    async def _refuses(self, session: aiohttp.ClientSession, url: str) -> bool:
+        """Whether nothing listens at `url` any more. A slow answer is not death: a server busy
+        with hundreds of rollouts may take longer than the check's timeout."""
+        try:
+            async with session.get(url) as response:
+                await response.read()
+        except aiohttp.ClientConnectorError:
+            return True
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        return False
+
     async def _fetch_config(self, session: aiohttp.ClientSession) -> dict[str, Any]:
         # A JSON-encoded YAML string with secrets in clear text: parse it, never log it.
         raw = await self._get_json(session, f"{self.head_url}/global_config_dict_yaml")
@@ -421,9 +433,9 @@ class NeMoGymStack:
             for name, url in self.servers.items():
                 if name == POLICY_INSTANCE:  # the proxy belongs to our owner, not to the stack
                     continue
-                if not await self._answers(session, url):
+                if await self._refuses(session, url):
                     raise StackError(
-                        f"NeMo Gym server {name!r} at {url} does not answer; log tail:\n"
+                        f"NeMo Gym server {name!r} at {url} refuses connections; log tail:\n"
                         f"{self.server_log_tail(name, 20)}"
                     )
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf
+import yaml
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from verifiers.v1.dialects.responses import ResponsesDialect
 
@@ -58,6 +59,8 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     python: str | None = None
     """Python (>= 3.12) for the NeMo Gym runtime: a path or a version such as `3.12`.
     Default: `$VF_NEMOGYM_PYTHON`, else the first suitable interpreter found."""
+    proxy_port: int = Field(0, ge=0, le=65535)
+    """Port of the model proxy on 127.0.0.1 that NeMo Gym's agents call (0 picks a free one)."""
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
     task: NeMoGymTaskConfig = NeMoGymTaskConfig()
@@ -144,6 +147,8 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise ConfigError(f"NeMo Gym config file(s) not found: {', '.join(missing)}")
+        for path in paths:
+            check_yaml(path)
         return list(dict.fromkeys(paths))
 
     def load(self) -> Iterator[NeMoGymTask]:
@@ -211,6 +216,19 @@ def parse_row(line: str, where: str, default_agent: str | None) -> NeMoGymData:
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"{where}: cannot read `responses_create_params.input`: {e}") from None
     return NeMoGymData(prompt=prompt, row=row, agent=agent, source=where)
+
+
+def check_yaml(path: Path) -> None:
+    """Raise ConfigError naming `path` and the position if it is not a YAML mapping."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: NeMo Gym config is not valid YAML ({problem})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a NeMo Gym config must be a YAML mapping of servers")
 
 
 def row_sampling(row: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,322 @@
+"""Faults and load on a real NeMo Gym stack: nothing lost, nothing cross-routed, nothing left.
+
+Each test counts every rollout (ok, or an error on its own trace), checks through the scripted
+policy that no model call reached another rollout, and checks the process tree afterwards.
+The model is the only double: `ScriptedPolicy` with its `[fault:MODE]` triggers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nemo_gym_env
+import pytest
+import verifiers.v1 as vf
+from verifiers.v1.configs.client import EvalClientConfig
+
+from verifiers_nemogym.env import NeMoGymEnv
+from verifiers_nemogym.scripted_policy import ScriptedPolicy
+from verifiers_nemogym.supervisor import MARKER_ENV_VAR
+
+ENV = "example_single_tool_call"
+AGENT = "example_single_tool_call_simple_agent"
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": ""}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    }
+]
+
+
+def row(text: str) -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": text}], "tools": TOOLS},
+        "agent_ref": {"type": "responses_api_agents", "name": AGENT},
+    }
+
+
+def write_rows(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps(row(t)) + "\n" for t in texts))
+    return path
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """PIDs of live processes whose environment holds `entry` (`NAME=value`, or a prefix)."""
+    needle, found = entry.encode(), []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and needle in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+async def gone(entry: str, seconds: float = 30) -> list[int]:
+    """Wait (bounded) until no process carries `entry`; return the survivors."""
+    deadline = time.monotonic() + seconds
+    while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    return alive
+
+
+def no_cross_routing(policy: ScriptedPolicy, traces: list[vf.Trace]) -> None:
+    """Every call the policy saw came from one rollout and carried that rollout's own task."""
+    prompts: dict[str | None, set[str]] = defaultdict(set)
+    for call in policy.calls:
+        prompts[call.session_id].add(call.prompt)
+    assert None not in prompts
+    by_trace = {t.id: t.task.data.prompt_text for t in traces}
+    for session, seen in prompts.items():
+        assert len(seen) == 1, f"session {session} saw calls of several tasks: {seen}"
+        if session in by_trace:
+            assert seen == {by_trace[session]}
+
+
+@pytest.fixture
+async def policy() -> AsyncIterator[ScriptedPolicy]:
+    async with ScriptedPolicy(hang_seconds=120) as p:
+        yield p
+
+
+def context(policy: ScriptedPolicy) -> vf.ModelContext:
+    client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
+    return vf.ModelContext(model="scripted", client=client)
+
+
+async def run_all(
+    env: NeMoGymEnv, ctx: vf.ModelContext, tasks: list[vf.Task], concurrency: int
+) -> list[vf.Episode]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task: vf.Task) -> vf.Episode:
+        async with gate:
+            return await env.run_episode(task, ctx)
+
+    return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def errors(episode: vf.Episode) -> str:
+    messages = [e.message for e in episode.errors]
+    messages += [e.message for t in episode.traces for e in t.errors]
+    return " | ".join(messages)
+
+
+async def test_model_faults_fail_only_their_own_rollouts(policy: ScriptedPolicy, tmp_path: Path):
+    faults = ["[fault:500] a", "[fault:429] b", "[fault:garbage] c", "[fault:hang] d"]
+    texts = [f"weather in city {i}?" for i in range(6)] + faults
+    env = nemo_gym_env.load_environment(
+        jsonl_path=str(write_rows(tmp_path / "rows.jsonl", texts)),
+        task={"run_timeout": 20},
+    )
+    tasks = list(env.taskset)
+    async with env.serving():
+        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        eps = await run_all(env, context(policy), tasks, concurrency=16)
+    assert len(eps) == len(texts)  # none lost
+    by_text = {e.task.data.prompt_text: e for e in eps}
+    for text in texts[:6]:
+        assert by_text[text].ok and by_text[text].traces[0].reward == 1.0
+    expected = {faults[0]: "500", faults[1]: "429", faults[2]: "malformed"}
+    expected[faults[3]] = "did not return within 20 s"
+    for text, reason in expected.items():
+        episode = by_text[text]
+        assert not episode.ok, f"{text} should be an error"
+        assert episode.traces[0].rewards.get("nemo_gym") is None  # an error, not reward 0
+        assert reason in errors(episode), errors(episode)
+    no_cross_routing(policy, [t for e in eps for t in e.traces])
+    assert await gone(marker) == []
+
+
+async def test_rollout_deadline_cancels_run_and_late_calls_go_nowhere(
+    policy: ScriptedPolicy, tmp_path: Path
+):
+    policy.hang_seconds = 6  # the upstream answers after the rollout's deadline has passed
+    texts = ["[fault:hang] slow", "weather now?"]
+    rows = str(write_rows(tmp_path / "r.jsonl", texts))
+    config = {"taskset": {"id": "nemo-gym-env", "jsonl_path": rows}}
+    env = vf.load_environment(
+        vf.resolve_env_config({**config, "agent": {"timeout": {"rollout": 2}}})
+    )
+    slow, fast = list(env.taskset)
+    async with env.serving():
+        live = env.taskset.config.task._live
+        ctx = context(policy)
+        timed_out = await env.run_episode(slow, ctx)
+        assert live.proxy.open_routes == 0  # the route closed with the cancelled /run
+        await asyncio.sleep(policy.hang_seconds)  # let the late upstream answer arrive
+        after = await env.run_episode(fast, ctx)
+    trace = timed_out.traces[0]
+    assert trace.stop_condition is not None or not timed_out.ok
+    assert trace.rewards.get("nemo_gym") is None
+    assert after.ok and after.traces[0].reward == 1.0
+    no_cross_routing(policy, [trace, after.traces[0]])
+    late = [c for c in policy.calls if c.session_id == trace.id]
+    assert len(late) == 1  # the hung call only: nothing of it reached the endpoint afterwards
+
+
+@pytest.mark.parametrize("victim", ["resources", "agent"])
+async def test_killed_server_is_reported_and_fails_remaining_rollouts(
+    policy: ScriptedPolicy, victim: str
+):
+    env = nemo_gym_env.load_environment(nemo_env=ENV)
+    tasks = list(env.taskset)
+    ctx = context(policy)
+    async with env.serving():
+        stack = env._stack
+        marker = f"{MARKER_ENV_VAR}={stack.marker}"
+        first = await run_all(env, ctx, tasks, concurrency=5)
+        assert all(e.ok for e in first)
+        name = ENV if victim == "resources" else AGENT
+        port = int(stack.servers[name].rsplit(":", 1)[1])
+        os.kill(server_pid(port), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        later: list[vf.Episode] = []
+        while time.monotonic() < deadline:  # bounded: until the death is noticed
+            later = await run_all(env, ctx, tasks, concurrency=5)
+            if not any(e.ok for e in later):
+                break
+            await asyncio.sleep(1)
+        live = env.taskset.config.task._live
+        assert live.failure is not None and "NeMo Gym" in live.failure
+    assert len(later) == len(tasks) and not any(e.ok for e in later)
+    assert all("NeMo Gym" in errors(e) for e in later), [errors(e) for e in later]
+    assert await gone(marker) == []
+
+
+def server_pid(port: int) -> int:
+    """PID of the process listening on 127.0.0.1:`port` (from /proc/net/tcp and fd links)."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+            inode = fields[9]
+    assert inode is not None, f"nothing listens on port {port}"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) == f"socket:[{inode}]":
+                    return int(proc.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process owns the socket on port {port}")
+
+
+async def test_thousand_rollouts_256_in_flight(policy: ScriptedPolicy):
+    env = nemo_gym_env.load_environment(nemo_env=ENV)
+    tasks = list(env.taskset)
+    async with env.serving():
+        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        eps = await run_all(env, context(policy), tasks * 200, concurrency=256)
+        assert env.taskset.config.task._live.proxy.open_routes == 0
+    assert len(eps) == 1000
+    failed = [errors(e) for e in eps if not e.ok]
+    assert failed == [], failed[:3]
+    traces = [t for e in eps for t in e.traces]
+    assert len({t.id for t in traces}) == 1000
+    assert all(t.reward == 1.0 for t in traces)
+    sessions = {c.session_id for c in policy.calls}
+    assert len(policy.calls) == 2000 and len(sessions) == 1000
+    no_cross_routing(policy, traces)
+    assert await gone(marker) == []
+
+
+async def test_fifty_megabyte_model_call_and_answer(policy: ScriptedPolicy, tmp_path: Path):
+    big = "weather? " + "x" * (50 * 1024 * 1024)
+    texts = [big, "[fault:huge] tell me", "weather in paris?"]
+    env = nemo_gym_env.load_environment(
+        jsonl_path=str(write_rows(tmp_path / "big.jsonl", texts)), task={"run_timeout": 300}
+    )
+    async with env.serving():
+        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        eps = await run_all(env, context(policy), list(env.taskset), concurrency=3)
+    assert len(eps) == 3
+    for episode in eps:  # each ends ok with NeMo Gym's reward, or as an error of its own
+        assert episode.ok or errors(episode), "a failed rollout must say why"
+        if episode.ok:
+            assert episode.traces[0].rewards["nemo_gym"] is not None
+    assert eps[2].ok and eps[2].traces[0].reward == 1.0
+    assert eps[0].ok, errors(eps[0])  # 50 MB through agent, proxy, interception, policy
+    assert await gone(marker) == []
+
+
+_EVAL_OWNER = textwrap.dedent(
+    """
+    import asyncio, sys
+    import nemo_gym_env
+
+    async def main() -> None:
+        env = nemo_gym_env.load_environment(nemo_env="example_single_tool_call", start_timeout=1)
+        try:
+            async with env.serving():
+                pass
+        except Exception as e:
+            print("ERROR", type(e).__name__, e, flush=True)
+            sys.exit(3)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_exception_inside_start_leaves_nothing():
+    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _EVAL_OWNER,
+        env={**os.environ, tag.split("=")[0]: tag.split("=")[1]},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=300)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 3, text[-3000:]
+    assert "ERROR StackError" in text, text[-3000:]
+    assert await gone(tag) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_signal_to_vf_eval_mid_run_leaves_nothing(
+    policy: ScriptedPolicy, tmp_path: Path, sig: signal.Signals
+):
+    rows = write_rows(tmp_path / "rows.jsonl", [f"[fault:hang] {i}" for i in range(4)])
+    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    cmd = [
+        str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "scripted",
+        "--client.base-url", policy.base_url, "-n", "4", "-r", "2", "-c", "8", "--no-push",
+        "-o", str(tmp_path / "out"), "--env.taskset.jsonl-path", str(rows),
+    ]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *cmd,
+        env={**os.environ, tag.split("=")[0]: tag.split("=")[1]},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while len(policy.calls) < 8 and time.monotonic() < deadline:  # rollouts are in flight
+        assert proc.returncode is None, "vf-eval exited before its rollouts started"
+        await asyncio.sleep(0.5)
+    assert len(policy.calls) >= 8
+    assert processes_with_env(tag)  # the stack is up under the eval
+    proc.send_signal(sig)
+    await asyncio.wait_for(proc.wait(), timeout=120)
+    assert await gone(tag, seconds=60) == []

@@ -87,6 +87,12 @@ class EnvSpec:
         """The default agent: the first one the chosen config defines."""
         return self.agents[0]
 
+    @property
+    def example_rollouts(self) -> Path:
+        """`data/example_rollouts.jsonl`: rollouts NeMo Gym recorded with a real model (may be
+        missing, or hold placeholder lines, for some environments)."""
+        return self.root / "data" / "example_rollouts.jsonl"
+
     def dataset(self, kind: str = "example") -> Path:
         """Path of this environment's `kind` dataset ("example", "train" or "validation").
 

@@ -2,6 +2,7 @@
 
 nemo-gym-env setup [--nemo-gym-version V] [--python P]   create the NeMo Gym runtime venv
 nemo-gym-env list                                         environments the runtime ships
+nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's recorded rollouts
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("setup", help="create (or show) the cached NeMo Gym runtime venv")
     commands.add_parser("list", help="list the NeMo Gym environments the runtime ships")
+    conf = commands.add_parser(
+        "conformance", help="replay NeMo Gym's recorded rollouts, compare rewards"
+    )
+    conf.add_argument("envs", nargs="*", metavar="ENV", help="default: every offline env")
+    conf.add_argument("--json", action="store_true", help="machine-readable output")
+    conf.add_argument("--strict", action="store_true", help="exit 1 on any reward mismatch")
+    conf.add_argument("--concurrency", type=int, default=8, help="rollouts at once")
     return parser
 
 
@@ -37,6 +45,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "list":
             print("\n".join(Catalog(runtime).names()))
+        elif args.command == "conformance":
+            from verifiers_nemogym.conformance import command
+
+            return command(
+                args.envs,
+                as_json=args.json,
+                strict=args.strict,
+                nemo_gym_version=args.nemo_gym_version,
+                python=args.python,
+                concurrency=args.concurrency,
+            )
     except NeMoGymError as e:
         print(f"nemo-gym-env: {e}", file=sys.stderr)
         return 2

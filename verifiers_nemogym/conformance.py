@@ -1,0 +1,344 @@
+"""Conformance: NeMo Gym's own recorded rollouts, replayed through nemo-gym-env, score as recorded.
+
+`run_conformance(envs)` takes every line of each environment's `data/example_rollouts.jsonl`
+(rollouts NeMo Gym recorded with a real model), turns it back into the row that produced it,
+and runs all rows of all environments as one verifiers evaluation in this process: ONE NeMo Gym
+stack (`nemo_gym_env.load_environment(nemo_env=envs, jsonl_path=...)`, `env.serving()`,
+`env.run_episode`), with the model played by `ReplayPolicy`, which answers every model call with
+the recorded turn. Each rollout's reward is then compared with the recorded one (exact float
+equality). A mismatch or error carries a reason: a known property of the environment from
+`KNOWN_REASONS`, else what was observed (replay gap, environment output drifted, error text).
+
+The row of a recording is the recorded `/run` result minus what `/run` added: when the
+environment's `example.jsonl` has a row with the same input, exactly that row's keys are kept
+(values from the recording); otherwise `response`, `reward`, gymnasium's `terminated`,
+`truncated`, `info` and NeMo Gym's `_ng_*` bookkeeping are dropped. Rows name their agent
+(`agent_ref`, else the environment's default agent) and carry their recording id in
+`responses_create_params.metadata[REPLAY_KEY]`, which the replay policy uses only to tell apart
+recordings of the same prompt.
+
+`format_report` renders the per-environment table; `EnvReport.to_json` the `--json` form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verifiers_nemogym.catalog import Catalog, EnvSpec
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.replay_policy import (
+    REPLAY_KEY,
+    Recording,
+    ReplayIndex,
+    ReplayPolicy,
+    input_keys,
+    load_recordings,
+)
+from verifiers_nemogym.runtime import DEFAULT_NEMO_GYM_VERSION, ensure_runtime
+
+logger = logging.getLogger(__name__)
+
+_RESULT_KEYS = ("response", "reward", "terminated", "truncated", "info")
+
+KNOWN_REASONS: dict[str, str] = {}
+"""Environment -> why its replayed reward may differ from the recording (filled from runs)."""
+
+CI_ENVS = ("example_single_tool_call", "example_multi_step", "example_multi_turn_gymnasium", "mcqa")
+"""The fixed subset CI checks for exact parity."""
+
+DEFAULT_ENVS: tuple[str, ...] = CI_ENVS
+"""What `nemo-gym-env conformance` runs without names: every environment that runs offline."""
+
+
+@dataclass
+class RowResult:
+    """One recorded rollout, replayed."""
+
+    recording: str
+    """`<env>:<line>` in the environment's example_rollouts.jsonl."""
+    recorded_reward: float | None
+    reward: float | None = None
+    """The replayed rollout's NeMo Gym reward; None if the rollout failed."""
+    error: str | None = None
+    reason: str | None = None
+    """Why the reward differs (or the rollout failed); None on parity."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def parity(self) -> bool:
+        return self.error is None and self.reward == self.recorded_reward
+
+
+@dataclass
+class EnvReport:
+    """The conformance figures of one environment."""
+
+    env: str
+    rows: list[RowResult] = field(default_factory=list)
+    skipped: str | None = None
+    """Why the environment was not run at all (e.g. no usable recordings)."""
+
+    @property
+    def completed(self) -> int:
+        return sum(r.error is None for r in self.rows)
+
+    @property
+    def errors(self) -> int:
+        return sum(r.error is not None for r in self.rows)
+
+    @property
+    def matches(self) -> int:
+        return sum(r.parity for r in self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "rows": len(self.rows),
+            "completed": self.completed,
+            "errors": self.errors,
+            "parity": self.matches,
+            "skipped": self.skipped,
+            "results": [asdict(r) | {"parity": r.parity} for r in self.rows],
+        }
+
+
+def _example_rows(spec: EnvSpec) -> dict[str, dict[str, Any]]:
+    """The environment's example.jsonl rows by their input (for the keys a row really has)."""
+    try:
+        path = spec.dataset("example")
+    except ConfigError:
+        return {}
+    rows: dict[str, dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            rows.setdefault(json.dumps(input_keys(row["responses_create_params"]["input"])), row)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return rows
+
+
+def replay_row(
+    rec: Recording, spec: EnvSpec, examples: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], list[str]]:
+    """The row that reproduces `rec` on `spec`'s stack, and notes on what was changed."""
+    recorded = rec.row
+    params = recorded["responses_create_params"]
+    notes: list[str] = []
+    example = examples.get(json.dumps(input_keys(params.get("input"))))
+    if example is not None:
+        row = {k: recorded.get(k, v) for k, v in example.items()}
+    else:
+        row = {
+            k: v for k, v in recorded.items() if k not in _RESULT_KEYS and not k.startswith("_ng_")
+        }
+    agents = {a.name for a in spec.agents}
+    ref = row.get("agent_ref")
+    if not isinstance(ref, dict) or ref.get("name") not in agents:
+        if isinstance(ref, dict):
+            notes.append(f"agent_ref {ref.get('name')!r} is not in the config: {spec.agent.name}")
+        row["agent_ref"] = {"type": "responses_api_agents", "name": spec.agent.name}
+    # Recordings dump every request field, unset ones as null; NeMo Gym's request model
+    # refuses some nulls (`parallel_tool_calls`, `tool_choice`), and unset means default.
+    params = {k: v for k, v in row["responses_create_params"].items() if v is not None}
+    params["metadata"] = {**(params.get("metadata") or {}), REPLAY_KEY: rec.id}
+    row["responses_create_params"] = params
+    return row, notes
+
+
+@dataclass
+class _Plan:
+    reports: dict[str, EnvReport]
+    rows: list[dict[str, Any]]
+    recordings: list[Recording]
+    results: dict[str, RowResult]
+    runnable: list[str]
+
+
+def _plan(catalog: Catalog, envs: Sequence[str]) -> _Plan:
+    plan = _Plan(reports={}, rows=[], recordings=[], results={}, runnable=[])
+    for name in envs:
+        spec = catalog.env(name)  # unknown names fail here, before anything starts
+        report = plan.reports[name] = EnvReport(name)
+        try:
+            recordings = load_recordings(spec.example_rollouts, name)
+        except ConfigError as e:
+            report.skipped = f"no usable recordings: {e}"
+            continue
+        examples = _example_rows(spec)
+        for rec in recordings:
+            row, notes = replay_row(rec, spec, examples)
+            result = RowResult(rec.id, rec.reward, notes=notes)
+            report.rows.append(result)
+            plan.results[rec.id] = result
+            plan.rows.append(row)
+        plan.recordings += recordings
+        plan.runnable.append(name)
+    return plan
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else text)[:300]
+
+
+async def run_conformance(
+    envs: Sequence[str],
+    *,
+    nemo_gym_version: str = DEFAULT_NEMO_GYM_VERSION,
+    python: str | None = None,
+    concurrency: int = 8,
+    start_timeout: float = 1800.0,
+    run_timeout: float = 600.0,
+) -> list[EnvReport]:
+    """Replay every recorded rollout of `envs` on one stack; one report per environment."""
+    import nemo_gym_env
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import EvalClientConfig
+
+    if not envs:
+        raise ConfigError("conformance needs at least one NeMo Gym environment name")
+    runtime = await asyncio.to_thread(ensure_runtime, nemo_gym_version, python)
+    plan = await asyncio.to_thread(_plan, Catalog(runtime), list(dict.fromkeys(envs)))
+    reports = list(plan.reports.values())
+    if not plan.rows:
+        return reports
+    with tempfile.TemporaryDirectory(prefix="vf-nemogym-conformance-") as tmp:
+        rows_file = Path(tmp) / "rows.jsonl"
+        rows_file.write_text("".join(json.dumps(r) + "\n" for r in plan.rows), encoding="utf-8")
+        env = nemo_gym_env.load_environment(
+            nemo_env=plan.runnable,
+            jsonl_path=str(rows_file),
+            nemo_gym_version=nemo_gym_version,
+            python=python,
+            start_timeout=start_timeout,
+            task={"run_timeout": run_timeout},
+        )
+        tasks = list(env.taskset)
+        async with ReplayPolicy(index=ReplayIndex(plan.recordings)) as policy:
+            client = EvalClientConfig(base_url=policy.base_url, api_key_var="VF_NEMOGYM_REPLAY")
+            ctx = vf.ModelContext(model="replay", client=client)
+            logger.info(
+                "conformance: %d recorded rollouts of %d environment(s); starting one stack",
+                len(tasks),
+                len(plan.runnable),
+            )
+            began = time.monotonic()
+            async with env.serving():
+                logger.info("conformance: stack up in %.0f s", time.monotonic() - began)
+                await _replay_all(env, tasks, ctx, plan, policy, concurrency)
+    return reports
+
+
+async def _replay_all(
+    env: Any, tasks: list[Any], ctx: Any, plan: _Plan, policy: ReplayPolicy, concurrency: int
+) -> None:
+    gate = asyncio.Semaphore(concurrency)
+    done = 0
+
+    async def one(task: Any) -> None:
+        nonlocal done
+        rid = task.data.row["responses_create_params"]["metadata"][REPLAY_KEY]
+        result = plan.results[rid]
+        async with gate:
+            try:
+                episode = await env.run_episode(task, ctx)
+            except Exception as e:  # the run must go on and report every row
+                result.error = f"{type(e).__name__}: {_first_line(str(e))}"
+            else:
+                trace = episode.traces[0] if episode.traces else None
+                if episode.ok and trace is not None and trace.ok:
+                    result.reward = trace.reward
+                else:
+                    errors = [*(trace.errors if trace else []), *episode.errors]
+                    result.error = _first_line(errors[-1].message) if errors else "failed"
+        done += 1
+        if done % 10 == 0 or done == len(tasks):
+            logger.info("conformance: %d/%d rollouts replayed", done, len(tasks))
+
+    await asyncio.gather(*(one(t) for t in tasks))
+    lenient = set(policy.lenient)
+    for result in plan.results.values():
+        _explain(result, lenient)
+
+
+def _explain(result: RowResult, lenient: set[str]) -> None:
+    env = result.recording.rsplit(":", 1)[0]
+    if result.recording in lenient:
+        result.notes.append("the environment's items differed from the recording (tool output)")
+    if result.parity:
+        return
+    if result.error is not None and "no_matching_recording" in result.error + "".join(result.notes):
+        result.reason = f"replay gap: {result.error}"
+    elif env in KNOWN_REASONS:
+        result.reason = KNOWN_REASONS[env]
+    elif result.error is not None:
+        result.reason = f"error: {result.error}"
+    elif result.recorded_reward is None:
+        result.reason = "the recording has no reward"
+    else:
+        result.reason = f"reward {result.reward!r}, recorded {result.recorded_reward!r}"
+        if result.recording in lenient:
+            result.reason += " (the environment answered differently than when recorded)"
+
+
+def format_report(reports: Sequence[EnvReport]) -> str:
+    """A Markdown table (one line per environment) and every mismatch with its reason."""
+    lines = [
+        "| environment | rows | completed | errors | reward parity |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in reports:
+        if r.skipped:
+            lines.append(f"| {r.env} | - | - | - | skipped: {r.skipped} |")
+        else:
+            rows = len(r.rows)
+            lines.append(f"| {r.env} | {rows} | {r.completed} | {r.errors} | {r.matches}/{rows} |")
+    total = sum(len(r.rows) for r in reports)
+    matches = sum(r.matches for r in reports)
+    lines.append(f"| **total** | {total} | {sum(r.completed for r in reports)} | "
+                 f"{sum(r.errors for r in reports)} | {matches}/{total} |")  # fmt: skip
+    misses = [row for r in reports for row in r.rows if not row.parity]
+    if misses:
+        lines += ["", "Mismatches:", ""]
+        for row in misses:
+            got = "error" if row.error is not None else repr(row.reward)
+            lines.append(
+                f"- `{row.recording}` (recorded {row.recorded_reward!r}, got {got}): {row.reason}"
+            )
+    return "\n".join(lines)
+
+
+def command(
+    envs: Sequence[str],
+    *,
+    as_json: bool,
+    strict: bool,
+    nemo_gym_version: str,
+    python: str | None,
+    concurrency: int,
+) -> int:
+    """`nemo-gym-env conformance`: run, print the table (or JSON); exit 1 on parity loss
+    with `strict`."""
+    chosen = list(envs) or list(DEFAULT_ENVS)
+    for noisy in ("httpx", "aiohttp.access"):  # one line per model call: drowns the progress
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    reports = asyncio.run(
+        run_conformance(
+            chosen, nemo_gym_version=nemo_gym_version, python=python, concurrency=concurrency
+        )
+    )
+    if as_json:
+        print(json.dumps([r.to_json() for r in reports], indent=2))
+    else:
+        print(format_report(reports))
+    lost = any(not row.parity for r in reports for row in r.rows)
+    return 1 if strict and lost else 0

@@ -1,0 +1,411 @@
+"""A replay policy: an OpenAI Responses model server that answers from recorded rollouts.
+
+NeMo Gym ships, for most environments, `data/example_rollouts.jsonl`: rollouts recorded with a
+real model, each line the agent's `/run` result (`responses_create_params`, `response` whose
+`output` holds the items of all turns in order, `reward`, ...). `ReplayPolicy` loads one or more
+such files and, for every `POST /v1/responses`, finds the recording whose conversation the
+request continues and answers with the model-generated items of the next turn exactly as recorded
+(messages, function calls with their call ids, reasoning). Replayed through an unchanged
+environment, every rollout then takes the recorded path and should earn the recorded reward.
+
+Matching contract (robust to what sits between the agent and this server, e.g. verifiers'
+interception rewriting `model` and dropping sampling fields):
+- Only the request's `input` items count. Each is reduced to a key: messages by role (`developer`
+  counts as `system`) and text, function calls by name and arguments (parsed JSON), tool results
+  by output; reasoning items are ignored (replayed reasoning may or may not be echoed back);
+  ids, statuses, call ids and token-id fields are ignored.
+- A recording offers a turn at every point where the model spoke: the keys of its initial input
+  plus the output items before that turn. A request matches when its keys equal them exactly.
+- If nothing matches exactly, a lenient pass compares the environment's items (tool results, user
+  turns) by kind only, so an environment whose tool output drifted (timestamps, random ids) still
+  replays; the model's own items must always match exactly.
+- Several matching recordings (the same prompt recorded twice) are told apart by
+  `metadata[REPLAY_KEY]` = a recording id (`<label>:<line>`) if the request carries one; otherwise
+  the first in load order answers.
+- No match answers HTTP 404 with a JSON error (`code: "no_matching_recording"`) that says why
+  (closest recording and the first differing item). The recording used is named in the response
+  header `X-Replay-Recording`.
+
+Run it alone with `python -m verifiers_nemogym.replay_policy --env example_multi_step --port 8000`
+(environment names resolve through the NeMo Gym runtime) or `--rollouts FILE.jsonl ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.scripted_policy import Call, ScriptedPolicy
+
+logger = logging.getLogger(__name__)
+
+REPLAY_KEY = "nemo_gym_replay"
+"""`responses_create_params.metadata` key naming the recording (`<label>:<line>`) a row replays;
+only consulted to choose among recordings that match the input equally well."""
+
+Key = tuple[str, ...]
+JSON = dict[str, Any]
+
+_MODEL_KINDS = ("function_call", "reasoning")
+
+
+def _text(content: Any) -> str:
+    """Message content as one string: text parts joined, other parts as canonical JSON."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return json.dumps(content, sort_keys=True)
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif isinstance(part, dict):
+            rest = {k: v for k, v in part.items() if k not in ("annotations", "logprobs")}
+            parts.append(json.dumps(rest, sort_keys=True))
+        else:
+            parts.append(str(part))
+    return "\n".join(parts)
+
+
+def _arguments(raw: Any) -> str:
+    """Function-call arguments in canonical form (key order and spacing do not matter)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return raw
+    return json.dumps(raw, sort_keys=True)
+
+
+def _kind(item: Any) -> str | None:
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type")
+    if kind is None and "role" in item:
+        return "message"  # NeMo Gym's input messages may omit `type`
+    return str(kind) if kind is not None else None
+
+
+def is_model_item(item: Any) -> bool:
+    """Whether the model produced `item` (as opposed to the environment or the user)."""
+    kind = _kind(item)
+    return kind in _MODEL_KINDS or (kind == "message" and item.get("role") == "assistant")
+
+
+def item_key(item: Any) -> Key | None:
+    """The matching key of one input/output item; None for items matching ignores (reasoning)."""
+    kind = _kind(item)
+    if kind is None:
+        return ("raw", json.dumps(item, sort_keys=True))
+    if kind == "reasoning":
+        return None
+    if kind == "message":
+        role = str(item.get("role", "user"))
+        return ("message", "system" if role == "developer" else role, _text(item.get("content")))
+    if kind == "function_call":
+        return ("function_call", str(item.get("name")), _arguments(item.get("arguments")))
+    if kind == "function_call_output":
+        output = item.get("output")
+        return ("function_call_output", output if isinstance(output, str) else _text(output))
+    ignored = ("id", "status", "call_id", "prompt_token_ids", "generation_token_ids")
+    rest = {k: v for k, v in item.items() if k not in ignored and k != "generation_log_probs"}
+    return (kind, json.dumps(rest, sort_keys=True))
+
+
+def _shape(key: Key) -> Key:
+    """The lenient form of a key: environment items by kind (and role) only."""
+    if key[0] == "function_call_output":
+        return key[:1]
+    if key[0] == "message" and key[1] != "assistant":
+        return key[:2]
+    return key
+
+
+def input_keys(input_value: Any) -> list[Key]:
+    """Keys of a Responses `input` (a string is one user message)."""
+    if isinstance(input_value, str):
+        return [("message", "user", input_value)]
+    if not isinstance(input_value, list):
+        return []
+    return [k for k in map(item_key, input_value) if k is not None]
+
+
+def _describe(key: Key | None) -> str:
+    if key is None:
+        return "nothing (the conversation ended there)"
+    detail = key[-1] if len(key) > 1 else ""
+    detail = detail if len(detail) <= 80 else detail[:77] + "..."
+    return f"{'/'.join(key[:-1]) if len(key) > 2 else key[0]} {detail!r}"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model turn of a recording: what came before it and what the model answered."""
+
+    at: int
+    """Number of keys (initial input + earlier output, reasoning excluded) before this turn."""
+    items: list[JSON]
+    """The model-generated output items of the turn, as recorded."""
+
+
+@dataclass
+class Recording:
+    """One recorded rollout (one line of an `example_rollouts.jsonl`)."""
+
+    id: str
+    """`<label>:<line>`, e.g. `example_multi_step:3`."""
+    row: JSON
+    reward: float | None
+    keys: list[Key]
+    """Keys of the whole recorded conversation (initial input, then every output item)."""
+    turns: list[Turn]
+
+    @classmethod
+    def from_row(cls, row: JSON, rid: str) -> Recording:
+        params = row.get("responses_create_params")
+        response = row.get("response")
+        if not isinstance(params, dict) or not isinstance(response, dict):
+            raise ConfigError(f"{rid}: no responses_create_params/response: not a recorded rollout")
+        output = response.get("output")
+        if not isinstance(output, list) or not all(isinstance(i, dict) for i in output):
+            raise ConfigError(f"{rid}: `response.output` is not a list of items")
+        keys = input_keys(params.get("input"))
+        turns: list[Turn] = []
+        current: list[JSON] | None = None
+        for item in output:
+            if is_model_item(item):
+                if current is None:
+                    current = []
+                    turns.append(Turn(at=len(keys), items=current))
+                current.append(item)
+            else:
+                current = None
+            if (key := item_key(item)) is not None:
+                keys.append(key)
+        reward = row.get("reward")
+        return cls(
+            id=rid,
+            row=row,
+            reward=float(reward) if isinstance(reward, int | float) else None,
+            keys=keys,
+            turns=turns,
+        )
+
+    def turn_at(self, position: int) -> Turn | None:
+        return next((t for t in self.turns if t.at == position), None)
+
+
+def load_recordings(path: Path, label: str | None = None) -> list[Recording]:
+    """The recordings in a JSONL file, named `<label>:<line>` (label: the file's stem)."""
+    label = label or path.stem
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ConfigError(f"cannot read recorded rollouts {path}: {e}") from None
+    recordings = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ConfigError(f"{path}:{number}: not a JSON rollout: {line[:60]!r}") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{number}: a rollout must be a JSON object")
+        recordings.append(Recording.from_row(row, f"{label}:{number}"))
+    if not recordings:
+        raise ConfigError(f"no recorded rollouts in {path}")
+    return recordings
+
+
+class NoRecording(LookupError):
+    """The request continues no loaded recording; the message says why."""
+
+
+@dataclass(frozen=True)
+class Match:
+    recording: Recording
+    turn: Turn
+    exact: bool
+    """False when environment items matched by kind only (lenient pass)."""
+
+
+class ReplayIndex:
+    """Recordings searchable by the conversation a request carries."""
+
+    def __init__(self, recordings: Iterable[Recording]) -> None:
+        self.recordings = list(recordings)
+        self.by_id = {r.id: r for r in self.recordings}
+        if len(self.by_id) != len(self.recordings):
+            raise ConfigError("recording ids must be unique: give each file its own label")
+
+    def match(self, body: JSON) -> Match:
+        """The recording turn that answers `body` (a Responses request); NoRecording if none."""
+        keys = input_keys(body.get("input"))
+        pool = self.recordings
+        metadata = body.get("metadata")
+        hint = metadata.get(REPLAY_KEY) if isinstance(metadata, dict) else None
+        if isinstance(hint, str):
+            if hint not in self.by_id:
+                raise NoRecording(f"metadata {REPLAY_KEY}={hint!r} names no loaded recording")
+            pool = [self.by_id[hint]]
+        n = len(keys)
+        for exact in (True, False):
+            wanted = keys if exact else [_shape(k) for k in keys]
+            found = []
+            for rec in pool:
+                have = rec.keys[:n] if exact else [_shape(k) for k in rec.keys[:n]]
+                if len(rec.keys) >= n and have == wanted:
+                    found.append(rec)
+            if not exact:
+                # Prefer recordings whose environment items agree most often.
+                found.sort(key=lambda r: -sum(a == b for a, b in zip(r.keys, keys, strict=False)))
+            for rec in found:
+                if (turn := rec.turn_at(n)) is not None:
+                    return Match(rec, turn, exact)
+            if found:
+                rec = found[0]
+                following = rec.keys[n] if n < len(rec.keys) else None
+                raise NoRecording(
+                    f"recording {rec.id} matches the {n} input items, but the model did not "
+                    f"speak next there (the recording continues with {_describe(following)})"
+                )
+        raise NoRecording(self._closest(keys, pool))
+
+    def _closest(self, keys: Sequence[Key], pool: Sequence[Recording]) -> str:
+        def common(rec: Recording) -> int:
+            i = 0
+            while i < min(len(keys), len(rec.keys)) and rec.keys[i] == keys[i]:
+                i += 1
+            return i
+
+        best = max(pool, key=common, default=None)
+        head = (
+            f"no recorded rollout continues this conversation ({len(keys)} input items, "
+            f"{len(self.recordings)} recordings loaded)"
+        )
+        if best is None:
+            return head
+        i = common(best)
+        got = keys[i] if i < len(keys) else None
+        expected = best.keys[i] if i < len(best.keys) else None
+        return (
+            f"{head}; closest is {best.id}, which differs at input item {i}: "
+            f"recorded {_describe(expected)}, got {_describe(got)}"
+        )
+
+
+def _response(body: JSON, match: Match, n: int) -> JSON:
+    recorded = match.recording.row.get("response") or {}
+    return {
+        "id": f"resp_replay_{n}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": body.get("model") or recorded.get("model") or "replay",
+        "status": "completed",
+        "output": copy.deepcopy(match.turn.items),
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "usage": {
+            "input_tokens": 0,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 0,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 0,
+        },
+    }
+
+
+@dataclass
+class ReplayPolicy(ScriptedPolicy):
+    """Serve `index` on `host:port` (0 = a free port); `base_url` ends in `/v1`. Every call
+    is kept in `calls` (with `record`), every unmatched one's reason in `misses`."""
+
+    index: ReplayIndex = field(default_factory=lambda: ReplayIndex([]))
+    misses: list[str] = field(default_factory=list)
+    lenient: list[str] = field(default_factory=list)
+    """Recording ids answered through the lenient pass (environment items drifted)."""
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "replay", "object": "model"}]})
+
+    async def _responses(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.record:
+            self.calls.append(Call(request.headers.get("X-Session-ID"), body))
+        try:
+            match = self.index.match(body)
+        except NoRecording as e:
+            self.misses.append(str(e))
+            logger.warning("replay: %s", e)
+            error = {"message": str(e), "type": "invalid_request_error"}
+            return web.json_response(
+                {"error": {**error, "code": "no_matching_recording"}}, status=404
+            )
+        if not match.exact:
+            self.lenient.append(match.recording.id)
+        return web.json_response(
+            _response(body, match, next(self._ids)),
+            headers={"X-Replay-Recording": match.recording.id},
+        )
+
+
+def _recordings_from_args(envs: list[str], files: list[str], nemo_gym_version: str | None):
+    recordings: list[Recording] = []
+    if envs:
+        from verifiers_nemogym.catalog import Catalog
+        from verifiers_nemogym.runtime import DEFAULT_NEMO_GYM_VERSION, ensure_runtime
+
+        catalog = Catalog(ensure_runtime(nemo_gym_version or DEFAULT_NEMO_GYM_VERSION))
+        for name in envs:
+            recordings += load_recordings(catalog.env(name).example_rollouts, name)
+    for path in files:
+        recordings += load_recordings(Path(path))
+    return recordings
+
+
+async def _serve(host: str, port: int, index: ReplayIndex) -> None:
+    async with ReplayPolicy(host, port, record=False, index=index) as policy:
+        print(
+            f"replay policy on {policy.base_url} ({len(index.recordings)} recordings)", flush=True
+        )
+        await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", action="append", default=[], help="NeMo Gym environment name")
+    parser.add_argument("--rollouts", action="append", default=[], help="recorded rollouts JSONL")
+    parser.add_argument("--nemo-gym-version", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not args.env and not args.rollouts:
+        parser.error("give at least one --env NAME or --rollouts FILE")
+    try:
+        index = ReplayIndex(_recordings_from_args(args.env, args.rollouts, args.nemo_gym_version))
+    except ConfigError as e:
+        print(f"replay_policy: {e}", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.host, args.port, index))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

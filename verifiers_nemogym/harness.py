@@ -98,7 +98,7 @@ async def _post_run(
         try:
             status, text = request.result()
         except aiohttp.ClientError as e:
-            raise RolloutError(f"{where} failed: {e!r}") from e
+            raise RolloutError(f"{where} failed: {e!r} (did the NeMo Gym agent die?)") from e
     elif died in done:
         raise RolloutError(f"{where} lost its NeMo Gym stack: {live.failure}")
     else:

@@ -54,7 +54,7 @@ class DatasetSpec:
                 f"v{self.gitlab.get('version')}), which needs their credentials; "
                 "pass the path of a JSONL file you have instead"
             )
-        return "pass the path of a JSONL file with rows for this environment"
+        return "pass the path of a JSONL file with rows for this environment (jsonl_path)"
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,14 @@ def _server_block(value: Any, server_type: str) -> tuple[str, dict[str, Any]] | 
     if not isinstance(settings, dict) or "entrypoint" not in settings:
         return None
     return str(impl), settings
+
+
+def _source(entry: dict[str, Any], kind: str) -> dict[str, str] | None:
+    """The newer form of a dataset's origin: `source: {type: huggingface|gitlab, ...}`."""
+    source = _as_str_dict(entry.get("source"))
+    if source is None or source.get("type") != kind:
+        return None
+    return {k: v for k, v in source.items() if k != "type"}
 
 
 def _as_str_dict(value: Any) -> dict[str, str] | None:
@@ -261,7 +269,8 @@ class Catalog:
             name=str(entry.get("name", "")),
             type=str(entry.get("type", "")),
             jsonl_path=path,
-            gitlab=_as_str_dict(entry.get("gitlab_identifier")),
-            huggingface=_as_str_dict(entry.get("huggingface_identifier")),
+            gitlab=_as_str_dict(entry.get("gitlab_identifier")) or _source(entry, "gitlab"),
+            huggingface=_as_str_dict(entry.get("huggingface_identifier"))
+            or _source(entry, "huggingface"),
             license=str(entry["license"]) if entry.get("license") else None,
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -331,6 +332,15 @@ def command(
     chosen = list(envs) or list(DEFAULT_ENVS)
     for noisy in ("httpx", "aiohttp.access"):  # one line per model call: drowns the progress
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Progress goes to stderr (stdout is the report). Our own handler also keeps NeMoGymEnv
+    # from re-routing our logs to verifiers' logger, which has only a NullHandler here.
+    ours = logging.getLogger("verifiers_nemogym")
+    if not ours.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
     reports = asyncio.run(
         run_conformance(
             chosen, nemo_gym_version=nemo_gym_version, python=python, concurrency=concurrency

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-import nemo_gym_env
 import pytest
 
+import nemo_gym_env
 from verifiers_nemogym.catalog import Catalog
 from verifiers_nemogym.cli import main as cli_main
 from verifiers_nemogym.conformance import CI_ENVS, format_report, run_conformance

@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import nemo_gym_env
 import pytest
 import verifiers.v1 as vf
 from verifiers.v1.configs.client import EvalClientConfig
 
+import nemo_gym_env
 from verifiers_nemogym.env import NeMoGymEnv
 from verifiers_nemogym.scripted_policy import ScriptedPolicy
 from verifiers_nemogym.supervisor import MARKER_ENV_VAR

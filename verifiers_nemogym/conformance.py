@@ -201,9 +201,10 @@ async def run_conformance(
     run_timeout: float = 600.0,
 ) -> list[EnvReport]:
     """Replay every recorded rollout of `envs` on one stack; one report per environment."""
-    import nemo_gym_env
     import verifiers.v1 as vf
     from verifiers.v1.configs.client import EvalClientConfig
+
+    import nemo_gym_env
 
     if not envs:
         raise ConfigError("conformance needs at least one NeMo Gym environment name")

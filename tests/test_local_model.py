@@ -1,0 +1,198 @@
+"""The real local model (Qwen2.5-Coder-1.5B on llama.cpp, CPU) through the whole chain.
+
+`nemo-gym-env eval-local` (the README's first command) -> vf-eval -> NeMoGymHarness -> NeMo Gym
+agent `/run` -> model proxy -> verifiers endpoint -> local llama.cpp server. The model's wording is
+never asserted: only that it called the tool with parseable arguments, that NeMo Gym's tool ran
+with them, and that NeMo Gym verified the rollout. A small model may misbehave now and then, so
+the evaluation is tried at most twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.local_model import MARKER_ENV_VAR, LocalModelServer, packaged_model_path
+
+ENV = "example_single_tool_call"
+ATTEMPTS = 2
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """PIDs of live processes whose environment holds `entry` (`NAME=value`)."""
+    needle = entry.encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+    return found
+
+
+def wait_gone(pids: list[int] | int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    pids = [pids] if isinstance(pids, int) else pids
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def tool_use_problems(trace: dict[str, Any]) -> list[str]:
+    """Why `trace` is not "called get_weather with parseable arguments, NeMo Gym ran it"."""
+    messages = [node["message"] for node in trace["nodes"]]
+    calls = [c for m in messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+    if not calls:
+        return ["no tool call"]
+    call = calls[0]
+    if call["name"] != "get_weather":
+        return [f"called {call['name']!r}"]
+    try:
+        arguments = json.loads(call["arguments"])
+    except json.JSONDecodeError:
+        return [f"arguments are not JSON: {call['arguments']!r}"]
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("city"), str):
+        return [f"arguments without a city string: {arguments!r}"]
+    results = [m for m in messages if m.get("role") == "tool" and m["tool_call_id"] == call["id"]]
+    if not results:
+        return ["no tool result for the call"]
+    # NeMo Gym's resources server answered with the city the model asked for.
+    if json.loads(results[0]["content"]).get("city") != arguments["city"]:
+        return [f"tool result {results[0]['content']!r} is not for {arguments!r}"]
+    return []
+
+
+def run_eval_local(outdir: Path, tag: str) -> tuple[int, str]:
+    cmd = [
+        str(Path(sys.executable).with_name("nemo-gym-env")), "eval-local", ENV,
+        "-n", "2", "-o", str(outdir),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd,
+        env={**os.environ, "VF_NEMOGYM_TEST_RUN": tag},  # inherited by every descendant
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=1500,
+        stdin=subprocess.DEVNULL,
+    )
+    return proc.returncode, proc.stdout.decode(errors="replace")
+
+
+def test_eval_local_runs_the_real_model_through_nemo_gym(tmp_path: Path) -> None:
+    problems: list[str] = []
+    for attempt in range(ATTEMPTS):
+        tag = uuid.uuid4().hex
+        outdir = tmp_path / f"attempt{attempt}"
+        status, log = run_eval_local(outdir, tag)
+        # Whatever the model did, nothing the command started may survive it.
+        survivors = processes_with_env(f"VF_NEMOGYM_TEST_RUN={tag}")
+        assert wait_gone(survivors, 10), f"processes left behind: {survivors}"
+        assert status == 0, log[-6000:]
+        assert "ready at http://127.0.0.1:" in log  # the local server, on loopback
+        (traces_file,) = outdir.glob("*/traces.jsonl")
+        episodes = [json.loads(line) for line in traces_file.read_text().splitlines() if line]
+        assert len(episodes) == 2
+        traces = [t for e in episodes for t in e["traces"]]
+        assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes]
+        for trace in traces:
+            # The rollout went through NeMo Gym's /verify: its reward, recorded by the harness.
+            assert trace["info"]["nemo_gym"]["reward"] == 1.0
+            assert trace["rewards"]["nemo_gym"]["score"] == 1.0
+            assert trace["agent"]["config"]["model"] == "qwen2.5-coder-1.5b-instruct-q4_k_m"
+        problems = [p for t in traces for p in tool_use_problems(t)]
+        if not problems:
+            return
+    pytest.fail(f"the local model did not call the tool properly in {ATTEMPTS} runs: {problems}")
+
+
+def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
+    """The model server of a SIGKILLed owner exits by itself (its stdin pipe closes)."""
+    owner_code = textwrap.dedent(
+        """
+        import json, sys, urllib.request
+        from verifiers_nemogym.local_model import LocalModelServer
+        server = LocalModelServer().start()
+        with urllib.request.urlopen(server.base_url + "/models", timeout=30) as reply:
+            models = json.load(reply)
+        print(json.dumps({"pid": server.pid, "marker": server.marker, "models": models}))
+        sys.stdout.flush()
+        sys.stdin.read()  # until the test kills us
+        """
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", owner_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert owner.stdout is not None
+        line = owner.stdout.readline()
+        assert line, "the owner exited before its server started"
+        info = json.loads(line)
+        model_ids = [m["id"] for m in info["models"]["data"]]
+        assert model_ids == ["qwen2.5-coder-1.5b-instruct-q4_k_m"]
+        assert processes_with_env(f"{MARKER_ENV_VAR}={info['marker']}") == [info["pid"]]
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        assert wait_gone(info["pid"], 15), "the model server outlived its owner"
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_stop_leaves_nothing_and_the_packaged_model_is_cached() -> None:
+    path = packaged_model_path()
+    assert path == packaged_model_path()  # assembled once, then reused as is
+    assert path.read_bytes()[:4] == b"GGUF"
+    server = LocalModelServer(gguf=path, chat_template="model").start()
+    pid, marker = server.pid, server.marker
+    assert server.rss_bytes() > 500 * 2**20  # the model is really loaded
+    server.stop()
+    server.stop()  # idempotent
+    assert wait_gone(pid, 5) and processes_with_env(f"{MARKER_ENV_VAR}={marker}") == []
+
+
+@pytest.mark.parametrize("content", [None, b"not a model"])
+def test_bad_gguf_is_a_clear_error_and_starts_nothing(tmp_path: Path, content: bytes | None):
+    path = tmp_path / "model.gguf"
+    if content is not None:
+        path.write_bytes(content)
+    server = LocalModelServer(gguf=path)
+    with pytest.raises(ConfigError, match=str(path)):
+        server.start()
+    assert server.pid is None and processes_with_env(f"{MARKER_ENV_VAR}={server.marker}") == []
+
+
+def test_eval_local_rejects_bad_input_before_starting_anything(tmp_path: Path) -> None:
+    cli = str(Path(sys.executable).with_name("nemo-gym-env"))
+    missing = tmp_path / "absent.gguf"
+    out = subprocess.run(
+        [cli, "eval-local", "--gguf", str(missing)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 2 and str(missing) in out.stderr, out.stderr
+    out = subprocess.run(
+        [cli, "eval-local", "-n", "0"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 2 and "num_tasks" in out.stderr, out.stderr

@@ -1,0 +1,101 @@
+"""`nemo-gym-env eval-local`: a real `vf-eval nemo-gym-env` run against the local CPU model.
+
+Contract: `run_local_eval(options)` starts a `LocalModelServer`, runs `vf-eval nemo-gym-env` as a
+child process pointed at it (no API key, nothing pushed), stops the server when vf-eval ends (or
+fails, or Ctrl-C), and returns vf-eval's exit status. vf-eval prints its own progress and summary;
+arguments after `--` go to vf-eval unchanged (and win over the defaults set here).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.local_model import ChatTemplate, LocalModelServer
+
+logger = logging.getLogger(__name__)
+
+# Any value works: the local server checks no key, but verifiers reads one from this variable.
+_KEY_VAR = "VF_NEMOGYM_LOCAL_KEY"
+
+
+@dataclass
+class LocalEvalOptions:
+    """What `eval-local` evaluates and with which model."""
+
+    nemo_env: str = "example_single_tool_call"
+    """NeMo Gym environment name(s), comma-separated."""
+    num_tasks: int = 3
+    """Rows evaluated (vf-eval `-n`)."""
+    rollouts: int = 1
+    """Rollouts per row (vf-eval `-r`)."""
+    concurrency: int = 2
+    """Rollouts in flight (vf-eval `-c`); the server decodes two requests at a time."""
+    max_turns: int = 4
+    """Model calls per rollout before verifiers stops it (NeMo Gym's simple agent has no limit,
+    and a small model may call a tool again and again); NeMo Gym still verifies the rollout."""
+    gguf: Path | None = None
+    """A GGUF model file instead of the packaged Qwen2.5-Coder-1.5B-Instruct."""
+    chat_template: ChatTemplate | Path = "fenced-json"
+    """Chat template of the server (see `LocalModelServer.chat_template`)."""
+    output_dir: Path = Path("outputs")
+    """vf-eval's output folder."""
+    nemo_gym_version: str | None = None
+    """Passed on as `--env.taskset.nemo-gym-version` when set."""
+    python: str | None = None
+    """Passed on as `--env.taskset.python` when set."""
+    vf_eval_args: list[str] = field(default_factory=list)
+    """Further vf-eval arguments, appended last."""
+
+
+def vf_eval_command(options: LocalEvalOptions, model: str, base_url: str) -> list[str]:
+    """The vf-eval command line for a server at `base_url` serving `model`."""
+    vf_eval = Path(sys.executable).with_name("vf-eval")
+    if not vf_eval.exists():
+        raise ConfigError(f"vf-eval not found beside {sys.executable}; is verifiers installed?")
+    cmd = [
+        str(vf_eval), "nemo-gym-env", "-m", model,
+        "--client.base-url", base_url, "--client.api-key-var", _KEY_VAR,
+        "-n", str(options.num_tasks), "-r", str(options.rollouts),
+        "-c", str(options.concurrency), "--no-push", "-o", str(options.output_dir),
+        "--env.taskset.nemo-env", options.nemo_env,
+        "--env.agent.max-turns", str(options.max_turns),
+    ]  # fmt: skip
+    if options.nemo_gym_version:
+        cmd += ["--env.taskset.nemo-gym-version", options.nemo_gym_version]
+    if options.python:
+        cmd += ["--env.taskset.python", options.python]
+    return cmd + list(options.vf_eval_args)
+
+
+def run_local_eval(options: LocalEvalOptions) -> int:
+    """Serve the local model, run vf-eval against it, stop the model; vf-eval's exit status."""
+    for name in ("num_tasks", "rollouts", "concurrency", "max_turns"):
+        if getattr(options, name) < 1:
+            raise ConfigError(f"eval-local: {name} must be >= 1, got {getattr(options, name)}")
+    server = LocalModelServer(gguf=options.gguf, chat_template=options.chat_template)
+    with server:
+        logger.info(
+            "local model %s at %s (%d MB resident)",
+            server.model_name,
+            server.base_url,
+            server.rss_bytes() // 2**20,
+        )
+        cmd = vf_eval_command(options, server.model_name, server.base_url)
+        logger.info("running: %s", " ".join(cmd[1:]))
+        # Same process group: a Ctrl-C reaches vf-eval (which stops its NeMo Gym stack) and us
+        # (which stops the model server once vf-eval has exited).
+        proc = subprocess.Popen(cmd, env={**os.environ, _KEY_VAR: "local"})
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            try:
+                return proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait()

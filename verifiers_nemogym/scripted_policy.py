@@ -101,7 +101,10 @@ class ScriptedPolicy:
         app.router.add_get("/", self._health)  # NeMo Gym's readiness poll, if used directly
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # Hung `[fault:hang]` handlers must not hold up shutdown.
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=1.0
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
         await site.start()

@@ -17,24 +17,9 @@ import verifiers.v1 as vf
 from verifiers.v1.configs.client import EvalClientConfig
 
 from verifiers_nemogym.scripted_policy import ANSWER, ScriptedPolicy
-from verifiers_nemogym.supervisor import MARKER_ENV_VAR
+from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_env
 
 ENV = "example_single_tool_call"
-
-
-def processes_with_env(entry: str) -> list[int]:
-    """PIDs of live processes whose environment holds `entry` (`NAME=value`, or a prefix)."""
-    needle = entry.encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue  # exited meanwhile, or not ours to read
-    return found
 
 
 @pytest.fixture

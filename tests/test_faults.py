@@ -27,7 +27,7 @@ from verifiers.v1.configs.client import EvalClientConfig
 import nemo_gym_env
 from verifiers_nemogym.env import NeMoGymEnv
 from verifiers_nemogym.scripted_policy import ScriptedPolicy
-from verifiers_nemogym.supervisor import MARKER_ENV_VAR
+from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_env
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
@@ -57,18 +57,6 @@ def row(text: str) -> dict[str, Any]:
 def write_rows(path: Path, texts: list[str]) -> Path:
     path.write_text("".join(json.dumps(row(t)) + "\n" for t in texts))
     return path
-
-
-def processes_with_env(entry: str) -> list[int]:
-    """PIDs of live processes whose environment holds `entry` (`NAME=value`, or a prefix)."""
-    needle, found = entry.encode(), []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and needle in (proc / "environ").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
 
 
 async def gone(entry: str, seconds: float = 30) -> list[int]:

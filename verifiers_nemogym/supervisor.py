@@ -36,22 +36,27 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 def processes_with_marker(marker: str) -> list[int]:
-    """PIDs of live processes whose initial environment has VF_NEMOGYM_STACK=<marker>.
+    """PIDs of live processes whose initial environment has VF_NEMOGYM_STACK=<marker>."""
+    return processes_with_env(f"{MARKER_ENV_VAR}={marker}")
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """PIDs of live processes whose initial environment holds `entry` (`NAME=value`) exactly.
 
     Zombies have an empty environ and are not reported (they hold no resources but a PID).
     """
-    needle = f"{MARKER_ENV_VAR}={marker}".encode()
+    needle = entry.encode()
     found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
                 environ = handle.read()
         except OSError:  # gone, or not ours to read
             continue
         if needle in environ.split(b"\0"):
-            found.append(int(entry))
+            found.append(int(pid))
     return found
 
 

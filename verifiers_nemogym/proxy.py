@@ -243,14 +243,14 @@ def _reply(status: int, raw: bytes, request: dict[str, Any], *, is_responses: bo
             return _error(502, "upstream answered 200 with a non-JSON body", "upstream_error")
         if is_responses:
             payload = complete_response(payload, request)
-        return web.json_response(payload, dumps=_dumps)
+        return _json(payload)
     if is_responses and _ended_rollout(status, payload):
         # verifiers refuses further calls once a rollout stopped (turn limit, @vf.stop) or
         # concluded. NeMo Gym's agent would raise and never verify; an `incomplete` reply
         # makes it end its loop and verify what was done, so the reward is kept.
-        return web.json_response(incomplete_response(request, _message(payload)), dumps=_dumps)
+        return _json(incomplete_response(request, _message(payload)))
     if isinstance(payload, dict):
-        return web.json_response(payload, status=status, dumps=_dumps)
+        return _json(payload, status)
     text = raw[:2000].decode(errors="replace")
     return _error(status, f"upstream answered {status}: {text}", "upstream_error")
 
@@ -271,5 +271,8 @@ def _ended_rollout(status: int, payload: Any) -> bool:
     return status == 400 and _message(payload).startswith("rollout stopped")
 
 
-def _dumps(obj: Any) -> str:
-    return pydantic_core.to_json(obj).decode()
+def _json(obj: Any, status: int = 200) -> web.Response:
+    # Bytes straight from pydantic_core: json_response would decode them to str and back.
+    return web.Response(
+        body=pydantic_core.to_json(obj), status=status, content_type="application/json"
+    )

@@ -70,7 +70,8 @@ def complete_response(reply: JSON, request: JSON) -> JSON:
     Missing request-echo fields (`tools`, `tool_choice`, `parallel_tool_calls`) are taken from
     `request`, the body the agent sent; fields already present are never changed.
     """
-    reply.setdefault("id", f"resp_{uuid.uuid4().hex}")
+    if "id" not in reply:  # not setdefault: a uuid per call costs the proxy measurably
+        reply["id"] = f"resp_{uuid.uuid4().hex}"
     reply.setdefault("object", "response")
     if not isinstance(reply.get("created_at"), int | float):
         reply["created_at"] = int(time.time())

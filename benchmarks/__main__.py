@@ -1,0 +1,190 @@
+"""`uv run python -m benchmarks [--repeats N] [--cold-repeats N] [--only FIGURE ...]`
+
+Measures verifiers-nemogym side by side with native NeMo Gym in one run (see the figure
+modules), prints a table with the targets and writes `benchmarks/results/<date>.json`: the
+headline medians at top level, every figure's repeats under `spread` and `details`.
+Ours and native are interleaved within each repeat; ratios are taken within a repeat, then the
+median over repeats, so slow phases of a shared machine hit both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import end_to_end, proxy_hop, stack_start, steady_state
+from benchmarks.common import spawn_policy, summary
+from verifiers_nemogym.runtime import ensure_runtime
+
+FIGURES = ("proxy", "steady", "e2e", "start")
+RESULTS = Path(__file__).with_name("results")
+
+# key: (target text, test of the median)
+TARGETS: dict[str, tuple[str, Any]] = {
+    "end_to_end_ratio": ("<= 0.8x native", lambda v: v <= 0.8),
+    "steady_state_ratio": (">= 0.9x raw driver", lambda v: v >= 0.9),
+    "proxy_p50_ms": ("<= 0.5 ms added", lambda v: v <= 0.5),
+    "proxy_rps_ratio": (">= 0.5x bare server", lambda v: v >= 0.5),
+    "stack_start_warm_ratio": ("<= 0.7x native", lambda v: v <= 0.7),
+    "rss_growth_mb": ("flat (< 5 MB)", lambda v: v < 5),
+}
+
+
+async def run_proxy(repeats: int, out: dict[str, Any]) -> None:
+    runs = [await proxy_hop.measure_once() for _ in range(repeats)]
+    keys = runs[0].keys()
+    out["details"]["proxy"] = {k: summary([r[k] for r in runs]) for k in keys}
+    pick = {
+        "proxy_p50_ms": "added_p50_ms_at_1",
+        "proxy_p99_ms": "added_p99_ms_at_1",
+        "proxy_rps": "proxy_rps_at_256",
+        "proxy_rps_ratio": "proxy_rps_ratio",
+        "rss_mb_after_100": "rss_mb_after_100",
+        "rss_mb_after_1000": "rss_mb_after_1000",
+    }
+    for key, source in pick.items():
+        out["spread"][key] = summary([r[source] for r in runs])
+    out["spread"]["rss_growth_mb"] = summary(
+        [r["rss_mb_after_1000"] - r["rss_mb_after_100"] for r in runs]
+    )
+
+
+async def run_steady(repeats: int, out: dict[str, Any]) -> None:
+    rates = await steady_state.measure(repeats)
+    out["details"]["steady_state_rps"] = {k: summary(v) for k, v in rates.items()}
+    ours, direct, via = rates["ours"], rates["raw_direct"], rates["raw_proxy"]
+    out["spread"]["steady_state_ratio"] = summary(_ratios(ours, direct))
+    out["spread"]["steady_state_ratio_vs_raw_proxy"] = summary(_ratios(ours, via))
+    out["spread"]["raw_proxy_vs_raw_direct"] = summary(_ratios(via, direct))
+
+
+async def run_e2e(repeats: int, out: dict[str, Any]) -> None:
+    runtime = ensure_runtime()
+    ours: list[float] = []
+    native: list[float] = []
+    async with await spawn_policy() as policy:
+        for r in range(repeats):
+            order = ["ours", "native"] if r % 2 == 0 else ["native", "ours"]
+            for side in order:
+                if side == "ours":
+                    ours.append(await end_to_end.ours_once(policy.info["base_url"]))
+                else:
+                    native.append(await end_to_end.native_once(runtime, int(policy.info["port"])))
+    out["details"]["end_to_end_s"] = {"ours": summary(ours), "native": summary(native)}
+    out["spread"]["end_to_end_ratio"] = summary(_ratios(ours, native))
+
+
+async def run_start(repeats: int, cold_repeats: int, out: dict[str, Any]) -> None:
+    runs: dict[str, list[dict[str, float]]] = {"ours": [], "native": [], "ours_cold": []}
+    for r in range(repeats):
+        for side in ["ours", "native"] if r % 2 == 0 else ["native", "ours"]:
+            runs[side].append(await stack_start.measure(side, cold=False))
+    for _ in range(cold_repeats):
+        runs["ours_cold"].append(await stack_start.measure("ours", cold=True))
+    out["details"]["stack_start_s"] = {
+        side: {phase: summary([m[phase] for m in ms]) for phase in ms[0]}
+        for side, ms in runs.items()
+        if ms
+    }
+    ours = [m["total"] for m in runs["ours"]]
+    native = [m["total"] for m in runs["native"]]
+    out["spread"]["stack_start_warm_s"] = summary(ours)
+    out["spread"]["stack_start_native_warm_s"] = summary(native)
+    out["spread"]["stack_start_warm_ratio"] = summary(_ratios(ours, native))
+    if runs["ours_cold"]:
+        cold = [m["runtime"] + m["total"] for m in runs["ours_cold"]]
+        out["spread"]["stack_start_cold_s"] = summary(cold)
+
+
+def _ratios(a: list[float], b: list[float]) -> list[float]:
+    return [x / y for x, y in zip(a, b, strict=True)]
+
+
+def _table(result: dict[str, Any]) -> str:
+    rows = [("figure", "median", "min..max", "n", "target", "")]
+    for key, s in result["spread"].items():
+        target, test = TARGETS.get(key, ("", None))
+        verdict = (
+            ""
+            if test is None or s["median"] is None
+            else ("met" if test(s["median"]) else "MISSED")
+        )
+        rows.append(
+            (
+                key,
+                f"{s['median']:.3f}",
+                f"{s['min']:.3f}..{s['max']:.3f}",
+                str(s["n"]),
+                target,
+                verdict,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"spread": {}, "details": {}}
+    began = time.monotonic()
+    figures = args.only or list(FIGURES)
+    steps = {
+        "proxy": lambda: run_proxy(args.repeats, out),
+        "steady": lambda: run_steady(args.repeats, out),
+        "e2e": lambda: run_e2e(args.repeats, out),
+        "start": lambda: run_start(args.repeats, args.cold_repeats, out),
+    }
+    for name in FIGURES:
+        if name not in figures:
+            continue
+        step_began = time.monotonic()
+        try:
+            await steps[name]()
+        except Exception as e:  # one broken figure must not cost the others
+            out.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[-3000:]
+            print(f"figure {name} failed: {e!r}", flush=True)
+        print(f"figure {name}: {time.monotonic() - step_began:.0f} s", flush=True)
+    headline = {key: s["median"] for key, s in out["spread"].items()}
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": "uv run python -m benchmarks " + " ".join(args.argv),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_1m_at_end": os.getloadavg()[0],
+            "python": platform.python_version(),
+        },
+        "seconds": time.monotonic() - began,
+        **headline,
+        "targets": {k: t for k, (t, _) in TARGETS.items()},
+        **out,
+    }
+
+
+def main() -> None:
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of each figure")
+    parser.add_argument("--cold-repeats", type=int, default=1, help="cold stack starts")
+    parser.add_argument("--only", nargs="+", choices=FIGURES, help="run only these figures")
+    parser.add_argument("--out", type=Path, help="JSON path (default results/<date>.json)")
+    args = parser.parse_args()
+    args.argv = sys.argv[1:]
+    result = asyncio.run(main_async(args))
+    print(_table(result))
+    path = args.out or RESULTS / f"{datetime.date.today().isoformat()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()

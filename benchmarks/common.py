@@ -1,0 +1,109 @@
+"""Shared pieces of the benchmarks: helper processes, statistics, memory readings.
+
+Helper processes (scripted policy, echo server, proxy) run as separate Python processes so that
+client, proxy and upstream never share an event loop or a core's GIL. Every helper is started
+with `spawn()` and must be stopped with `Helper.stop()` (also on errors: use `async with`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+ENV = "example_single_tool_call"
+"""The NeMo Gym environment every figure runs (5 example rows, one tool call per rollout)."""
+
+
+@dataclass
+class Helper:
+    """A helper process that printed one JSON line describing itself on start."""
+
+    proc: asyncio.subprocess.Process
+    info: dict[str, Any]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def command(self, line: str) -> Any:
+        """Send one command line; return the JSON line it answers."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        await self.proc.stdin.drain()
+        return json.loads(await asyncio.wait_for(self.proc.stdout.readline(), 60))
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+    async def __aenter__(self) -> Helper:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def spawn(module: str, *args: str) -> Helper:
+    """Start `python -m module args...`; it must print one JSON line once it serves."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        return Helper(proc, json.loads(line))
+    except BaseException:
+        proc.kill()
+        await proc.wait()
+        raise
+
+
+async def spawn_policy() -> Helper:
+    """The package's ScriptedPolicy in its own process; `info["base_url"]` ends in /v1."""
+    return await spawn("benchmarks.servers", "policy")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of `pid` in MiB (from /proc)."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    """Median and spread of repeated measurements."""
+    values = [float(v) for v in values]
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "values": values,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by nearest rank."""
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}

@@ -1,0 +1,119 @@
+"""The native NeMo Gym path for the side-by-side figures, and start-up phase timing.
+
+Native means NeMo Gym's own commands from the runtime venv, on the same rows and policy:
+`ng_run` with NeMo Gym's own Ray start and readiness poll (our supervisor and log capture around
+it, so nothing can be orphaned; they add no work to the start), and `ng_collect_rollouts`.
+The policy is the scripted policy registered as `policy_model` directly, without our proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+
+from verifiers_nemogym.runtime import NeMoGymRuntime
+from verifiers_nemogym.stack import NeMoGymStack, processes_with_marker
+
+# Lines of ng_run's log that open and close its phases (nemo_gym/cli/env.py, server_utils.py).
+_RAY_BEGIN = re.compile(r"NeMo Gym is starting a new Ray cluster|Connecting to Ray cluster")
+_HEAD_WAIT = re.compile(r"Waiting for head server to spin up")
+
+
+def native_stack(
+    runtime: NeMoGymRuntime, config_paths: list[Path], policy_port: int
+) -> NeMoGymStack:
+    """A stack run the native way: `ng_run` starts Ray and polls readiness itself."""
+    return NeMoGymStack(
+        runtime, config_paths, policy_host="127.0.0.1", policy_port=policy_port, fast_start=False
+    )
+
+
+async def timed_start(stack: NeMoGymStack) -> dict[str, float]:
+    """Start `stack`; seconds from start() to each phase boundary seen in ng_run's log:
+    `cli` (ng_run imported and parsed its config), `ray` (Ray up), `servers` (venvs checked or
+    built, servers imported and answering), `total`, and `cpu_s`: CPU seconds the stack's
+    processes used until then (on a shared machine, less noisy than wall time)."""
+    began = time.monotonic()
+    seen: dict[str, float] = {}
+
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def sample_cpu() -> None:
+        # The stack's processes are the supervisor's descendants, not ours (no rusage): sample
+        # each marked process's CPU time; processes that end between samples are missed.
+        for pid in processes_with_marker(stack.marker) + ([stack._proc.pid] if stack._proc else []):
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            cpu[pid] = max(cpu.get(pid, 0.0), (int(fields[11]) + int(fields[12])) / tick)
+
+    async def watch() -> None:
+        while True:
+            sample_cpu()
+            log = stack.log_path if stack.workdir is not None else None
+            text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+            for name, pattern in (("cli", _RAY_BEGIN), ("ray", _HEAD_WAIT)):
+                if name not in seen and pattern.search(text):
+                    seen[name] = time.monotonic() - began
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await stack.start()
+    finally:
+        watcher.cancel()
+    total = time.monotonic() - began
+    sample_cpu()
+    cli = seen.get("cli", 0.0)
+    ray = seen.get("ray", cli)
+    return {
+        "total": total,
+        "cli": cli,
+        "ray": ray - cli,
+        "servers": total - ray,
+        "cpu_s": sum(cpu.values()),
+    }
+
+
+async def collect_rollouts(
+    runtime: NeMoGymRuntime,
+    stack: NeMoGymStack,
+    agent: str,
+    rows: Path,
+    output: Path,
+    *,
+    repeats: int,
+    in_flight: int,
+) -> None:
+    """`ng_collect_rollouts` on a running stack; raises unless every rollout was written."""
+    head = stack.head_url.removeprefix("http://")
+    host, port = head.rsplit(":", 1)
+    proc = await asyncio.create_subprocess_exec(
+        str(runtime.bin("ng_collect_rollouts")),
+        f"+agent_name={agent}",
+        f"+input_jsonl_fpath={rows}",
+        f"+output_jsonl_fpath={output}",
+        f"+num_repeats={repeats}",
+        f"+num_samples_in_parallel={in_flight}",
+        f"+head_server.host={host}",
+        f"+head_server.port={port}",
+        cwd=output.parent,
+        env=runtime.env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 900)
+    wanted = repeats * sum(1 for line in rows.read_text().splitlines() if line.strip())
+    lines = output.read_text().splitlines() if output.exists() else []
+    got = sum(1 for line in lines if line.strip())
+    if proc.returncode != 0 or got != wanted:
+        raise RuntimeError(
+            f"ng_collect_rollouts exit {proc.returncode}, {got}/{wanted} rollouts:\n"
+            + out.decode(errors="replace")[-3000:]
+        )

@@ -1,0 +1,111 @@
+"""Helper servers for the benchmarks, one per process (`python -m benchmarks.servers KIND`).
+
+Each prints one JSON line once it serves, then runs until SIGTERM. Kinds:
+- `policy`: the package's ScriptedPolicy (`base_url`).
+- `bare`: a bare aiohttp server answering every POST with the same prepared Responses object
+  (`url`; no per-request work): the baseline of the proxy's request rate, and its upstream.
+- `proxy`: a NeMoGymModelProxy (`url`, `secret`, `pid`) controlled by stdin lines, each answered
+  with one JSON line: `open ENDPOINT N` (N routes, answers their ids), `close ID...`, `rss`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from verifiers_nemogym.proxy import NeMoGymModelProxy
+from verifiers_nemogym.scripted_policy import ScriptedPolicy
+
+
+def _announce(**info: object) -> None:
+    print(json.dumps({**info, "pid": os.getpid()}), flush=True)
+
+
+async def _until_stopped() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def policy() -> None:
+    async with ScriptedPolicy(record=False) as server:
+        _announce(base_url=server.base_url, port=server.port)
+        await _until_stopped()
+
+
+async def bare() -> None:
+    from benchmarks.proxy_hop import REQUEST
+
+    canned = json.dumps(ScriptedPolicy().reply(REQUEST)).encode()
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=canned, content_type="application/json")
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/", health)
+    app.router.add_post("/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+    await site.start()
+    _announce(url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    try:
+        await _until_stopped()
+    finally:
+        await runner.cleanup()
+
+
+async def proxy() -> None:
+    async with NeMoGymModelProxy() as server:
+        _announce(url=server.url, secret=server.secret)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        commands = asyncio.ensure_future(_commands(server, reader))
+        stopped = asyncio.ensure_future(_until_stopped())
+        await asyncio.wait({commands, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (commands, stopped):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _commands(server: NeMoGymModelProxy, reader: asyncio.StreamReader) -> None:
+    from benchmarks.common import rss_mb
+
+    while line := (await reader.readline()).decode().split():
+        verb, args = line[0], line[1:]
+        if verb == "open":
+            count = int(args[1])
+            answer: object = [server.open_route(args[0], "bench-secret") for _ in range(count)]
+        elif verb == "close":
+            answer = [await server.close_route(route_id) for route_id in args]
+        elif verb == "rss":
+            answer = rss_mb(os.getpid())
+        else:
+            answer = {"error": f"unknown command {verb!r}"}
+        print(json.dumps(answer), flush=True)
+
+
+def main() -> None:
+    kinds = {"policy": policy, "bare": bare, "proxy": proxy}
+    kind = sys.argv[1] if len(sys.argv) == 2 else ""
+    if kind not in kinds:
+        sys.exit(f"usage: python -m benchmarks.servers {{{'|'.join(kinds)}}}")
+    asyncio.run(kinds[kind]())
+
+
+if __name__ == "__main__":
+    main()

@@ -8,8 +8,10 @@ arguments after `--` go to vf-eval unchanged (and win over the defaults set here
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 # Any value works: the local server checks no key, but verifiers reads one from this variable.
 _KEY_VAR = "VF_NEMOGYM_LOCAL_KEY"
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -51,6 +54,13 @@ class LocalEvalOptions:
     """Passed on as `--env.taskset.python` when set."""
     vf_eval_args: list[str] = field(default_factory=list)
     """Further vf-eval arguments, appended last."""
+
+
+def _die_with_parent() -> None:
+    """In the vf-eval child: SIGTERM when we die, so a killed `eval-local` leaves no vf-eval
+    running (vf-eval's stack supervisor then sees its owner go and stops the stack)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def vf_eval_command(options: LocalEvalOptions, model: str, base_url: str) -> list[str]:
@@ -90,7 +100,9 @@ def run_local_eval(options: LocalEvalOptions) -> int:
         logger.info("running: %s", " ".join(cmd[1:]))
         # Same process group: a Ctrl-C reaches vf-eval (which stops its NeMo Gym stack) and us
         # (which stops the model server once vf-eval has exited).
-        proc = subprocess.Popen(cmd, env={**os.environ, _KEY_VAR: "local"})
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, _KEY_VAR: "local"}, preexec_fn=_die_with_parent
+        )
         try:
             return proc.wait()
         except KeyboardInterrupt:

@@ -96,12 +96,13 @@ def run_eval_local(outdir: Path, tag: str) -> tuple[int, str]:
         env={**os.environ, "VF_NEMOGYM_TEST_RUN": tag},  # inherited by every descendant
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        timeout=1500,
+        timeout=1100,
         stdin=subprocess.DEVNULL,
     )
     return proc.returncode, proc.stdout.decode(errors="replace")
 
 
+@pytest.mark.timeout(ATTEMPTS * 1200)
 def test_eval_local_runs_the_real_model_through_nemo_gym(tmp_path: Path) -> None:
     problems: list[str] = []
     for attempt in range(ATTEMPTS):

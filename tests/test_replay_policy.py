@@ -19,6 +19,7 @@ from verifiers_nemogym.replay_policy import (
     Recording,
     ReplayIndex,
     ReplayPolicy,
+    _response,
     is_model_item,
     load_recordings,
 )
@@ -175,3 +176,22 @@ def test_unusable_recordings_fail_naming_file_and_line(tmp_path: Path, catalog: 
         load_recordings(bad)
     with pytest.raises(ConfigError, match="unique"):
         ReplayIndex(load_recordings(catalog.env("mcqa").example_rollouts) * 2)
+
+
+def test_a_turn_is_never_answered_twice_and_cut_short_turns_stay_incomplete(catalog: Catalog):
+    # equivalence_rule:3's model produced reasoning only; echoing it back must not replay it again
+    # (simple_agent would call forever).
+    recs = load_recordings(catalog.env("equivalence_rule").example_rollouts, "equivalence_rule")
+    ruler = load_recordings(catalog.env("ruler").example_rollouts, "ruler")
+    index = ReplayIndex(recs + ruler)
+    rec = next(r for r in recs if [i["type"] for i in r.turns[-1].items] == ["reasoning"])
+    first = {"input": list(rec.row["responses_create_params"]["input"])}
+    answer = index.match(first).turn.items
+    with pytest.raises(LookupError, match="did not speak next"):
+        index.match({"input": first["input"] + answer})
+    # ruler's recordings were cut at max_output_tokens: the replay says so, so the agent stops.
+    cut = ruler[0]
+    assert cut.incomplete == {"reason": "max_output_tokens"}
+    body = {"input": cut.row["responses_create_params"]["input"]}
+    reply = _response(body, index.match(body), 0)
+    assert reply["status"] == "incomplete" and reply["incomplete_details"] == cut.incomplete

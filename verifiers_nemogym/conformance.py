@@ -198,7 +198,7 @@ async def run_conformance(
     python: str | None = None,
     concurrency: int = 8,
     start_timeout: float = 1800.0,
-    run_timeout: float = 600.0,
+    run_timeout: float = 180.0,
 ) -> list[EnvReport]:
     """Replay every recorded rollout of `envs` on one stack; one report per environment."""
     import verifiers.v1 as vf
@@ -225,7 +225,8 @@ async def run_conformance(
             task={"run_timeout": run_timeout},
         )
         tasks = list(env.taskset)
-        async with ReplayPolicy(index=ReplayIndex(plan.recordings)) as policy:
+        # record=False: an agent that loops must not grow our memory with every request.
+        async with ReplayPolicy(index=ReplayIndex(plan.recordings), record=False) as policy:
             client = EvalClientConfig(base_url=policy.base_url, api_key_var="VF_NEMOGYM_REPLAY")
             ctx = vf.ModelContext(model="replay", client=client)
             logger.info(

@@ -12,8 +12,10 @@ Matching contract (robust to what sits between the agent and this server, e.g. v
 interception rewriting `model` and dropping sampling fields):
 - Only the request's `input` items count. Each is reduced to a key: messages by role (`developer`
   counts as `system`) and text, function calls by name and arguments (parsed JSON), tool results
-  by output; reasoning items are ignored (replayed reasoning may or may not be echoed back);
-  ids, statuses, call ids and token-id fields are ignored.
+  by output, reasoning items by position only (a request into which no reasoning is echoed is
+  compared without it); ids, statuses, call ids and token-id fields are ignored.
+- The last turn of a recording whose response was cut short (`incomplete_details`, e.g.
+  max_output_tokens) is answered as `incomplete` with those details, as the agent saw it.
 - A recording offers a turn at every point where the model spoke: the keys of its initial input
   plus the output items before that turn. A request matches when its keys equal them exactly.
 - If nothing matches exactly, a lenient pass compares the environment's items (tool results, user
@@ -60,6 +62,8 @@ Key = tuple[str, ...]
 JSON = dict[str, Any]
 
 _MODEL_KINDS = ("function_call", "reasoning")
+REASONING: Key = ("reasoning",)
+"""Reasoning items count by position only: their content may be re-encoded or summarised."""
 
 
 def _text(content: Any) -> str:
@@ -111,7 +115,7 @@ def item_key(item: Any) -> Key | None:
     if kind is None:
         return ("raw", json.dumps(item, sort_keys=True))
     if kind == "reasoning":
-        return None
+        return REASONING
     if kind == "message":
         role = str(item.get("role", "user"))
         return ("message", "system" if role == "developer" else role, _text(item.get("content")))
@@ -143,6 +147,10 @@ def input_keys(input_value: Any) -> list[Key]:
     return [k for k in map(item_key, input_value) if k is not None]
 
 
+def _strip(keys: Sequence[Key]) -> list[Key]:
+    return [k for k in keys if k != REASONING]
+
+
 def _describe(key: Key | None) -> str:
     if key is None:
         return "nothing (the conversation ended there)"
@@ -156,7 +164,9 @@ class Turn:
     """One model turn of a recording: what came before it and what the model answered."""
 
     at: int
-    """Number of keys (initial input + earlier output, reasoning excluded) before this turn."""
+    """Number of keys (initial input + earlier output, reasoning included) before this turn."""
+    at_stripped: int
+    """The same without reasoning items (for requests into which reasoning is not echoed)."""
     items: list[JSON]
     """The model-generated output items of the turn, as recorded."""
 
@@ -172,6 +182,18 @@ class Recording:
     keys: list[Key]
     """Keys of the whole recorded conversation (initial input, then every output item)."""
     turns: list[Turn]
+    stripped: list[Key] = field(default_factory=list)
+    """`keys` without reasoning items."""
+
+    def __post_init__(self) -> None:
+        self.stripped = _strip(self.keys)
+
+    @property
+    def incomplete(self) -> dict[str, Any] | None:
+        """The recorded `incomplete_details` (e.g. max_output_tokens): they belong to the last
+        turn, and make NeMo Gym's agents stop their loop."""
+        details = (self.row.get("response") or {}).get("incomplete_details")
+        return details if isinstance(details, dict) else None
 
     @classmethod
     def from_row(cls, row: JSON, rid: str) -> Recording:
@@ -189,7 +211,7 @@ class Recording:
             if is_model_item(item):
                 if current is None:
                     current = []
-                    turns.append(Turn(at=len(keys), items=current))
+                    turns.append(Turn(len(keys), len(_strip(keys)), current))
                 current.append(item)
             else:
                 current = None
@@ -204,8 +226,10 @@ class Recording:
             turns=turns,
         )
 
-    def turn_at(self, position: int) -> Turn | None:
-        return next((t for t in self.turns if t.at == position), None)
+    def turn_at(self, position: int, stripped: bool) -> Turn | None:
+        return next(
+            (t for t in self.turns if (t.at_stripped if stripped else t.at) == position), None
+        )
 
 
 def load_recordings(path: Path, label: str | None = None) -> list[Recording]:
@@ -255,6 +279,9 @@ class ReplayIndex:
     def match(self, body: JSON) -> Match:
         """The recording turn that answers `body` (a Responses request); NoRecording if none."""
         keys = input_keys(body.get("input"))
+        # Echoed reasoning counts by position (so a turn is never answered twice); requests
+        # into which no reasoning is echoed are compared without it.
+        stripped = REASONING not in keys
         pool = self.recordings
         metadata = body.get("metadata")
         hint = metadata.get(REPLAY_KEY) if isinstance(metadata, dict) else None
@@ -267,18 +294,20 @@ class ReplayIndex:
             wanted = keys if exact else [_shape(k) for k in keys]
             found = []
             for rec in pool:
-                have = rec.keys[:n] if exact else [_shape(k) for k in rec.keys[:n]]
-                if len(rec.keys) >= n and have == wanted:
+                full = rec.stripped if stripped else rec.keys
+                have = full[:n] if exact else [_shape(k) for k in full[:n]]
+                if len(full) >= n and have == wanted:
                     found.append(rec)
             if not exact:
                 # Prefer recordings whose environment items agree most often.
                 found.sort(key=lambda r: -sum(a == b for a, b in zip(r.keys, keys, strict=False)))
             for rec in found:
-                if (turn := rec.turn_at(n)) is not None:
+                if (turn := rec.turn_at(n, stripped)) is not None:
                     return Match(rec, turn, exact)
             if found:
                 rec = found[0]
-                following = rec.keys[n] if n < len(rec.keys) else None
+                full = rec.stripped if stripped else rec.keys
+                following = full[n] if n < len(full) else None
                 raise NoRecording(
                     f"recording {rec.id} matches the {n} input items, but the model did not "
                     f"speak next there (the recording continues with {_describe(following)})"
@@ -286,9 +315,12 @@ class ReplayIndex:
         raise NoRecording(self._closest(keys, pool))
 
     def _closest(self, keys: Sequence[Key], pool: Sequence[Recording]) -> str:
+        def ref(rec: Recording) -> list[Key]:
+            return rec.keys if REASONING in keys else rec.stripped
+
         def common(rec: Recording) -> int:
-            i = 0
-            while i < min(len(keys), len(rec.keys)) and rec.keys[i] == keys[i]:
+            have, i = ref(rec), 0
+            while i < min(len(keys), len(have)) and have[i] == keys[i]:
                 i += 1
             return i
 
@@ -299,9 +331,9 @@ class ReplayIndex:
         )
         if best is None:
             return head
-        i = common(best)
+        i, have = common(best), ref(best)
         got = keys[i] if i < len(keys) else None
-        expected = best.keys[i] if i < len(best.keys) else None
+        expected = have[i] if i < len(have) else None
         return (
             f"{head}; closest is {best.id}, which differs at input item {i}: "
             f"recorded {_describe(expected)}, got {_describe(got)}"
@@ -310,12 +342,15 @@ class ReplayIndex:
 
 def _response(body: JSON, match: Match, n: int) -> JSON:
     recorded = match.recording.row.get("response") or {}
+    last = match.turn is match.recording.turns[-1]
+    incomplete = match.recording.incomplete if last else None
     return {
         "id": f"resp_replay_{n}",
         "object": "response",
         "created_at": int(time.time()),
         "model": body.get("model") or recorded.get("model") or "replay",
-        "status": "completed",
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": incomplete,
         "output": copy.deepcopy(match.turn.items),
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "tool_choice": body.get("tool_choice") or "auto",

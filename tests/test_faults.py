@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import verifiers.v1 as vf
 from verifiers.v1.configs.client import EvalClientConfig
+from verifiers.v1.types import content_text
 
 import nemo_gym_env
 from verifiers_nemogym.env import NeMoGymEnv
@@ -67,13 +68,18 @@ async def gone(entry: str, seconds: float = 30) -> list[int]:
     return alive
 
 
+def first_user_text(prompt: Any) -> str:
+    """The text of a task prompt's first user message (what `Call.prompt` reports)."""
+    return next(content_text(m.content) for m in prompt if m.role == "user")
+
+
 def no_cross_routing(policy: ScriptedPolicy, traces: list[vf.Trace]) -> None:
     """Every call the policy saw came from one rollout and carried that rollout's own task."""
     prompts: dict[str | None, set[str]] = defaultdict(set)
     for call in policy.calls:
         prompts[call.session_id].add(call.prompt)
     assert None not in prompts
-    by_trace = {t.id: t.task.data.prompt_text for t in traces}
+    by_trace = {t.id: first_user_text(t.task.data.prompt) for t in traces}
     for session, seen in prompts.items():
         assert len(seen) == 1, f"session {session} saw calls of several tasks: {seen}"
         if session in by_trace:

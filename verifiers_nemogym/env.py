@@ -132,8 +132,10 @@ def _follow_verifiers_logging() -> None:
     handlers on verifiers' logger) the application's own logging setup applies."""
     library = logging.getLogger("verifiers.v1")
     ours = logging.getLogger("verifiers_nemogym")
-    if library.handlers and not ours.handlers:
-        for handler in library.handlers:
+    # verifiers' library default is a NullHandler; only a CLI's real handlers are worth following.
+    handlers = [h for h in library.handlers if not isinstance(h, logging.NullHandler)]
+    if handlers and not ours.handlers:
+        for handler in handlers:
             ours.addHandler(handler)
         ours.setLevel(library.level)
         ours.propagate = False

@@ -30,6 +30,7 @@ from typing import IO, Any
 import aiohttp
 import yaml
 
+from verifiers_nemogym.catalog import config_servers
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.runtime import NeMoGymRuntime, uv_cache_dir
 from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_marker
@@ -50,6 +51,8 @@ _DIED_LINE = re.compile(r"Process `([^`]+)` finished unexpectedly")
 _SERVER_LINE = re.compile(r"^\([\w.-]+\) ")
 _CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
+_VENV_COMPLETE = ".vf-nemogym-complete"
+"""Stamp in a per-server venv once a stack that used it started successfully."""
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
 
@@ -276,8 +279,27 @@ class NeMoGymStack:
         self._build_lock = handle
         if stamp.exists():  # built by the stack we waited for
             self._release_build_lock()
+            return
+        # `skip_venv_if_present` would reuse a venv an interrupted start left half-installed
+        # (its server then dies on a missing module): drop those no successful start vouched for.
+        for venv in self._server_venvs():
+            if venv.is_dir() and not (venv / _VENV_COMPLETE).exists():
+                self.log.info("removing %s: never part of a successful start", venv)
+                shutil.rmtree(venv, ignore_errors=True)
+
+    def _server_venvs(self) -> list[Path]:
+        """The per-server venvs this stack's configs use."""
+        root = self.runtime.server_venvs_dir
+        return [
+            root / kind / impl / ".venv"
+            for path in self.config_paths
+            for kind, impl in config_servers(path)
+        ]
 
     def _mark_warm(self) -> None:
+        for venv in self._server_venvs():
+            if venv.is_dir():
+                (venv / _VENV_COMPLETE).touch()
         stamp = self._warm_stamp()
         stamp.parent.mkdir(parents=True, exist_ok=True)
         stamp.write_text("\n".join(map(str, self.config_paths)) + "\n")

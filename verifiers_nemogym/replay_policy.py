@@ -41,7 +41,6 @@ import copy
 import json
 import logging
 import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from typing import Any
 from aiohttp import web
 
 from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.responses import complete_response
 from verifiers_nemogym.scripted_policy import Call, ScriptedPolicy
 
 logger = logging.getLogger(__name__)
@@ -344,25 +344,15 @@ def _response(body: JSON, match: Match, n: int) -> JSON:
     recorded = match.recording.row.get("response") or {}
     last = match.turn is match.recording.turns[-1]
     incomplete = match.recording.incomplete if last else None
-    return {
+    reply = {
         "id": f"resp_replay_{n}",
-        "object": "response",
-        "created_at": int(time.time()),
         "model": body.get("model") or recorded.get("model") or "replay",
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": incomplete,
         "output": copy.deepcopy(match.turn.items),
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "tool_choice": body.get("tool_choice") or "auto",
-        "tools": body.get("tools") or [],
-        "usage": {
-            "input_tokens": 0,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": 0,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": 0,
-        },
+        "usage": {"input_tokens": 0, "output_tokens": 0},
     }
+    return complete_response(reply, body)
 
 
 @dataclass

@@ -18,11 +18,12 @@ import contextlib
 import itertools
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from verifiers_nemogym.responses import complete_response
 
 ANSWER = "Done: I looked it up for you."
 _FAULT = re.compile(r"\[fault:(\w+)\]")
@@ -165,24 +166,13 @@ class ScriptedPolicy:
             }
         else:
             item = _message(f"msg_{n}", ANSWER)
-        return {
+        reply = {
             "id": f"resp_{n}",
-            "object": "response",
-            "created_at": int(time.time()),
             "model": body.get("model") or "scripted",
-            "status": "completed",
             "output": [item],
-            "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [],
-            "usage": {
-                "input_tokens": 10,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": 5,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": 15,
-            },
+            "usage": {"input_tokens": 10, "output_tokens": 5},
         }
+        return complete_response(reply, body)
 
 
 def _message(item_id: str, text: str) -> dict[str, Any]:

@@ -132,20 +132,6 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-SERVER_TYPES = ("resources_servers", AGENTS, "responses_api_models")
-
-
-def config_servers(config_path: Path) -> list[tuple[str, str]]:
-    """(server type, implementation folder) of every server a NeMo Gym config defines; NeMo Gym
-    builds one venv per implementation folder."""
-    found = []
-    for value in _load_yaml(config_path).values():
-        for server_type in SERVER_TYPES:
-            if (block := _server_block(value, server_type)) is not None:
-                found.append((server_type, block[0]))
-    return found
-
-
 def _server_block(value: Any, server_type: str) -> tuple[str, dict[str, Any]] | None:
     """(impl, settings) if `value` is `{server_type: {impl: {...entrypoint...}}}`."""
     if not isinstance(value, dict) or not isinstance(value.get(server_type), dict):

@@ -30,7 +30,6 @@ from typing import IO, Any
 import aiohttp
 import yaml
 
-from verifiers_nemogym.catalog import config_servers
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.runtime import NeMoGymRuntime, uv_cache_dir
 from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_marker
@@ -51,8 +50,6 @@ _DIED_LINE = re.compile(r"Process `([^`]+)` finished unexpectedly")
 _SERVER_LINE = re.compile(r"^\([\w.-]+\) ")
 _CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
-_VENV_COMPLETE = ".vf-nemogym-complete"
-"""Stamp in a per-server venv once a stack that used it started successfully."""
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
 
@@ -156,10 +153,20 @@ class NeMoGymStack:
             self.workdir = Path(tempfile.mkdtemp(prefix="vf-nemogym-stack-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         policy_config = self._write_placeholder()
-        self._link_placeholder_venv()
         # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
         self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
         await self._acquire_build_lock_if_cold(deadline)
+        # Cold (no start of this config set succeeded yet): let NeMo Gym build or repair every
+        # per-server venv. With `skip_venv_if_present` it would start a server as soon as
+        # another server sharing its venv (several simple_agent instances) had created it,
+        # before the packages were in (`No module named fastapi`), and it would reuse venvs an
+        # interrupted start left half-installed.
+        warm = self._warm_stamp().exists()
+        placeholder_venv = (
+            self.runtime.server_venvs_dir / "responses_api_models" / PLACEHOLDER_IMPL / ".venv"
+        )
+        if not warm and placeholder_venv.is_symlink():
+            placeholder_venv.unlink()  # older releases linked it to the runtime venv
 
         head_port = _free_port()
         self.head_url = f"http://127.0.0.1:{head_port}"
@@ -171,7 +178,7 @@ class NeMoGymStack:
             # NeMo Gym's default is already loopback unless use_absolute_ip; say so explicitly.
             "+default_host=127.0.0.1",
             f"+uv_venv_dir={self.runtime.server_venvs_dir}",
-            "+skip_venv_if_present=true",
+            f"+skip_venv_if_present={str(warm).lower()}",
             f"+uv_cache_dir={uv_cache_dir()}",
         ]
         env = self.runtime.env(self._ray_tmpdir)
@@ -238,17 +245,6 @@ class NeMoGymStack:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 
-    def _link_placeholder_venv(self) -> None:
-        """The placeholder is stdlib-only: point its per-server venv at the runtime venv, so
-        `skip_venv_if_present` finds one and nothing is installed for it."""
-        link = self.runtime.server_venvs_dir / "responses_api_models" / PLACEHOLDER_IMPL / ".venv"
-        if link.exists():
-            return
-        link.parent.mkdir(parents=True, exist_ok=True)
-        tmp = link.with_name(f".venv-{uuid.uuid4().hex[:8]}")
-        os.symlink(self.runtime.venv, tmp)
-        os.replace(tmp, link)  # atomic, so concurrent stacks never see a half-made link
-
     def _warm_stamp(self) -> Path:
         key = json.dumps(sorted(map(str, self.config_paths))).encode()
         digest = hashlib.sha256(key).hexdigest()[:16]
@@ -279,27 +275,8 @@ class NeMoGymStack:
         self._build_lock = handle
         if stamp.exists():  # built by the stack we waited for
             self._release_build_lock()
-            return
-        # `skip_venv_if_present` would reuse a venv an interrupted start left half-installed
-        # (its server then dies on a missing module): drop those no successful start vouched for.
-        for venv in self._server_venvs():
-            if venv.is_dir() and not (venv / _VENV_COMPLETE).exists():
-                self.log.info("removing %s: never part of a successful start", venv)
-                shutil.rmtree(venv, ignore_errors=True)
-
-    def _server_venvs(self) -> list[Path]:
-        """The per-server venvs this stack's configs use."""
-        root = self.runtime.server_venvs_dir
-        return [
-            root / kind / impl / ".venv"
-            for path in self.config_paths
-            for kind, impl in config_servers(path)
-        ]
 
     def _mark_warm(self) -> None:
-        for venv in self._server_venvs():
-            if venv.is_dir():
-                (venv / _VENV_COMPLETE).touch()
         stamp = self._warm_stamp()
         stamp.parent.mkdir(parents=True, exist_ok=True)
         stamp.write_text("\n".join(map(str, self.config_paths)) + "\n")

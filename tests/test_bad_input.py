@@ -60,6 +60,14 @@ async def test_agent_ref_the_stack_cannot_have(tmp_path: Path):
     await start_fails(ConfigError, "ghost_agent", jsonl_path=str(rows), nemo_env=ENV)
 
 
+async def test_rows_without_agent_ref_on_a_stack_of_several_agents(tmp_path: Path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(ROW) + "\n")
+    await start_fails(
+        ConfigError, "no agent_ref", jsonl_path=str(rows), nemo_env=f"{ENV},example_multi_step"
+    )
+
+
 async def test_config_yaml_that_does_not_parse(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("my_server:\n  resources_servers: [unclosed\n")

@@ -51,6 +51,11 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         # Input errors first (unknown env, bad rows, missing configs): nothing is started yet.
         config_paths = await asyncio.to_thread(taskset.config_paths)
         wanted = await asyncio.to_thread(lambda: {t.data.agent for t in taskset.load()})
+        if None in wanted:
+            raise ConfigError(
+                "some rows have no agent_ref and the environments define several agents; "
+                "set agent_ref in the rows or --env.taskset.agent"
+            )
         self._proxy = NeMoGymModelProxy(port=config.proxy_port)
         try:
             await self._proxy.start()
@@ -68,7 +73,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         )
         await self._stack.start()
         agents = dict(self._stack.agents)
-        if unknown := sorted(a if a is not None else "<none>" for a in wanted - agents.keys()):
+        if unknown := sorted(str(a) for a in wanted - agents.keys()):
             raise ConfigError(
                 f"rows name agent(s) {', '.join(unknown)} that the stack does not have "
                 f"(agents: {', '.join(sorted(agents))}); set agent_ref in the rows or "

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.common import Helper, percentile, spawn, spawn_policy
-from verifiers_nemogym.proxy import ROUTE_KEY, SECRET_KEY
+from verifiers_nemogym.proxy import route_metadata
 
 # One turn of example_single_tool_call as NeMo Gym's simple_agent sends it.
 REQUEST: dict[str, Any] = {
@@ -73,7 +73,7 @@ async def load(
 
 def _tagged(route_id: str, secret: str) -> bytes:
     body = copy.deepcopy(REQUEST)
-    body["metadata"] = {ROUTE_KEY: route_id, SECRET_KEY: secret}
+    body["metadata"] = route_metadata(route_id, secret)
     return json.dumps(body).encode()
 
 

@@ -23,6 +23,7 @@ from verifiers.v1.configs.client import EvalClientConfig
 
 from benchmarks.common import ENV, spawn_policy
 from benchmarks.native import native_stack
+from verifiers_nemogym.harness import tag_row
 
 N, IN_FLIGHT = 100, 20
 
@@ -75,13 +76,8 @@ async def measure(repeats: int) -> dict[str, list[float]]:
 
                 async def raw_proxy(i: int) -> None:
                     data = tasks[i % len(tasks)].data
-                    params = data.row["responses_create_params"]
                     async with proxy.route(policy.info["base_url"], "unused") as route_id:
-                        metadata = {**(params.get("metadata") or {}), **proxy.metadata(route_id)}
-                        row = {
-                            **data.row,
-                            "responses_create_params": {**params, "metadata": metadata},
-                        }
+                        row = tag_row(data.row, proxy.metadata(route_id))
                         await post(agents[data.agent], row)
 
                 async def raw_direct(i: int) -> None:

@@ -8,6 +8,7 @@ The model is the only double: `ScriptedPolicy` with its `[fault:MODE]` triggers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -26,31 +27,27 @@ from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
+from verifiers_nemogym.catalog import Catalog
 from verifiers_nemogym.env import NeMoGymEnv
+from verifiers_nemogym.runtime import ensure_runtime
 from verifiers_nemogym.scripted_policy import ScriptedPolicy
 from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_env
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "",
-        "strict": True,
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": ""}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    }
-]
+
+
+@functools.cache
+def example_tools() -> list[dict[str, Any]]:
+    """The tool exactly as NeMo Gym's example rows of ENV define it."""
+    first = Catalog(ensure_runtime()).env(ENV).dataset().read_text().splitlines()[0]
+    return json.loads(first)["responses_create_params"]["tools"]
 
 
 def row(text: str) -> dict[str, Any]:
+    params = {"input": [{"role": "user", "content": text}], "tools": example_tools()}
     return {
-        "responses_create_params": {"input": [{"role": "user", "content": text}], "tools": TOOLS},
+        "responses_create_params": params,
         "agent_ref": {"type": "responses_api_agents", "name": AGENT},
     }
 

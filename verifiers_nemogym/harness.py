@@ -19,7 +19,6 @@ from verifiers.v1.runtimes import ProgramResult
 
 from verifiers_nemogym.errors import RolloutError, StackError
 from verifiers_nemogym.live import LiveStack
-from verifiers_nemogym.proxy import ROUTE_KEY, SECRET_KEY
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
 
 logger = logging.getLogger(__name__)
@@ -63,17 +62,17 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             trace.info["nemo_gym_row_sampling"] = sampling
             _warn_once(live, "sampling", sampling)
         async with live.proxy.route(endpoint, secret) as route_id:
-            body = _tag(data.row, route_id, live.proxy.secret)
+            body = tag_row(data.row, live.proxy.metadata(route_id))
             result = await _post_run(live, data, agent_url, body)
         record(trace, result)
         return ProgramResult(exit_code=0, stdout="", stderr="")
 
 
-def _tag(row: dict[str, Any], route_id: str, proxy_secret: str) -> dict[str, Any]:
-    """The row with the routing entries added to `responses_create_params.metadata`
-    (NeMo Gym forwards that metadata on every model call of the rollout)."""
+def tag_row(row: dict[str, Any], routing: dict[str, str]) -> dict[str, Any]:
+    """A copy of `row` with `routing` (`NeMoGymModelProxy.metadata`) added to
+    `responses_create_params.metadata`, which NeMo Gym forwards on every model call."""
     params = row["responses_create_params"]
-    metadata = {**(params.get("metadata") or {}), ROUTE_KEY: route_id, SECRET_KEY: proxy_secret}
+    metadata = {**(params.get("metadata") or {}), **routing}
     return {**row, "responses_create_params": {**params, "metadata": metadata}}
 
 

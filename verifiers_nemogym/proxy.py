@@ -58,6 +58,12 @@ class _Route:
     calls: int = 0
 
 
+def route_metadata(route_id: str, secret: str) -> dict[str, str]:
+    """The metadata entries that route a Responses body to `route_id` through the proxy whose
+    secret is `secret` (for callers in another process than the proxy)."""
+    return {ROUTE_KEY: route_id, SECRET_KEY: secret}
+
+
 def _error(status: int, message: str, kind: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind}}, status=status)
 
@@ -164,7 +170,7 @@ class NeMoGymModelProxy:
 
     def metadata(self, route_id: str) -> dict[str, str]:
         """The metadata entries that make a Responses body reach `route_id` through this proxy."""
-        return {ROUTE_KEY: route_id, SECRET_KEY: self.secret}
+        return route_metadata(route_id, self.secret)
 
     @property
     def open_routes(self) -> int:

@@ -10,10 +10,23 @@ import json
 import pytest
 
 import nemo_gym_env
+from verifiers_nemogym import conformance
 from verifiers_nemogym.catalog import Catalog
 from verifiers_nemogym.cli import main as cli_main
-from verifiers_nemogym.conformance import CI_ENVS, format_report, run_conformance
+from verifiers_nemogym.conformance import (
+    CI_ENVS,
+    LACKS_FIELDS,
+    STACK_ENVS,
+    EnvReport,
+    RowResult,
+    _example_rows,
+    _explain,
+    format_report,
+    replay_row,
+    run_conformance,
+)
 from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.replay_policy import load_recordings
 
 
 async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(nemo_runtime):
@@ -59,3 +72,41 @@ def test_dataset_choice_example_loads_every_env_with_its_own_agent(nemo_runtime)
         mine = [t for t in tasks if t.data.name.startswith(f"{name}/example:")]
         assert len(mine) == len(lines)
         assert {t.data.agent for t in mine} == {spec.agent.name}
+
+
+def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nemo_runtime):
+    # math_advanced_calculations' recordings carry no ground_truth and their prompts are in no
+    # example row: the row cannot be rebuilt, and the mismatch must say so (not "error: 500").
+    catalog = Catalog(nemo_runtime)
+    spec = catalog.env("math_advanced_calculations")
+    examples = _example_rows(spec)
+    rec = load_recordings(spec.example_rollouts, spec.name)[0]
+    row, notes = replay_row(rec, spec, examples)
+    assert "ground_truth" not in row
+    assert [n for n in notes if n.startswith(LACKS_FIELDS)] == [
+        f"{LACKS_FIELDS} breadth, depth, ground_truth, id (every example row has them; its "
+        "prompt is in no example row)"
+    ]
+    result = RowResult(rec.id, rec.reward, error="agent /run answered 500", notes=notes)
+    _explain(result, set())
+    assert result.reason is not None and result.reason.startswith("gap in the recording")
+    # A recording whose prompt is an example row is rebuilt from that row's keys: no note.
+    mcqa = catalog.env("mcqa")
+    rec = load_recordings(mcqa.example_rollouts, "mcqa")[0]
+    row, notes = replay_row(rec, mcqa, _example_rows(mcqa))
+    keys = set(next(iter(_example_rows(mcqa).values())))
+    assert notes == [] and set(row) == keys | {"agent_ref"}
+
+
+async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):
+    stacks: list[list[str]] = []
+
+    async def fake(envs, **options):
+        stacks.append(list(envs))
+        return [EnvReport(e) for e in envs]
+
+    monkeypatch.setattr(conformance, "run_conformance", fake)
+    names = [f"env{i}" for i in range(STACK_ENVS * 2 + 1)]
+    reports = await conformance._run_in_stacks([*names, "env0"], concurrency=1)
+    assert [r.env for r in reports] == names
+    assert [len(s) for s in stacks] == [STACK_ENVS, STACK_ENVS, 1]

@@ -78,7 +78,12 @@ DEFAULT_ENVS: tuple[str, ...] = (
     "format_verification",
 )
 """What `nemo-gym-env conformance` runs without names: the environments verified to run offline
-on one stack here (docs/conformance.md)."""
+here (docs/conformance.md), run `STACK_ENVS` at a time."""
+
+STACK_ENVS = 10
+"""At most this many environments share one stack in `command`; longer lists run as successive
+stacks, one after the other. Memory bounds it: a server takes ~0.3 GB and an environment has
+two or more, so the whole default list on one stack would not fit a 24 GB machine."""
 
 
 @dataclass
@@ -149,10 +154,28 @@ def _example_rows(spec: EnvSpec) -> dict[str, dict[str, Any]]:
     return rows
 
 
+LACKS_FIELDS = "the recording lacks the task fields"
+"""Start of the note `replay_row` leaves on a row it could not rebuild whole (see there)."""
+
+
+def _task_fields(examples: dict[str, dict[str, Any]]) -> set[str]:
+    """Fields every example row carries besides the request and the routing: what the
+    environment's verifier reads (ground truth, task set-up)."""
+    rows = list(examples.values())
+    if not rows:
+        return set()
+    common = set(rows[0]).intersection(*rows[1:])
+    return common - {"responses_create_params", "agent_ref"}
+
+
 def replay_row(
     rec: Recording, spec: EnvSpec, examples: dict[str, dict[str, Any]]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The row that reproduces `rec` on `spec`'s stack, and notes on what was changed."""
+    """The row that reproduces `rec` on `spec`'s stack, and notes on what was changed.
+
+    A recording whose prompt is in no example row and which lacks fields every example row
+    has gets a note starting with `LACKS_FIELDS`: such recordings (NeMo Gym saved some without
+    the task's fields) cannot be rebuilt, and the verifier will fail or score differently."""
     recorded = rec.row
     params = recorded["responses_create_params"]
     notes: list[str] = []
@@ -163,6 +186,12 @@ def replay_row(
         row = {
             k: v for k, v in recorded.items() if k not in _RESULT_KEYS and not k.startswith("_ng_")
         }
+        missing = sorted(_task_fields(examples) - set(recorded))
+        if missing:
+            notes.append(
+                f"{LACKS_FIELDS} {', '.join(missing)} (every example row has them; its prompt "
+                "is in no example row)"
+            )
     agents = {a.name for a in spec.agents}
     ref = row.get("agent_ref")
     if not isinstance(ref, dict) or ref.get("name") not in agents:
@@ -301,8 +330,13 @@ def _explain(result: RowResult, lenient: set[str]) -> None:
         result.notes.append("the environment's items differed from the recording (tool output)")
     if result.parity:
         return
+    lacks = next((n for n in result.notes if n.startswith(LACKS_FIELDS)), None)
     if env in KNOWN_REASONS:
         result.reason = KNOWN_REASONS[env]
+    elif lacks is not None:
+        result.reason = f"gap in the recording: {lacks}"
+        if result.error is not None:
+            result.reason += f"; {result.error}"
     elif result.error is not None and "no_matching_recording" in result.error:
         result.reason = f"replay gap: {result.error}"
     elif result.error is not None:
@@ -342,6 +376,19 @@ def format_report(reports: Sequence[EnvReport]) -> str:
     return "\n".join(lines)
 
 
+async def _run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
+    """`run_conformance` on successive stacks of at most `STACK_ENVS` environments (in order);
+    a stack that fails to start fails the whole run, as with one stack."""
+    names = list(dict.fromkeys(envs))
+    batches = [names[i : i + STACK_ENVS] for i in range(0, len(names), STACK_ENVS)]
+    reports: list[EnvReport] = []
+    for number, batch in enumerate(batches, start=1):
+        if len(batches) > 1:
+            logger.info("conformance: stack %d/%d: %s", number, len(batches), ", ".join(batch))
+        reports += await run_conformance(batch, **options)
+    return reports
+
+
 def command(
     envs: Sequence[str],
     *,
@@ -366,7 +413,7 @@ def command(
         ours.setLevel(logging.INFO)
         ours.propagate = False
     reports = asyncio.run(
-        run_conformance(
+        _run_in_stacks(
             chosen, nemo_gym_version=nemo_gym_version, python=python, concurrency=concurrency
         )
     )

@@ -94,8 +94,7 @@ def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nem
     mcqa = catalog.env("mcqa")
     rec = load_recordings(mcqa.example_rollouts, "mcqa")[0]
     row, notes = replay_row(rec, mcqa, _example_rows(mcqa))
-    keys = set(next(iter(_example_rows(mcqa).values())))
-    assert notes == [] and set(row) == keys | {"agent_ref"}
+    assert notes == [] and set(row) == set(_example_rows(mcqa)[0]) | {"agent_ref"}
 
 
 async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):
@@ -110,3 +109,25 @@ async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):
     reports = await conformance._run_in_stacks([*names, "env0"], concurrency=1)
     assert [r.env for r in reports] == names
     assert [len(s) for s in stacks] == [STACK_ENVS, STACK_ENVS, 1]
+
+
+def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_row(nemo_runtime):
+    # gymnasium_agent's /run echoes the row's input with the reset observation appended; grl's
+    # five example rows share one prompt and differ by seed: `_ng_task_index` names the row.
+    spec = Catalog(nemo_runtime).env("grl_sokoban")
+    examples = _example_rows(spec)
+    assert len({json.dumps(x["responses_create_params"]["input"]) for x in examples}) == 1
+    for rec in load_recordings(spec.example_rollouts, spec.name):
+        row, notes = replay_row(rec, spec, examples)
+        example = examples[rec.row["_ng_task_index"]]
+        assert row["seed"] == example["seed"] and row["dim_room"] == example["dim_room"]
+        recorded_input = rec.row["responses_create_params"]["input"]
+        assert row["responses_create_params"]["input"] == recorded_input[:-1]
+        assert recorded_input[-1]["content"].startswith("Sokoban board:")
+        assert notes == ["the reset observation the gymnasium agent appended was removed"]
+    # Same empty input for every SciCode row: the task fields tell the rows apart.
+    scicode = Catalog(nemo_runtime).env("scicode")
+    for rec in load_recordings(scicode.example_rollouts, "scicode"):
+        row, _ = replay_row(rec, scicode, _example_rows(scicode))
+        example = next(x for x in _example_rows(scicode) if x["problem_id"] == row["problem_id"])
+        assert row["sub_steps"] == example["sub_steps"]

@@ -10,9 +10,12 @@ equality). A mismatch or error carries a reason: a known property of the environ
 `KNOWN_REASONS`, else what was observed (replay gap, environment output drifted, error text).
 
 The row of a recording is the recorded `/run` result minus what `/run` added: when the
-environment's `example.jsonl` has a row with the same input, exactly that row's keys are kept
-(values from the recording); otherwise `response`, `reward`, gymnasium's `terminated`,
-`truncated`, `info` and NeMo Gym's `_ng_*` bookkeeping are dropped. Rows name their agent
+environment's `example.jsonl` has a row with the same input (for the gymnasium agent: without
+the reset observation it appends to the input), exactly that row's keys are kept (values from
+the recording; among example rows sharing one input, the recording's `_ng_task_index` or its
+task fields pick the row); otherwise `response`, `reward`, gymnasium's `terminated`,
+`truncated`, `info` and NeMo Gym's `_ng_*` bookkeeping are dropped, and a recording that lacks
+task fields every example row has is reported as a gap in the recording. Rows name their agent
 (`agent_ref`, else the environment's default agent) and carry their recording id in
 `responses_create_params.metadata[REPLAY_KEY]`, which the replay policy uses only to tell apart
 recordings of the same prompt.
@@ -138,50 +141,109 @@ class EnvReport:
         }
 
 
-def _example_rows(spec: EnvSpec) -> dict[str, dict[str, Any]]:
-    """The environment's example.jsonl rows by their input (for the keys a row really has)."""
+def _example_rows(spec: EnvSpec) -> list[dict[str, Any]]:
+    """The environment's example.jsonl rows, in file order (for the keys a row really has)."""
     try:
         path = spec.dataset("example")
     except ConfigError:
-        return {}
-    rows: dict[str, dict[str, Any]] = {}
+        return []
+    rows: list[dict[str, Any]] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             row = json.loads(line)
-            rows.setdefault(json.dumps(input_keys(row["responses_create_params"]["input"])), row)
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             continue
+        if isinstance(row, dict) and isinstance(row.get("responses_create_params"), dict):
+            rows.append(row)
     return rows
 
 
 LACKS_FIELDS = "the recording lacks the task fields"
 """Start of the note `replay_row` leaves on a row it could not rebuild whole (see there)."""
 
+_GYMNASIUM_AGENT = "gymnasium_agent"
+"""NeMo Gym's step/reset agent: its `/run` result echoes the row's input with the reset
+observation appended as a last user message."""
 
-def _task_fields(examples: dict[str, dict[str, Any]]) -> set[str]:
+
+def _task_fields(examples: list[dict[str, Any]]) -> set[str]:
     """Fields every example row carries besides the request and the routing: what the
     environment's verifier reads (ground truth, task set-up)."""
-    rows = list(examples.values())
-    if not rows:
+    if not examples:
         return set()
-    common = set(rows[0]).intersection(*rows[1:])
+    common = set(examples[0]).intersection(*examples[1:])
     return common - {"responses_create_params", "agent_ref"}
 
 
+def _agrees(recorded: dict[str, Any], example: dict[str, Any]) -> bool:
+    """Whether every task field both carry has the same value (the recording is of this row)."""
+    shared = set(recorded) & set(example) - {"responses_create_params", "agent_ref"}
+    return all(recorded[k] == example[k] for k in shared)
+
+
+def _find_example(
+    recorded: dict[str, Any], examples: list[dict[str, Any]], inputs: list[Any]
+) -> tuple[dict[str, Any], Any] | None:
+    """The example row `recorded` was made from, and which of `inputs` (the recorded input,
+    then its variants) it has; None if no example row has any of them.
+
+    Several example rows may share one input (gymnasium tasks told apart by a seed, SciCode's
+    empty inputs): the recording's `_ng_task_index` (its row's line in the dataset it was
+    recorded from) names the row if that row agrees with the recording, else the first row
+    that agrees, else the first."""
+    for wanted in inputs:
+        key = input_keys(wanted)
+        same = [
+            (i, x)
+            for i, x in enumerate(examples)
+            if input_keys(x["responses_create_params"].get("input")) == key
+        ]
+        if not same:
+            continue
+        index = recorded.get("_ng_task_index")
+        by_index = [x for i, x in same if i == index and _agrees(recorded, x)]
+        agreeing = [x for _, x in same if _agrees(recorded, x)]
+        return ([*by_index, *agreeing, same[0][1]][0], wanted)
+    return None
+
+
+def _input_variants(recorded_input: Any, agent_impl: str) -> list[Any]:
+    """The recorded input, and for the gymnasium agent also without its last user message (the
+    reset observation the agent appended; replaying, the agent appends it again)."""
+    variants = [recorded_input]
+    if agent_impl == _GYMNASIUM_AGENT and isinstance(recorded_input, list) and recorded_input:
+        last = recorded_input[-1]
+        if isinstance(last, dict) and last.get("role") == "user":
+            variants.append(recorded_input[:-1])
+    return variants
+
+
 def replay_row(
-    rec: Recording, spec: EnvSpec, examples: dict[str, dict[str, Any]]
+    rec: Recording, spec: EnvSpec, examples: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], list[str]]:
     """The row that reproduces `rec` on `spec`'s stack, and notes on what was changed.
 
-    A recording whose prompt is in no example row and which lacks fields every example row
-    has gets a note starting with `LACKS_FIELDS`: such recordings (NeMo Gym saved some without
-    the task's fields) cannot be rebuilt, and the verifier will fail or score differently."""
+    The example row the recording was made from (`_find_example`) gives the row's keys, the
+    recording their values, except the input: the example's (the gymnasium agent's recordings
+    carry the reset observation in it). A recording whose prompt is in no example row and which
+    lacks fields every example row has gets a note starting with `LACKS_FIELDS`: such
+    recordings (NeMo Gym saved some without the task's fields) cannot be rebuilt, and the
+    verifier will fail or score differently."""
     recorded = rec.row
     params = recorded["responses_create_params"]
     notes: list[str] = []
-    example = examples.get(json.dumps(input_keys(params.get("input"))))
-    if example is not None:
+    ref = recorded.get("agent_ref")
+    named = next(
+        (a for a in spec.agents if isinstance(ref, dict) and a.name == ref.get("name")), None
+    )
+    impl = (named or spec.agent).impl
+    found = _find_example(recorded, examples, _input_variants(params.get("input"), impl))
+    if found is not None:
+        example, wanted = found
         row = {k: recorded.get(k, v) for k, v in example.items()}
+        row["responses_create_params"] = {**params, "input": wanted}
+        if wanted is not params.get("input"):
+            notes.append("the reset observation the gymnasium agent appended was removed")
     else:
         row = {
             k: v for k, v in recorded.items() if k not in _RESULT_KEYS and not k.startswith("_ng_")

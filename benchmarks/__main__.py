@@ -46,6 +46,9 @@ async def run_proxy(repeats: int, out: dict[str, Any]) -> None:
         "proxy_p99_ms": "added_p99_ms_at_1",
         "proxy_rps": "proxy_rps_at_256",
         "proxy_rps_ratio": "proxy_rps_ratio",
+        # The same two figures for a bare aiohttp forwarder: the floor of any aiohttp proxy.
+        "forwarder_p50_ms": "forwarder_added_p50_ms_at_1",
+        "forwarder_rps_ratio": "forwarder_rps_ratio",
         "rss_mb_after_100": "rss_mb_after_100",
         "rss_mb_after_1000": "rss_mb_after_1000",
     }
@@ -57,8 +60,18 @@ async def run_proxy(repeats: int, out: dict[str, Any]) -> None:
 
 
 async def run_steady(repeats: int, out: dict[str, Any]) -> None:
-    rates = await steady_state.measure(repeats)
+    rates, cpu_ms = await steady_state.measure(repeats)
     out["details"]["steady_state_rps"] = {k: summary(v) for k, v in rates.items()}
+    out["details"]["steady_state_cpu_ms_per_rollout"] = {
+        way: {part: summary(v) for part, v in parts.items()} for way, parts in cpu_ms.items()
+    }
+    totals = {
+        way: [sum(r) for r in zip(*parts.values(), strict=True)] for way, parts in cpu_ms.items()
+    }
+    out["spread"]["steady_state_cpu_ms_ours"] = summary(totals["ours"])
+    out["spread"]["steady_state_cpu_ms_raw"] = summary(totals["raw_direct"])
+    # What the rate ratio would be if CPU were the only limit (both sides CPU-bound).
+    out["spread"]["steady_state_cpu_ratio"] = summary(_ratios(totals["raw_direct"], totals["ours"]))
     ours, direct, via = rates["ours"], rates["raw_direct"], rates["raw_proxy"]
     out["spread"]["steady_state_ratio"] = summary(_ratios(ours, direct))
     out["spread"]["steady_state_ratio_vs_raw_proxy"] = summary(_ratios(ours, via))

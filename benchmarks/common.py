@@ -84,6 +84,16 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) `pid` has used so far; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def summary(values: list[float]) -> dict[str, Any]:
     """Median and spread of repeated measurements."""
     values = [float(v) for v in values]

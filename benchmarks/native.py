@@ -9,11 +9,11 @@ The policy is the scripted policy registered as `policy_model` directly, without
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 from pathlib import Path
 
+from benchmarks.common import cpu_s
 from verifiers_nemogym.runtime import NeMoGymRuntime
 from verifiers_nemogym.stack import NeMoGymStack, processes_with_marker
 
@@ -35,23 +35,22 @@ async def timed_start(stack: NeMoGymStack) -> dict[str, float]:
     """Start `stack`; seconds from start() to each phase boundary seen in ng_run's log:
     `cli` (ng_run imported and parsed its config), `ray` (Ray up), `servers` (venvs checked or
     built, servers imported and answering), `total`, and `cpu_s`: CPU seconds the stack's
-    processes used until then (on a shared machine, less noisy than wall time)."""
+    processes used until then (on a shared machine, less noisy than wall time), split into
+    `cpu_ray_s`, `cpu_servers_s` and `cpu_ng_run_s` (see `_kind`)."""
     began = time.monotonic()
     seen: dict[str, float] = {}
 
     cpu: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
+    kinds: dict[int, str] = {}
 
     def sample_cpu() -> None:
         # The stack's processes are the supervisor's descendants, not ours (no rusage): sample
         # each marked process's CPU time; processes that end between samples are missed.
         for pid in processes_with_marker(stack.marker) + ([stack._proc.pid] if stack._proc else []):
-            try:
-                with open(f"/proc/{pid}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            cpu[pid] = max(cpu.get(pid, 0.0), (int(fields[11]) + int(fields[12])) / tick)
+            used = cpu_s(pid)
+            if used is not None:
+                cpu[pid] = max(cpu.get(pid, 0.0), used)
+                kinds.setdefault(pid, _kind(pid))
 
     async def watch() -> None:
         while True:
@@ -78,7 +77,26 @@ async def timed_start(stack: NeMoGymStack) -> dict[str, float]:
         "ray": ray - cli,
         "servers": total - ray,
         "cpu_s": sum(cpu.values()),
+        **{
+            f"cpu_{kind}_s": sum(used for pid, used in cpu.items() if kinds[pid] == kind)
+            for kind in ("ray", "servers", "ng_run")
+        },
     }
+
+
+def _kind(pid: int) -> str:
+    """Which part of a stack a process is: `ray` (Ray's daemons: GCS, raylet, dashboard and
+    its agents, monitors), `servers` (NeMo Gym's server processes), or `ng_run` (ng_run, its
+    shell wrappers and our supervisor)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().decode(errors="replace").split("\0")
+    except OSError:
+        return "ng_run"
+    line = " ".join(argv)
+    if argv[0].startswith("ray::") or "/ray/" in line or "raylet" in line or "gcs_server" in line:
+        return "ray"
+    return "servers" if "app.py" in argv[-3:] or argv[0].endswith("app.py") else "ng_run"
 
 
 async def collect_rollouts(

@@ -4,7 +4,9 @@ Client (this process), proxy and upstream are separate processes. Added latency 
 of calls through the proxy minus the same percentile of calls straight to the upstream (the
 scripted policy), measured back to back, at 1, 64 and 256 calls in flight. Rate: calls/s through
 the proxy at 256 in flight over calls/s of a bare aiohttp server at 256 in flight, with that
-bare server as the proxy's upstream (a proxy is two hops; the policy would cap both). Memory:
+bare server as the proxy's upstream (a proxy is two hops; the policy would cap both). Both
+figures are also taken for a bare aiohttp forwarder (`benchmarks.servers forwarder`), the least
+any aiohttp proxy does: the proxy's cost read against it is what routing adds. Memory:
 the proxy's RSS after 100 and after 1,000 simulated rollouts (route opened, two model calls,
 route closed), as NeMoGymHarness does per rollout.
 """
@@ -85,59 +87,69 @@ async def measure_once() -> dict[str, Any]:
         await spawn("benchmarks.servers", "proxy") as proxy,
         await spawn("benchmarks.servers", "bare") as bare,
     ):
-        secret = proxy.info["secret"]
-        proxied_url = f"{proxy.info['url']}/v1/responses"
-        direct_body = json.dumps(REQUEST).encode()
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            # Latency: the scripted policy as upstream, called directly vs through the proxy.
-            upstream = policy.info["base_url"]
+        upstream = policy.info["base_url"]
+        bare_url = f"{bare.info['url']}/v1"
+        async with (
+            await spawn("benchmarks.servers", "forwarder", f"{upstream}/responses") as fwd_policy,
+            await spawn("benchmarks.servers", "forwarder", f"{bare_url}/responses") as fwd_bare,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+        ):
+            secret = proxy.info["secret"]
+            proxied_url = f"{proxy.info['url']}/v1/responses"
+            body = json.dumps(REQUEST).encode()
+            # Latency: the scripted policy as upstream, called directly, through the proxy and
+            # through the bare forwarder (the aiohttp floor of any proxy).
             (route_id,) = await proxy.command(f"open {upstream} 1")
-            proxied_body = _tagged(route_id, secret)
             for level in LEVELS:
                 n = CALLS[level]
-                direct, proxied = await _pair(
-                    session, f"{upstream}/responses", direct_body, proxied_url, proxied_body,
-                    level, n,
-                )  # fmt: skip
-                for q, name in ((0.5, "p50"), (0.99, "p99")):
-                    added = percentile(proxied[0], q) - percentile(direct[0], q)
-                    result[f"added_{name}_ms_at_{level}"] = added * 1000
-                result[f"direct_p50_ms_at_{level}"] = percentile(direct[0], 0.5) * 1000
-                result[f"policy_rps_at_{level}"] = n / direct[1]
-                result[f"proxy_to_policy_rps_at_{level}"] = n / proxied[1]
+                ways = {
+                    "direct": (f"{upstream}/responses", body),
+                    "proxy": (proxied_url, _tagged(route_id, secret)),
+                }
+                if level == 1:
+                    ways["forwarder"] = (f"{fwd_policy.info['url']}/v1/responses", body)
+                runs = await _compare(session, ways, level, n)
+                direct = runs["direct"][0]
+                for way in ("proxy", "forwarder"):
+                    if way not in runs:
+                        continue
+                    prefix = "added" if way == "proxy" else "forwarder_added"
+                    for q, name in ((0.5, "p50"), (0.99, "p99")):
+                        added = percentile(runs[way][0], q) - percentile(direct, q)
+                        result[f"{prefix}_{name}_ms_at_{level}"] = added * 1000
+                result[f"direct_p50_ms_at_{level}"] = percentile(direct, 0.5) * 1000
+                result[f"policy_rps_at_{level}"] = n / runs["direct"][1]
+                result[f"proxy_to_policy_rps_at_{level}"] = n / runs["proxy"][1]
             await proxy.command(f"close {route_id}")
             # Rate: the bare server as upstream (so the upstream never limits the proxy),
-            # through the proxy vs the bare server alone.
-            bare_url = f"{bare.info['url']}/v1"
+            # through the proxy and through the bare forwarder vs the bare server alone.
             (route_id,) = await proxy.command(f"open {bare_url} 1")
             n = CALLS[256]
-            bare_run, proxy_run = await _pair(
-                session, f"{bare_url}/responses", direct_body, proxied_url,
-                _tagged(route_id, secret), 256, n,
-            )  # fmt: skip
+            ways = {
+                "bare": (f"{bare_url}/responses", body),
+                "proxy": (proxied_url, _tagged(route_id, secret)),
+                "forwarder": (f"{fwd_bare.info['url']}/v1/responses", body),
+            }
+            runs = await _compare(session, ways, 256, n)
             await proxy.command(f"close {route_id}")
-            result["bare_rps_at_256"] = n / bare_run[1]
-            result["proxy_rps_at_256"] = n / proxy_run[1]
+            for way, (_, wall) in runs.items():
+                result[f"{way}_rps_at_256"] = n / wall
             result["proxy_rps_ratio"] = result["proxy_rps_at_256"] / result["bare_rps_at_256"]
+            result["forwarder_rps_ratio"] = (
+                result["forwarder_rps_at_256"] / result["bare_rps_at_256"]
+            )
         result.update(await _memory(proxy, upstream))
     return result
 
 
-async def _pair(
-    session: aiohttp.ClientSession,
-    direct_url: str,
-    direct_body: bytes,
-    proxied_url: str,
-    proxied_body: bytes,
-    level: int,
-    n: int,
-) -> tuple[tuple[list[float], float], tuple[list[float], float]]:
-    """Warm both paths, then time `n` direct calls and `n` proxied calls at `level` in flight."""
-    await load(session, direct_url, [direct_body] * level * 2, level)
-    await load(session, proxied_url, [proxied_body] * level * 2, level)
-    direct = await load(session, direct_url, [direct_body] * n, level)
-    proxied = await load(session, proxied_url, [proxied_body] * n, level)
-    return direct, proxied
+async def _compare(
+    session: aiohttp.ClientSession, ways: dict[str, tuple[str, bytes]], level: int, n: int
+) -> dict[str, tuple[list[float], float]]:
+    """Warm every way (url, body), then time `n` calls of each, back to back, at `level` in
+    flight; latencies and wall time per way."""
+    for url, body in ways.values():
+        await load(session, url, [body] * level * 2, level)
+    return {name: await load(session, url, [body] * n, level) for name, (url, body) in ways.items()}
 
 
 async def _memory(proxy: Helper, upstream: str) -> dict[str, float]:

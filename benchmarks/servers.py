@@ -4,6 +4,9 @@ Each prints one JSON line once it serves, then runs until SIGTERM. Kinds:
 - `policy`: the package's ScriptedPolicy (`base_url`).
 - `bare`: a bare aiohttp server answering every POST with the same prepared Responses object
   (`url`; no per-request work): the baseline of the proxy's request rate, and its upstream.
+- `forwarder UPSTREAM`: the least an aiohttp proxy can do (`url`): every POST's body forwarded
+  to UPSTREAM with one shared aiohttp client session, the answer returned as is. The reference
+  the proxy's cost is read against (what aiohttp's two hops cost, before any routing).
 - `proxy`: a NeMoGymModelProxy (`url`, `secret`, `pid`) controlled by stdin lines, each answered
   with one JSON line: `open ENDPOINT N` (N routes, answers their ids), `close ID...`, `rss`.
 """
@@ -67,6 +70,33 @@ async def bare() -> None:
         await runner.cleanup()
 
 
+async def forwarder(upstream: str) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=1024), cookie_jar=aiohttp.DummyCookieJar()
+    ) as client:
+
+        async def forward(request: web.Request) -> web.Response:
+            body = await request.read()
+            headers = {"Content-Type": "application/json"}
+            async with client.post(upstream, data=body, headers=headers) as answer:
+                raw = await answer.read()
+            return web.Response(body=raw, status=answer.status, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", forward)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+        await site.start()
+        _announce(url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+        try:
+            await _until_stopped()
+        finally:
+            await runner.cleanup()
+
+
 async def proxy() -> None:
     async with NeMoGymModelProxy() as server:
         _announce(url=server.url, secret=server.secret)
@@ -100,11 +130,11 @@ async def _commands(server: NeMoGymModelProxy, reader: asyncio.StreamReader) -> 
 
 
 def main() -> None:
-    kinds = {"policy": policy, "bare": bare, "proxy": proxy}
-    kind = sys.argv[1] if len(sys.argv) == 2 else ""
-    if kind not in kinds:
-        sys.exit(f"usage: python -m benchmarks.servers {{{'|'.join(kinds)}}}")
-    asyncio.run(kinds[kind]())
+    kinds = {"policy": policy, "bare": bare, "proxy": proxy, "forwarder": forwarder}
+    kind, *args = sys.argv[1:] or [""]
+    if kind not in kinds or len(args) != (kind == "forwarder"):
+        sys.exit(f"usage: python -m benchmarks.servers {{{'|'.join(kinds)}}} [UPSTREAM]")
+    asyncio.run(kinds[kind](*args))
 
 
 if __name__ == "__main__":

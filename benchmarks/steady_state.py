@@ -7,6 +7,10 @@ Three ways to run the same 100 rollouts (5 example rows x 20, 20 in flight), int
   with a proxy route straight to the policy (the proxy without verifiers).
 - `raw_direct`: the same driver on a second stack whose `policy_model` is the policy itself
   (NeMo Gym alone).
+Besides rollouts/s, CPU milliseconds per rollout, per side: `this_process` (the eval machinery
+for `ours`: verifiers, its interception server, our harness and proxy; only the aiohttp driver
+for the raw ways), `nemo_gym` (the stack's processes) and `policy`. On a CPU-bound machine the
+rate ratio cannot beat the CPU ratio, and CPU time is far less noisy than wall time.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import aiohttp
 import verifiers.v1 as vf
 from verifiers.v1.configs.client import EvalClientConfig
 
-from benchmarks.common import ENV, spawn_policy
+from benchmarks.common import ENV, cpu_s, spawn_policy
 from benchmarks.native import native_stack
 from verifiers_nemogym.harness import tag_row
+from verifiers_nemogym.supervisor import processes_with_marker
 
 N, IN_FLIGHT = 100, 20
 
@@ -41,11 +46,17 @@ async def _timed(n: int, one: Callable[[int], Awaitable[None]]) -> float:
     return n / (time.perf_counter() - began)
 
 
-async def measure(repeats: int) -> dict[str, list[float]]:
+Rates = dict[str, list[float]]
+CpuMs = dict[str, dict[str, list[float]]]
+
+
+async def measure(repeats: int) -> tuple[Rates, CpuMs]:
+    """Rollouts/s per way and repeat, and CPU ms per rollout per way, part and repeat."""
     import nemo_gym_env
 
     os.environ.setdefault("SCRIPTED_KEY", "unused")
-    rates: dict[str, list[float]] = {"ours": [], "raw_proxy": [], "raw_direct": []}
+    rates: Rates = {"ours": [], "raw_proxy": [], "raw_direct": []}
+    cpu_ms: CpuMs = {way: {"this_process": [], "nemo_gym": [], "policy": []} for way in rates}
     async with await spawn_policy() as policy:
         env: Any = nemo_gym_env.load_environment(nemo_env=ENV)
         tasks = list(env.taskset)
@@ -85,13 +96,28 @@ async def measure(repeats: int) -> dict[str, list[float]]:
                     await post(direct.agents[data.agent], data.row)
 
                 ways = {"ours": ours, "raw_proxy": raw_proxy, "raw_direct": raw_direct}
+                markers = {"ours": env._stack.marker, "raw_proxy": env._stack.marker}
+                markers["raw_direct"] = direct.marker
+
+                def cpu_now(way: str) -> dict[str, float]:
+                    stack = processes_with_marker(markers[way])
+                    return {
+                        "this_process": time.process_time(),
+                        "nemo_gym": sum(cpu_s(pid) or 0.0 for pid in stack),
+                        "policy": cpu_s(policy.pid) or 0.0,
+                    }
+
                 for way in ways.values():  # warm-up: connections, imports, server caches
                     await _timed(IN_FLIGHT, way)
                 names = list(ways)
                 for r in range(repeats):
                     for name in names[r % 3 :] + names[: r % 3]:  # rotate the order
+                        before = cpu_now(name)
                         rates[name].append(await _timed(N, ways[name]))
+                        after = cpu_now(name)
+                        for part, used in after.items():
+                            cpu_ms[name][part].append((used - before[part]) * 1000 / N)
                 await http.close()
             finally:
                 await direct.stop()
-    return rates
+    return rates, cpu_ms

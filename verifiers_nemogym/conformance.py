@@ -55,12 +55,17 @@ _RESULT_KEYS = ("response", "reward", "terminated", "truncated", "info")
 KNOWN_REASONS: dict[str, str] = {
     "blackjack": (
         "nondeterministic environment: every reset deals new random cards (rows carry no "
-        "seed), so the first observation already differs from the recording"
+        "seed), so a replay follows the recording only when the deal happens to repeat"
     ),
     "equivalence_rule": (
         "replay gap in the recording: its model turn is reasoning only and the recording does "
         "not show how the agent's loop ended (no incomplete_details), so simple_agent asks "
         "again and the recording has no answer"
+    ),
+    "grl_tetris": (
+        "nondeterministic environment: when a seeded reset fails, TetrisEnv retries with the "
+        "seed `hash(str(seed))`, which Python randomises per process, so some seeded games "
+        "deal other pieces than when recorded"
     ),
 }
 """Environment -> why its replayed reward may differ from the recording (found by runs)."""
@@ -71,14 +76,40 @@ CI_ENVS = ("example_single_tool_call", "example_multi_step", "example_multi_turn
 DEFAULT_ENVS: tuple[str, ...] = (
     *CI_ENVS,
     "arc_agi",
+    "asr_with_pc",
     "blackjack",
     "bunsenbench_chemistry_mcq",
     "calendar",
     "circle_click",
     "circle_count",
+    "code_gen",
     "equivalence_rule",
+    "example_session_state_mgmt",
     "example_tool_call_multireward",
     "format_verification",
+    "gpqa_diamond",
+    "graphwalks",
+    "grl_sokoban",
+    "grl_tetris",
+    "hotpotqa_qa",
+    "imo_gradingbench",
+    "indirect_prompt_injection",
+    "math_advanced_calculations",
+    "math_proof_judgement",
+    "math_with_code",
+    "mrcr",
+    "nvarc",
+    "proof_genselect",
+    "reasoning_gym",
+    "ruler",
+    "single_step_tool_use_with_argument_comparison",
+    "structeval",
+    "structured_outputs",
+    "swe_pivot",
+    "swerl_llm_judge",
+    "terminal_multi_harness",
+    "workplace_assistant",
+    "xlam_fc",
 )
 """What `nemo-gym-env conformance` runs without names: the environments verified to run offline
 here (docs/conformance.md), run `STACK_ENVS` at a time."""

@@ -21,6 +21,7 @@ from verifiers_nemogym.conformance import (
     RowResult,
     _example_rows,
     _explain,
+    _first_line,
     format_report,
     replay_row,
     run_conformance,
@@ -131,3 +132,11 @@ def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_r
         row, _ = replay_row(rec, scicode, _example_rows(scicode))
         example = next(x for x in _example_rows(scicode) if x["problem_id"] == row["problem_id"])
         assert row["sub_steps"] == example["sub_steps"]
+
+
+def test_errors_in_the_report_do_not_carry_the_proxy_secret():
+    # An agent's 500 echoes the request, whose metadata carries the proxy's route and secret.
+    body = json.dumps({"metadata": {"vf_nemogym_route": "r1", "vf_nemogym_secret": "s3-cr_et"}})
+    for text in (f"/run answered 500: {body}", f"/run answered 500: {json.dumps(body)}"):
+        line = _first_line(text)
+        assert "s3-cr_et" not in line and "vf_nemogym_secret" in line and "r1" in line

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -38,6 +39,7 @@ from typing import Any
 
 from verifiers_nemogym.catalog import Catalog, EnvSpec
 from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.proxy import SECRET_KEY
 from verifiers_nemogym.replay_policy import (
     REPLAY_KEY,
     Recording,
@@ -330,9 +332,16 @@ def _plan(catalog: Catalog, envs: Sequence[str]) -> _Plan:
     return plan
 
 
+_SECRET = re.compile(re.escape(SECRET_KEY) + r"""(\\*["']?\s*[:=]\s*\\*["']?)[\w-]+""")
+"""The proxy's secret as it appears in echoed request bodies (JSON, escaped JSON, headers)."""
+
+
 def _first_line(text: str) -> str:
+    """The last non-empty line of an error, at most 300 characters, with the proxy's secret
+    blanked: agents' 500 answers echo the request, whose metadata carries it, and reports are
+    shared."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return (lines[-1] if lines else text)[:300]
+    return _SECRET.sub(SECRET_KEY + r"\1***", (lines[-1] if lines else text))[:300]
 
 
 async def run_conformance(
@@ -428,8 +437,6 @@ def _explain(result: RowResult, lenient: set[str]) -> None:
         result.reason = KNOWN_REASONS[env]
     elif lacks is not None:
         result.reason = f"gap in the recording: {lacks}"
-        if result.error is not None:
-            result.reason += f"; {result.error}"
     elif result.error is not None and "no_matching_recording" in result.error:
         result.reason = f"replay gap: {result.error}"
     elif result.error is not None:

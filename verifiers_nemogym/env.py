@@ -91,7 +91,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         config.task._live = live
         self._watchdog = asyncio.create_task(_watch(self._stack, live))
         logger.info(
-            "NeMo Gym stack ready in %.1f s: agents %s", time.monotonic() - began, sorted(agents)
+            "nemo-gym-env ready in %.1f s (rows, proxy, stack): rollouts go to agents %s",
+            time.monotonic() - began,
+            sorted(agents),
         )
 
     async def stop(self) -> None:

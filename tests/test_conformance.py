@@ -19,9 +19,9 @@ from verifiers_nemogym.conformance import (
     STACK_ENVS,
     EnvReport,
     RowResult,
+    _error_line,
     _example_rows,
     _explain,
-    _first_line,
     format_report,
     replay_row,
     run_conformance,
@@ -138,5 +138,5 @@ def test_errors_in_the_report_do_not_carry_the_proxy_secret():
     # An agent's 500 echoes the request, whose metadata carries the proxy's route and secret.
     body = json.dumps({"metadata": {"vf_nemogym_route": "r1", "vf_nemogym_secret": "s3-cr_et"}})
     for text in (f"/run answered 500: {body}", f"/run answered 500: {json.dumps(body)}"):
-        line = _first_line(text)
+        line = _error_line(text)
         assert "s3-cr_et" not in line and "vf_nemogym_secret" in line and "r1" in line

@@ -336,7 +336,7 @@ _SECRET = re.compile(re.escape(SECRET_KEY) + r"""(\\*["']?\s*[:=]\s*\\*["']?)[\w
 """The proxy's secret as it appears in echoed request bodies (JSON, escaped JSON, headers)."""
 
 
-def _first_line(text: str) -> str:
+def _error_line(text: str) -> str:
     """The last non-empty line of an error, at most 300 characters, with the proxy's secret
     blanked: agents' 500 answers echo the request, whose metadata carries it, and reports are
     shared."""
@@ -408,14 +408,14 @@ async def _replay_all(
             try:
                 episode = await env.run_episode(task, ctx)
             except Exception as e:  # the run must go on and report every row
-                result.error = f"{type(e).__name__}: {_first_line(str(e))}"
+                result.error = f"{type(e).__name__}: {_error_line(str(e))}"
             else:
                 trace = episode.traces[0] if episode.traces else None
                 if episode.ok and trace is not None and trace.ok:
                     result.reward = trace.reward
                 else:
                     errors = [*(trace.errors if trace else []), *episode.errors]
-                    result.error = _first_line(errors[-1].message) if errors else "failed"
+                    result.error = _error_line(errors[-1].message) if errors else "failed"
         done += 1
         if done % 10 == 0 or done == len(tasks):
             logger.info("conformance: %d/%d rollouts replayed", done, len(tasks))

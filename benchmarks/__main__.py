@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks import end_to_end, proxy_hop, stack_start, steady_state
 from benchmarks.common import spawn_policy, summary
-from verifiers_nemogym.runtime import ensure_runtime
+from verifiers_nemogym.nemo.venv import ensure_venv
 
 FIGURES = ("proxy", "steady", "e2e", "start")
 RESULTS = Path(__file__).with_name("results")
@@ -79,7 +79,7 @@ async def run_steady(repeats: int, out: dict[str, Any]) -> None:
 
 
 async def run_e2e(repeats: int, out: dict[str, Any]) -> None:
-    runtime = ensure_runtime()
+    runtime = ensure_venv()
     ours: list[float] = []
     native: list[float] = []
     async with await spawn_policy() as policy:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from benchmarks.common import ENV
 from benchmarks.native import collect_rollouts, native_stack
-from verifiers_nemogym.catalog import Catalog
-from verifiers_nemogym.runtime import NeMoGymRuntime
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 ROWS, REPEATS, IN_FLIGHT = 5, 20, 20
 
@@ -52,7 +52,7 @@ async def ours_once(policy_url: str) -> float:
         return elapsed
 
 
-async def native_once(runtime: NeMoGymRuntime, policy_port: int) -> float:
+async def native_once(runtime: NeMoGymVenv, policy_port: int) -> float:
     """Wall seconds of ng_run start + ng_collect_rollouts + stop."""
     spec = Catalog(runtime).env(ENV)
     with tempfile.TemporaryDirectory(prefix="vfng-bench-e2e-") as tmp:

@@ -21,8 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from verifiers_nemogym.local_eval import LocalEvalOptions, vf_eval_command
-from verifiers_nemogym.local_model import LocalModelServer, packaged_model_path
+from verifiers_nemogym.cli.local_eval import LocalEvalOptions, vf_eval_command
+from verifiers_nemogym.policies.local_model import LocalModelServer, packaged_model_path
 
 
 def _median(values: list[float]) -> float:

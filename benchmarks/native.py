@@ -14,17 +14,15 @@ import time
 from pathlib import Path
 
 from benchmarks.common import cpu_s
-from verifiers_nemogym.runtime import NeMoGymRuntime
-from verifiers_nemogym.stack import NeMoGymStack, processes_with_marker
+from verifiers_nemogym.nemo.stack import NeMoGymStack, processes_with_marker
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 # Lines of ng_run's log that open and close its phases (nemo_gym/cli/env.py, server_utils.py).
 _RAY_BEGIN = re.compile(r"NeMo Gym is starting a new Ray cluster|Connecting to Ray cluster")
 _HEAD_WAIT = re.compile(r"Waiting for head server to spin up")
 
 
-def native_stack(
-    runtime: NeMoGymRuntime, config_paths: list[Path], policy_port: int
-) -> NeMoGymStack:
+def native_stack(runtime: NeMoGymVenv, config_paths: list[Path], policy_port: int) -> NeMoGymStack:
     """A stack run the native way: `ng_run` starts Ray and polls readiness itself."""
     return NeMoGymStack(
         runtime, config_paths, policy_host="127.0.0.1", policy_port=policy_port, fast_start=False
@@ -100,7 +98,7 @@ def _kind(pid: int) -> str:
 
 
 async def collect_rollouts(
-    runtime: NeMoGymRuntime,
+    runtime: NeMoGymVenv,
     stack: NeMoGymStack,
     agent: str,
     rows: Path,

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.common import Helper, percentile, spawn, spawn_policy
-from verifiers_nemogym.proxy import route_metadata
+from verifiers_nemogym.bridge.proxy import route_metadata
 
 # One turn of example_single_tool_call as NeMo Gym's simple_agent sends it.
 REQUEST: dict[str, Any] = {

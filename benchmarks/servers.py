@@ -22,8 +22,8 @@ import sys
 
 from aiohttp import web
 
-from verifiers_nemogym.proxy import NeMoGymModelProxy
-from verifiers_nemogym.scripted_policy import ScriptedPolicy
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 
 def _announce(**info: object) -> None:

@@ -4,7 +4,7 @@ Each measurement runs in a fresh process (`python -m benchmarks.stack_start MODE
 printing one JSON line) so that no import or cache of an earlier one helps it. Warm: the runtime
 and the per-server venvs exist. Cold: a temporary VF_NEMOGYM_CACHE, so the runtime venv and
 the server venvs are created (uv's own download cache stays warm: no internet here).
-Phases: `runtime` (ensure_runtime), `cli` (ng_run imported), `ray` (ng_run's Ray connected or
+Phases: `runtime` (ensure_venv), `cli` (ng_run imported), `ray` (ng_run's Ray connected or
 started), `servers` (server venvs checked or built, servers imported and answering).
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 from benchmarks.common import ENV, spawn_policy
 from benchmarks.native import native_stack, timed_start
-from verifiers_nemogym.catalog import Catalog
-from verifiers_nemogym.runtime import CACHE_ENV_VAR, ensure_runtime
-from verifiers_nemogym.stack import NeMoGymStack
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.venv import CACHE_ENV_VAR, ensure_venv
 
 
 async def measure(mode: str, cold: bool) -> dict[str, Any]:
@@ -47,7 +47,7 @@ async def measure(mode: str, cold: bool) -> dict[str, Any]:
 
 async def _once(mode: str) -> dict[str, float]:
     began = time.monotonic()
-    runtime = ensure_runtime()
+    runtime = ensure_venv()
     phases = {"runtime": time.monotonic() - began}
     config_paths = Catalog(runtime).env(ENV).config_paths
     async with await spawn_policy() as policy:

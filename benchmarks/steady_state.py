@@ -28,7 +28,7 @@ from verifiers.v1.configs.client import EvalClientConfig
 from benchmarks.common import ENV, cpu_s, spawn_policy
 from benchmarks.native import native_stack
 from verifiers_nemogym.harness import tag_row
-from verifiers_nemogym.supervisor import processes_with_marker
+from verifiers_nemogym.nemo.supervisor import processes_with_marker
 
 N, IN_FLIGHT = 100, 20
 
@@ -63,7 +63,7 @@ async def measure(repeats: int) -> tuple[Rates, CpuMs]:
         client = EvalClientConfig(base_url=policy.info["base_url"], api_key_var="SCRIPTED_KEY")
         ctx = vf.ModelContext(model="scripted", client=client)
         taskset = env.taskset
-        direct = native_stack(taskset.runtime, taskset.config_paths(), int(policy.info["port"]))
+        direct = native_stack(taskset.nemo_venv, taskset.config_paths(), int(policy.info["port"]))
         async with env.serving():
             await direct.start()
             try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from verifiers_nemogym.runtime import NeMoGymRuntime, ensure_runtime
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 
 
 @pytest.fixture(scope="session")
-def nemo_runtime() -> NeMoGymRuntime:
+def nemo_venv() -> NeMoGymVenv:
     """The NeMo Gym 0.4.0 runtime venv; the first test run creates it (about a minute)."""
-    return ensure_runtime()
+    return ensure_venv()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import nemo_gym_env
-from verifiers_nemogym.errors import ConfigError, NeMoGymError, RuntimeSetupError
+from verifiers_nemogym.errors import ConfigError, NeMoGymError, VenvSetupError
 
 ENV = "example_single_tool_call"
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}
@@ -86,7 +86,7 @@ async def test_proxy_port_in_use():
 
 async def test_unusable_python_for_nemo_gym(tmp_path: Path):
     missing = tmp_path / "python3.12"
-    await start_fails(RuntimeSetupError, str(missing), nemo_env=ENV, python=str(missing))
+    await start_fails(VenvSetupError, str(missing), nemo_env=ENV, python=str(missing))
 
 
 async def test_nemo_gym_version_that_cannot_install(
@@ -94,7 +94,7 @@ async def test_nemo_gym_version_that_cannot_install(
 ):
     monkeypatch.setenv("VF_NEMOGYM_CACHE", str(tmp_path / "cache"))
     env = nemo_gym_env.load_environment(nemo_env=ENV, nemo_gym_version="0.0.0.dev999")
-    with pytest.raises(RuntimeSetupError, match=re.escape("nemo-gym==0.0.0.dev999")) as info:
+    with pytest.raises(VenvSetupError, match=re.escape("nemo-gym==0.0.0.dev999")) as info:
         list(env.taskset)
     assert info.value.args[0].splitlines()[0].startswith("installing nemo-gym==0.0.0.dev999 failed")
     runtimes = tmp_path / "cache" / "runtimes"

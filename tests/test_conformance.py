@@ -11,7 +11,6 @@ import pytest
 
 import nemo_gym_env
 from verifiers_nemogym import conformance
-from verifiers_nemogym.catalog import Catalog
 from verifiers_nemogym.cli import main as cli_main
 from verifiers_nemogym.conformance import (
     CI_ENVS,
@@ -27,12 +26,13 @@ from verifiers_nemogym.conformance import (
     run_conformance,
 )
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.replay_policy import load_recordings
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.policies.replay import load_recordings
 
 
-async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(nemo_runtime):
+async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(nemo_venv):
     reports = await run_conformance(CI_ENVS, concurrency=8)
-    catalog = Catalog(nemo_runtime)
+    catalog = Catalog(nemo_venv)
     assert [r.env for r in reports] == list(CI_ENVS)
     for report in reports:
         lines = catalog.env(report.env).example_rollouts.read_text().splitlines()
@@ -56,16 +56,16 @@ def test_conformance_command_rejects_unknown_envs_before_starting(capsys):
 
 
 @pytest.mark.parametrize("kind", ["train", "validation"])
-def test_dataset_choice_not_on_disk_says_how_to_get_it(nemo_runtime, kind):
+def test_dataset_choice_not_on_disk_says_how_to_get_it(nemo_venv, kind):
     env = nemo_gym_env.load_environment(nemo_env="mcqa,example_single_tool_call", dataset=kind)
     with pytest.raises(ConfigError, match=f"the {kind} dataset of 'mcqa' is not installed") as e:
         list(env.taskset)
     assert "ng_download_dataset_from_hf" in str(e.value) or "GitLab" in str(e.value)
 
 
-def test_dataset_choice_example_loads_every_env_with_its_own_agent(nemo_runtime):
+def test_dataset_choice_example_loads_every_env_with_its_own_agent(nemo_venv):
     env = nemo_gym_env.load_environment(nemo_env=list(CI_ENVS), dataset="example")
-    catalog = Catalog(nemo_runtime)
+    catalog = Catalog(nemo_venv)
     tasks = list(env.taskset)
     for name in CI_ENVS:
         spec = catalog.env(name)
@@ -75,10 +75,10 @@ def test_dataset_choice_example_loads_every_env_with_its_own_agent(nemo_runtime)
         assert {t.data.agent for t in mine} == {spec.agent.name}
 
 
-def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nemo_runtime):
+def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nemo_venv):
     # math_advanced_calculations' recordings carry no ground_truth and their prompts are in no
     # example row: the row cannot be rebuilt, and the mismatch must say so (not "error: 500").
-    catalog = Catalog(nemo_runtime)
+    catalog = Catalog(nemo_venv)
     spec = catalog.env("math_advanced_calculations")
     examples = _example_rows(spec)
     rec = load_recordings(spec.example_rollouts, spec.name)[0]
@@ -112,10 +112,10 @@ async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):
     assert [len(s) for s in stacks] == [STACK_ENVS, STACK_ENVS, 1]
 
 
-def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_row(nemo_runtime):
+def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_row(nemo_venv):
     # gymnasium_agent's /run echoes the row's input with the reset observation appended; grl's
     # five example rows share one prompt and differ by seed: `_ng_task_index` names the row.
-    spec = Catalog(nemo_runtime).env("grl_sokoban")
+    spec = Catalog(nemo_venv).env("grl_sokoban")
     examples = _example_rows(spec)
     assert len({json.dumps(x["responses_create_params"]["input"]) for x in examples}) == 1
     for rec in load_recordings(spec.example_rollouts, spec.name):
@@ -127,7 +127,7 @@ def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_r
         assert recorded_input[-1]["content"].startswith("Sokoban board:")
         assert notes == ["the reset observation the gymnasium agent appended was removed"]
     # Same empty input for every SciCode row: the task fields tell the rows apart.
-    scicode = Catalog(nemo_runtime).env("scicode")
+    scicode = Catalog(nemo_venv).env("scicode")
     for rec in load_recordings(scicode.example_rollouts, "scicode"):
         row, _ = replay_row(rec, scicode, _example_rows(scicode))
         example = next(x for x in _example_rows(scicode) if x["problem_id"] == row["problem_id"])

@@ -16,8 +16,8 @@ import pytest
 import verifiers.v1 as vf
 from verifiers.v1.configs.client import EvalClientConfig
 
-from verifiers_nemogym.scripted_policy import ANSWER, ScriptedPolicy
-from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
 
 ENV = "example_single_tool_call"
 

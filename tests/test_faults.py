@@ -27,11 +27,11 @@ from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
-from verifiers_nemogym.catalog import Catalog
 from verifiers_nemogym.env import NeMoGymEnv
-from verifiers_nemogym.runtime import ensure_runtime
-from verifiers_nemogym.scripted_policy import ScriptedPolicy
-from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.venv import ensure_venv
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
@@ -40,7 +40,7 @@ AGENT = "example_single_tool_call_simple_agent"
 @functools.cache
 def example_tools() -> list[dict[str, Any]]:
     """The tool exactly as NeMo Gym's example rows of ENV define it."""
-    first = Catalog(ensure_runtime()).env(ENV).dataset().read_text().splitlines()[0]
+    first = Catalog(ensure_venv()).env(ENV).dataset().read_text().splitlines()[0]
     return json.loads(first)["responses_create_params"]["tools"]
 
 

@@ -23,7 +23,11 @@ from typing import Any
 import pytest
 
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.local_model import MARKER_ENV_VAR, LocalModelServer, packaged_model_path
+from verifiers_nemogym.policies.local_model import (
+    MARKER_ENV_VAR,
+    LocalModelServer,
+    packaged_model_path,
+)
 
 ENV = "example_single_tool_call"
 ATTEMPTS = 2
@@ -135,7 +139,7 @@ def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
     owner_code = textwrap.dedent(
         """
         import json, sys, urllib.request
-        from verifiers_nemogym.local_model import LocalModelServer
+        from verifiers_nemogym.policies.local_model import LocalModelServer
         server = LocalModelServer().start()
         with urllib.request.urlopen(server.base_url + "/models", timeout=30) as reply:
             models = json.load(reply)

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from openai.types.responses import Response
 
-from verifiers_nemogym.proxy import (
+from verifiers_nemogym.bridge.proxy import (
     ROUTE_HEADER,
     ROUTE_KEY,
     SECRET_KEY,

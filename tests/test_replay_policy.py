@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from verifiers_nemogym.catalog import Catalog
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.replay_policy import (
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.policies.replay import (
     REPLAY_KEY,
     Recording,
     ReplayIndex,
@@ -28,8 +28,8 @@ ENVS = ("example_single_tool_call", "example_multi_step", "example_multi_turn_gy
 
 
 @pytest.fixture(scope="module")
-def catalog(nemo_runtime) -> Catalog:
-    return Catalog(nemo_runtime)
+def catalog(nemo_venv) -> Catalog:
+    return Catalog(nemo_venv)
 
 
 @pytest.fixture(scope="module")

@@ -9,23 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from verifiers_nemogym.catalog import Catalog
-from verifiers_nemogym.errors import ConfigError, RuntimeSetupError
-from verifiers_nemogym.runtime import (
+from verifiers_nemogym.errors import ConfigError, VenvSetupError
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import (
     DEFAULT_NEMO_GYM_VERSION,
-    NeMoGymRuntime,
-    ensure_runtime,
+    NeMoGymVenv,
+    ensure_venv,
     find_python,
 )
 
 
 @pytest.fixture(scope="module")
-def catalog_runtime() -> NeMoGymRuntime:
-    return ensure_runtime()
+def catalog_runtime() -> NeMoGymVenv:
+    return ensure_venv()
 
 
 @pytest.fixture(scope="module")
-def catalog(catalog_runtime: NeMoGymRuntime) -> Catalog:
+def catalog(catalog_runtime: NeMoGymVenv) -> Catalog:
     return Catalog(catalog_runtime)
 
 
@@ -35,36 +35,36 @@ def test_find_python_accepts_a_named_interpreter() -> None:
 
 
 def test_find_python_rejects_a_missing_interpreter(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeSetupError, match="does not exist"):
+    with pytest.raises(VenvSetupError, match="does not exist"):
         find_python(str(tmp_path / "no-such-python"))
 
 
 def test_find_python_rejects_an_old_interpreter() -> None:
     if sys.version_info >= (3, 12):
         pytest.fail("this test expects the verifiers side to run on Python < 3.12")
-    with pytest.raises(RuntimeSetupError, match=r"needs CPython >= 3\.12"):
+    with pytest.raises(VenvSetupError, match=r"needs CPython >= 3\.12"):
         find_python(sys.executable)
 
 
 def test_find_python_env_var_is_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("VF_NEMOGYM_PYTHON", str(tmp_path / "missing"))
-    with pytest.raises(RuntimeSetupError, match="missing"):
+    with pytest.raises(VenvSetupError, match="missing"):
         find_python()
 
 
-def test_ensure_runtime_is_reused_quickly(catalog_runtime: NeMoGymRuntime) -> None:
+def test_ensure_runtime_is_reused_quickly(catalog_runtime: NeMoGymVenv) -> None:
     started = time.perf_counter()
-    again = ensure_runtime()
+    again = ensure_venv()
     assert time.perf_counter() - started < 0.5
     assert again == catalog_runtime
     assert again.nemo_gym_version == DEFAULT_NEMO_GYM_VERSION
     assert again.bin("ng_run").exists()
     assert (again.site_packages / "nemo_gym").is_dir()
     # The same interpreter named explicitly hits the same cache entry.
-    assert ensure_runtime(python=str(again.python)) == again
+    assert ensure_venv(python=str(again.python)) == again
 
 
-def test_runtime_env_puts_its_interpreter_first(catalog_runtime: NeMoGymRuntime) -> None:
+def test_runtime_env_puts_its_interpreter_first(catalog_runtime: NeMoGymVenv) -> None:
     env = catalog_runtime.env(Path("/tmp/vfng-x"))
     assert env["PATH"].split(":")[0] == str(catalog_runtime.python.parent)
     assert env["UV_PYTHON_DOWNLOADS"] == "never"
@@ -115,13 +115,13 @@ def test_catalog_unknown_config(catalog: Catalog) -> None:
         catalog.env("equivalence_rule", config="nope")
 
 
-def test_catalog_reports_unparsable_yaml(tmp_path: Path, catalog_runtime: NeMoGymRuntime) -> None:
+def test_catalog_reports_unparsable_yaml(tmp_path: Path, catalog_runtime: NeMoGymVenv) -> None:
     # A fake runtime layout, so the real site-packages stays untouched.
     site = tmp_path / "lib" / "python3.12" / "site-packages"
     configs = site / "resources_servers" / "broken" / "configs"
     configs.mkdir(parents=True)
     (configs / "broken.yaml").write_text("broken: [unclosed\n")
-    fake = NeMoGymRuntime(
+    fake = NeMoGymVenv(
         venv=tmp_path,
         python=catalog_runtime.python,
         python_version="3.12.1",

@@ -17,23 +17,23 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from verifiers_nemogym.catalog import Catalog, EnvSpec
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.runtime import NeMoGymRuntime, ensure_runtime
-from verifiers_nemogym.scripted_policy import ScriptedPolicy
-from verifiers_nemogym.stack import NeMoGymStack, processes_with_marker
+from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
+from verifiers_nemogym.nemo.stack import NeMoGymStack, processes_with_marker
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 ENV_NAME = "example_single_tool_call"
 
 
 @pytest.fixture(scope="module")
-def stack_runtime() -> NeMoGymRuntime:
-    return ensure_runtime()
+def stack_venv() -> NeMoGymVenv:
+    return ensure_venv()
 
 
 @pytest.fixture(scope="module")
-def single_tool_env(stack_runtime: NeMoGymRuntime) -> EnvSpec:
-    return Catalog(stack_runtime).env(ENV_NAME)
+def single_tool_env(stack_venv: NeMoGymVenv) -> EnvSpec:
+    return Catalog(stack_venv).env(ENV_NAME)
 
 
 @pytest.fixture
@@ -54,10 +54,10 @@ async def _wait_no_marker(marker: str, seconds: float) -> list[int]:
 
 
 async def test_stack_runs_a_rollout_and_stops_clean(
-    stack_runtime: NeMoGymRuntime, single_tool_env: EnvSpec, scripted_policy: ScriptedPolicy
+    stack_venv: NeMoGymVenv, single_tool_env: EnvSpec, scripted_policy: ScriptedPolicy
 ) -> None:
     stack = NeMoGymStack(
-        stack_runtime,
+        stack_venv,
         single_tool_env.config_paths,
         policy_host=scripted_policy.host,
         policy_port=scripted_policy.port,
@@ -89,11 +89,11 @@ _OWNER_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from verifiers_nemogym.runtime import ensure_runtime
-    from verifiers_nemogym.stack import NeMoGymStack
+    from verifiers_nemogym.nemo.venv import ensure_venv
+    from verifiers_nemogym.nemo.stack import NeMoGymStack
 
     async def main() -> None:
-        stack = NeMoGymStack(ensure_runtime(), [Path(sys.argv[1])], policy_host="127.0.0.1",
+        stack = NeMoGymStack(ensure_venv(), [Path(sys.argv[1])], policy_host="127.0.0.1",
                              policy_port=int(sys.argv[2]), start_timeout=300)
         print("MARKER", stack.marker, flush=True)
         await stack.start()
@@ -142,7 +142,7 @@ async def test_sigkill_of_owner_leaves_no_process(
 
 
 async def test_server_dying_during_start_raises_and_leaves_nothing(
-    stack_runtime: NeMoGymRuntime,
+    stack_venv: NeMoGymVenv,
     single_tool_env: EnvSpec,
     scripted_policy: ScriptedPolicy,
     tmp_path: Path,
@@ -159,12 +159,12 @@ async def test_server_dying_during_start_raises_and_leaves_nothing(
         "      entrypoint: app.py\n      domain: other\n"
     )
     # Stdlib-only server: reuse the runtime venv instead of installing one into the cache.
-    venv_link = stack_runtime.server_venvs_dir / "resources_servers" / "vf_test_broken" / ".venv"
+    venv_link = stack_venv.server_venvs_dir / "resources_servers" / "vf_test_broken" / ".venv"
     venv_link.parent.mkdir(parents=True, exist_ok=True)
     if not venv_link.exists():
-        venv_link.symlink_to(stack_runtime.venv)
+        venv_link.symlink_to(stack_venv.venv)
     stack = NeMoGymStack(
-        stack_runtime,
+        stack_venv,
         [*single_tool_env.config_paths, config],
         policy_host=scripted_policy.host,
         policy_port=scripted_policy.port,

@@ -17,10 +17,10 @@ def taskset(**fields) -> NeMoGymTaskset:
     return NeMoGymTaskset(NeMoGymTasksetConfig(id="nemo-gym-env", **fields))
 
 
-def test_packaged_rows_load_untouched(nemo_runtime):
+def test_packaged_rows_load_untouched(nemo_venv):
     ts = taskset(nemo_env=["example_single_tool_call"])
     tasks = list(ts)
-    source = nemo_runtime.site_packages / "resources_servers/example_single_tool_call/data"
+    source = nemo_venv.site_packages / "resources_servers/example_single_tool_call/data"
     rows = [json.loads(line) for line in (source / "example.jsonl").read_text().splitlines()]
     assert [t.data.row for t in tasks] == rows
     assert {t.data.agent for t in tasks} == {"example_single_tool_call_simple_agent"}
@@ -34,7 +34,7 @@ def test_nemo_env_accepts_a_comma_list():
     assert config.nemo_env == ["a", "b"]
 
 
-def test_unknown_env_lists_close_matches(nemo_runtime):
+def test_unknown_env_lists_close_matches(nemo_venv):
     with pytest.raises(ConfigError, match="example_single_tool_call"):
         list(taskset(nemo_env=["example_single_tool_cal"]))
 
@@ -44,7 +44,7 @@ def test_no_rows_configured_is_an_error():
         taskset()
 
 
-def test_jsonl_rows_keep_their_agent_ref(tmp_path: Path, nemo_runtime):
+def test_jsonl_rows_keep_their_agent_ref(tmp_path: Path, nemo_venv):
     path = tmp_path / "rows.jsonl"
     ref = {"type": "responses_api_agents", "name": "my_agent"}
     path.write_text(json.dumps({**ROW, "agent_ref": ref}) + "\n\n" + json.dumps(ROW) + "\n")
@@ -69,14 +69,14 @@ def test_bad_rows_name_file_and_line(line: str, message: str):
     assert str(info.value).startswith("rows.jsonl:7: ")
 
 
-def test_malformed_line_in_file_names_its_line(tmp_path: Path, nemo_runtime):
+def test_malformed_line_in_file_names_its_line(tmp_path: Path, nemo_venv):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(ROW) + "\n" + '{"responses_create_params": \n')
     with pytest.raises(ConfigError, match=f"{path}:2: not valid JSON"):
         list(taskset(jsonl_path=path, agent="a"))
 
 
-def test_missing_and_empty_files(tmp_path: Path, nemo_runtime):
+def test_missing_and_empty_files(tmp_path: Path, nemo_venv):
     with pytest.raises(ConfigError, match="not found"):
         list(taskset(jsonl_path=tmp_path / "nope.jsonl", agent="a"))
     (tmp_path / "empty.jsonl").write_text("\n")
@@ -84,12 +84,12 @@ def test_missing_and_empty_files(tmp_path: Path, nemo_runtime):
         list(taskset(jsonl_path=tmp_path / "empty.jsonl", agent="a"))
 
 
-def test_dataset_not_on_disk_says_how_to_get_it(nemo_runtime):
+def test_dataset_not_on_disk_says_how_to_get_it(nemo_venv):
     with pytest.raises(ConfigError, match="train"):
         list(taskset(nemo_env=["example_single_tool_call"], dataset="train"))
 
 
-def test_jsonl_rows_bring_their_agents_environment(tmp_path: Path, nemo_runtime):
+def test_jsonl_rows_bring_their_agents_environment(tmp_path: Path, nemo_venv):
     ref = {"type": "responses_api_agents", "name": "example_multi_step_simple_agent"}
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({**ROW, "agent_ref": ref}) + "\n")

@@ -4,7 +4,7 @@
 server, `NeMoGymEnv` owns the NeMo Gym stack of its process, and `NeMoGymModelProxy` routes every
 model call of a rollout to that rollout's verifiers endpoint.
 
-Names are imported lazily, so helper processes (`python -m verifiers_nemogym.supervisor`) start
+Names are imported lazily, so helper processes (`python -m verifiers_nemogym.nemo.supervisor`) start
 without importing verifiers.
 """
 
@@ -18,13 +18,13 @@ _EXPORTS = {
     "NeMoGymEnvConfig": "env",
     "ConfigError": "errors",
     "NeMoGymError": "errors",
-    "RolloutError": "errors",
-    "RuntimeSetupError": "errors",
+    "AgentRunError": "errors",
+    "VenvSetupError": "errors",
     "StackError": "errors",
     "NeMoGymHarness": "harness",
     "NeMoGymHarnessConfig": "harness",
-    "NeMoGymModelProxy": "proxy",
-    "ProxyLimits": "proxy",
+    "NeMoGymModelProxy": "bridge.proxy",
+    "ProxyLimits": "bridge.proxy",
     "NeMoGymData": "taskset",
     "NeMoGymTask": "taskset",
     "NeMoGymTaskConfig": "taskset",

@@ -37,10 +37,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verifiers_nemogym.catalog import Catalog, EnvSpec
+from verifiers_nemogym.bridge.proxy import SECRET_KEY
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.proxy import SECRET_KEY
-from verifiers_nemogym.replay_policy import (
+from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
+from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
+from verifiers_nemogym.policies.replay import (
     REPLAY_KEY,
     Recording,
     ReplayIndex,
@@ -48,7 +49,6 @@ from verifiers_nemogym.replay_policy import (
     input_keys,
     load_recordings,
 )
-from verifiers_nemogym.runtime import DEFAULT_NEMO_GYM_VERSION, ensure_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ async def run_conformance(
 
     if not envs:
         raise ConfigError("conformance needs at least one NeMo Gym environment name")
-    runtime = await asyncio.to_thread(ensure_runtime, nemo_gym_version, python)
+    runtime = await asyncio.to_thread(ensure_venv, nemo_gym_version, python)
     plan = await asyncio.to_thread(_plan, Catalog(runtime), list(dict.fromkeys(envs)))
     reports = list(plan.reports.values())
     if not plan.rows:

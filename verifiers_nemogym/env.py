@@ -15,10 +15,10 @@ from typing import cast
 import aiohttp
 import verifiers.v1 as vf
 
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.live import LiveStack
-from verifiers_nemogym.proxy import NeMoGymModelProxy
-from verifiers_nemogym.stack import NeMoGymStack
+from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.taskset import NeMoGymTaskset
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
                 "choose another --env.taskset.proxy-port (0 picks a free one)"
             ) from None
         self._stack = NeMoGymStack(
-            taskset.runtime,
+            taskset.nemo_venv,
             config_paths,
             policy_host=self._proxy.host,
             policy_port=self._proxy.port,

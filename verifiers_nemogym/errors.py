@@ -14,13 +14,13 @@ class ConfigError(NeMoGymError, ValueError):
     """Bad user input: unknown environment, malformed row, unparsable YAML, bad option."""
 
 
-class RuntimeSetupError(NeMoGymError):
-    """The NeMo Gym runtime (its uv venv) could not be found or created."""
+class VenvSetupError(NeMoGymError):
+    """The NeMo Gym venv (nemo-gym in its own uv venv) could not be found or created."""
 
 
 class StackError(NeMoGymError):
     """The NeMo Gym server stack failed to start, died, or could not be reached."""
 
 
-class RolloutError(NeMoGymError):
-    """One rollout failed inside NeMo Gym (its `/run` did not return a result)."""
+class AgentRunError(NeMoGymError):
+    """One rollout failed inside NeMo Gym: its agent's `/run` returned no result."""

@@ -17,7 +17,7 @@ import aiohttp
 import verifiers.v1 as vf
 from verifiers.v1.runtimes import ProgramResult
 
-from verifiers_nemogym.errors import RolloutError, StackError
+from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
 
@@ -54,7 +54,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             raise StackError("no NeMo Gym stack is running: use NeMoGymEnv (nemo-gym-env)")
         agent_url = live.agents.get(data.agent or "")
         if agent_url is None:
-            raise RolloutError(
+            raise AgentRunError(
                 f"{data.source}: agent {data.agent!r} is not on this stack "
                 f"(agents: {', '.join(sorted(live.agents)) or 'none'})"
             )
@@ -81,7 +81,7 @@ async def _post_run(
 ) -> dict[str, Any]:
     where = f"{data.source}: agent {data.agent!r} /run"
     if live.failure is not None:
-        raise RolloutError(f"{where} not started: {live.failure}")
+        raise AgentRunError(f"{where} not started: {live.failure}")
     request = asyncio.ensure_future(_request(live.http, f"{url}/run", body))
     died = asyncio.ensure_future(live.died.wait())
     try:
@@ -97,19 +97,19 @@ async def _post_run(
         try:
             status, text = request.result()
         except aiohttp.ClientError as e:
-            raise RolloutError(f"{where} failed: {e!r} (did the NeMo Gym agent die?)") from e
+            raise AgentRunError(f"{where} failed: {e!r} (did the NeMo Gym agent die?)") from e
     elif died in done:
-        raise RolloutError(f"{where} lost its NeMo Gym stack: {live.failure}")
+        raise AgentRunError(f"{where} lost its NeMo Gym stack: {live.failure}")
     else:
-        raise RolloutError(f"{where} did not return within {live.run_timeout:g} s")
+        raise AgentRunError(f"{where} did not return within {live.run_timeout:g} s")
     if status != 200:
-        raise RolloutError(f"{where} answered {status}: {text[-2000:]}")
+        raise AgentRunError(f"{where} answered {status}: {text[-2000:]}")
     try:
         result = json.loads(text)
     except ValueError:
-        raise RolloutError(f"{where} answered non-JSON: {text[:500]}") from None
+        raise AgentRunError(f"{where} answered non-JSON: {text[:500]}") from None
     if not isinstance(result, dict) or not isinstance(result.get("reward"), int | float):
-        raise RolloutError(f"{where} returned no numeric `reward`: {text[:500]}")
+        raise AgentRunError(f"{where} returned no numeric `reward`: {text[:500]}")
     return result
 
 

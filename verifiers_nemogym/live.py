@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from verifiers_nemogym.proxy import NeMoGymModelProxy
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 
 
 @dataclass(eq=False)

@@ -18,10 +18,10 @@ import yaml
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from verifiers.v1.dialects.responses import ResponsesDialect
 
-from verifiers_nemogym.catalog import Catalog
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.live import LiveStack
-from verifiers_nemogym.runtime import DEFAULT_NEMO_GYM_VERSION, NeMoGymRuntime, ensure_runtime
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
 
 logger = logging.getLogger(__name__)
 
@@ -112,20 +112,20 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
                 "nemo-gym-env needs rows: set --env.taskset.nemo-env NAME (a NeMo Gym "
                 "environment, e.g. example_single_tool_call) or --env.taskset.jsonl-path FILE"
             )
-        self._runtime: NeMoGymRuntime | None = None
+        self._nemo_venv: NeMoGymVenv | None = None
         self._catalog: Catalog | None = None
 
     @property
-    def runtime(self) -> NeMoGymRuntime:
+    def nemo_venv(self) -> NeMoGymVenv:
         """The NeMo Gym runtime venv (created on first use, then cached on disk)."""
-        if self._runtime is None:
-            self._runtime = ensure_runtime(self.config.nemo_gym_version, self.config.python)
-        return self._runtime
+        if self._nemo_venv is None:
+            self._nemo_venv = ensure_venv(self.config.nemo_gym_version, self.config.python)
+        return self._nemo_venv
 
     @property
     def catalog(self) -> Catalog:
         if self._catalog is None:
-            self._catalog = Catalog(self.runtime)
+            self._catalog = Catalog(self.nemo_venv)
             for name in self.config.nemo_env:
                 self._catalog.env(name)  # unknown names fail here, before anything starts
         return self._catalog
@@ -143,7 +143,7 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
                 paths.extend(catalog.agent_env(agent).config_paths)
         for extra in self.config.config_paths:
             path = Path(extra).expanduser()
-            paths.append(path if path.is_absolute() else self.runtime.site_packages / path)
+            paths.append(path if path.is_absolute() else self.nemo_venv.site_packages / path)
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise ConfigError(f"NeMo Gym config file(s) not found: {', '.join(missing)}")

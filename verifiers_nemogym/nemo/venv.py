@@ -1,6 +1,6 @@
 """The NeMo Gym runtime: a cached uv venv holding `nemo-gym`, used only through subprocesses.
 
-Contract: `ensure_runtime()` returns a `NeMoGymRuntime` whose venv has `nemo-gym==<version>`
+Contract: `ensure_venv()` returns a `NeMoGymVenv` whose venv has `nemo-gym==<version>`
 installed for a CPython >= 3.12; it builds it once per (nemo-gym version, Python version) under
 `cache_root()` and afterwards returns it without starting any subprocess. This process never
 imports `nemo_gym`.
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from verifiers_nemogym.errors import RuntimeSetupError
+from verifiers_nemogym.errors import VenvSetupError
 
 logger = logging.getLogger(__name__)
 
@@ -141,9 +141,9 @@ def _find_python_with_version(spec: str | None) -> tuple[Path, str]:
             exe = Path(shutil.which(spec) or exe).absolute()
         version = _probe_python(exe) if exe.exists() else None
         if version is None:
-            raise RuntimeSetupError(f"Python interpreter {spec!r} does not exist or does not run.")
+            raise VenvSetupError(f"Python interpreter {spec!r} does not exist or does not run.")
         if not _acceptable(version, None):
-            raise RuntimeSetupError(
+            raise VenvSetupError(
                 f"Python interpreter {spec!r} is {version}; NeMo Gym needs CPython >= "
                 f"{'.'.join(map(str, MIN_PYTHON))}. {how_to_name}"
             )
@@ -155,7 +155,7 @@ def _find_python_with_version(spec: str | None) -> tuple[Path, str]:
         if version is not None and _acceptable(version, spec):
             return exe.absolute(), version
     wanted = f"Python {spec}" if spec else "a CPython >= 3.12"
-    raise RuntimeSetupError(
+    raise VenvSetupError(
         f"Could not find {wanted} for the NeMo Gym runtime. Tried: "
         f"{'; '.join(tried) or 'python3.12/python3.13 on PATH, pyenv versions, uv python find'}. "
         f"{how_to_name}"
@@ -173,7 +173,7 @@ def find_uv(*, required: bool = True) -> Path | None:
     if found := shutil.which("uv"):
         return Path(found)
     if required:
-        raise RuntimeSetupError(
+        raise VenvSetupError(
             "`uv` was not found (neither the `uv` Python package nor `uv` on PATH); "
             "install it with `pip install uv`."
         )
@@ -189,7 +189,7 @@ def _clean_env() -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class NeMoGymRuntime:
+class NeMoGymVenv:
     """A complete NeMo Gym venv and the interpreter it was built from."""
 
     venv: Path
@@ -248,11 +248,11 @@ def _runtime_name(nemo_gym_version: str, python_version: str) -> str:
     return f"nemo-gym-{nemo_gym_version}-py{python_version}"
 
 
-def _load_complete(venv: Path) -> NeMoGymRuntime | None:
+def _load_complete(venv: Path) -> NeMoGymVenv | None:
     """The runtime at `venv` if it is complete and its interpreter still exists, else None."""
     try:
         data = json.loads((venv / _MARKER_NAME).read_text())
-        runtime = NeMoGymRuntime(
+        runtime = NeMoGymVenv(
             venv=venv,
             python=Path(data["python"]),
             python_version=str(data["python_version"]),
@@ -265,9 +265,9 @@ def _load_complete(venv: Path) -> NeMoGymRuntime | None:
     return runtime
 
 
-def _find_cached(root: Path, version: str, spec: str | None) -> NeMoGymRuntime | None:
+def _find_cached(root: Path, version: str, spec: str | None) -> NeMoGymVenv | None:
     """A complete cached runtime matching `spec`, found without running any interpreter."""
-    matches: list[NeMoGymRuntime] = []
+    matches: list[NeMoGymVenv] = []
     for venv in root.glob(f"{_runtime_name(version, '3.*')}"):
         runtime = _load_complete(venv)
         if runtime is None or runtime.nemo_gym_version != version:
@@ -302,18 +302,18 @@ def _run_uv(args: list[str], env: dict[str, str], what: str) -> None:
             args, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL
         )
     except subprocess.TimeoutExpired as exc:
-        raise RuntimeSetupError(f"{what} timed out after {exc.timeout:.0f} s") from exc
+        raise VenvSetupError(f"{what} timed out after {exc.timeout:.0f} s") from exc
     if out.returncode != 0:
         tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-30:])
-        raise RuntimeSetupError(f"{what} failed (exit {out.returncode}):\n{tail}")
+        raise VenvSetupError(f"{what} failed (exit {out.returncode}):\n{tail}")
 
 
-def ensure_runtime(
+def ensure_venv(
     version: str = DEFAULT_NEMO_GYM_VERSION,
     python: str | None = None,
     *,
     log: logging.Logger = logger,
-) -> NeMoGymRuntime:
+) -> NeMoGymVenv:
     """Return the cached NeMo Gym runtime for `version`, creating it on first use.
 
     `python` is as for `find_python`. Creation is atomic (built in a temporary folder, then
@@ -355,7 +355,7 @@ def ensure_runtime(
                 f"installing nemo-gym=={version}",
             )  # fmt: skip
             if not (tmp / "bin" / "ng_run").exists():
-                raise RuntimeSetupError(f"nemo-gym=={version} installed no `ng_run` command")
+                raise VenvSetupError(f"nemo-gym=={version} installed no `ng_run` command")
             marker = {
                 "python": str(exe),
                 "python_version": python_version,
@@ -374,5 +374,5 @@ def ensure_runtime(
         )
     runtime = _load_complete(target)
     if runtime is None:
-        raise RuntimeSetupError(f"NeMo Gym runtime at {target} is incomplete after creation")
+        raise VenvSetupError(f"NeMo Gym runtime at {target} is incomplete after creation")
     return runtime

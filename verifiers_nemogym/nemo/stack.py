@@ -31,8 +31,8 @@ import aiohttp
 import yaml
 
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.runtime import NeMoGymRuntime, uv_cache_dir
-from verifiers_nemogym.supervisor import MARKER_ENV_VAR, processes_with_marker
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, uv_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class NeMoGymStack:
 
     def __init__(
         self,
-        runtime: NeMoGymRuntime,
+        venv: NeMoGymVenv,
         config_paths: list[Path],
         *,
         policy_host: str,
@@ -100,7 +100,7 @@ class NeMoGymStack:
     ) -> None:
         if not config_paths:
             raise StackError("a NeMo Gym stack needs at least one config path")
-        self.runtime = runtime
+        self.venv = venv
         self.config_paths = [Path(p).absolute() for p in config_paths]
         self.policy_host = policy_host
         self.policy_port = policy_port
@@ -163,7 +163,7 @@ class NeMoGymStack:
         # interrupted start left half-installed.
         warm = self._warm_stamp().exists()
         placeholder_venv = (
-            self.runtime.server_venvs_dir / "responses_api_models" / PLACEHOLDER_IMPL / ".venv"
+            self.venv.server_venvs_dir / "responses_api_models" / PLACEHOLDER_IMPL / ".venv"
         )
         if not warm and placeholder_venv.is_symlink():
             placeholder_venv.unlink()  # older releases linked it to the runtime venv
@@ -171,17 +171,17 @@ class NeMoGymStack:
         head_port = _free_port()
         self.head_url = f"http://127.0.0.1:{head_port}"
         command = [
-            str(self.runtime.bin("ng_run")),
+            str(self.venv.bin("ng_run")),
             f"+config_paths={_hydra_list([*self.config_paths, policy_config])}",
             "+head_server.host=127.0.0.1",
             f"+head_server.port={head_port}",
             # NeMo Gym's default is already loopback unless use_absolute_ip; say so explicitly.
             "+default_host=127.0.0.1",
-            f"+uv_venv_dir={self.runtime.server_venvs_dir}",
+            f"+uv_venv_dir={self.venv.server_venvs_dir}",
             f"+skip_venv_if_present={str(warm).lower()}",
             f"+uv_cache_dir={uv_cache_dir()}",
         ]
-        env = self.runtime.env(self._ray_tmpdir)
+        env = self.venv.env(self._ray_tmpdir)
         if self.fast_start:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
             # connects; NeMo Gym's drivers start workers on demand if they ever run a task.
@@ -248,7 +248,7 @@ class NeMoGymStack:
     def _warm_stamp(self) -> Path:
         key = json.dumps(sorted(map(str, self.config_paths))).encode()
         digest = hashlib.sha256(key).hexdigest()[:16]
-        return self.runtime.server_venvs_dir / ".warm" / digest
+        return self.venv.server_venvs_dir / ".warm" / digest
 
     async def _acquire_build_lock_if_cold(self, deadline: float) -> None:
         """Serialise the first start of a config set: with `skip_venv_if_present`, a second
@@ -256,7 +256,7 @@ class NeMoGymStack:
         stamp = self._warm_stamp()
         if stamp.exists():
             return
-        path = self.runtime.server_venvs_dir / ".build.lock"
+        path = self.venv.server_venvs_dir / ".build.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = path.open("a")
         waited = False

@@ -13,9 +13,9 @@ import logging
 import sys
 from pathlib import Path
 
-from verifiers_nemogym.catalog import Catalog
 from verifiers_nemogym.errors import NeMoGymError
-from verifiers_nemogym.runtime import DEFAULT_NEMO_GYM_VERSION, ensure_runtime
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        runtime = ensure_runtime(args.nemo_gym_version, args.python)
+        runtime = ensure_venv(args.nemo_gym_version, args.python)
         if args.command == "setup":
             print(
                 f"NeMo Gym {runtime.nemo_gym_version} (Python {runtime.python_version}): "
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                 concurrency=args.concurrency,
             )
         elif args.command == "eval-local":
-            from verifiers_nemogym.local_eval import LocalEvalOptions, run_local_eval
-            from verifiers_nemogym.local_model import chat_template_choice
+            from verifiers_nemogym.cli.local_eval import LocalEvalOptions, run_local_eval
+            from verifiers_nemogym.policies.local_model import chat_template_choice
 
             return run_local_eval(
                 LocalEvalOptions(

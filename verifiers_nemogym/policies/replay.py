@@ -28,7 +28,7 @@ interception rewriting `model` and dropping sampling fields):
   (closest recording and the first differing item). The recording used is named in the response
   header `X-Replay-Recording`.
 
-Run it alone with `python -m verifiers_nemogym.replay_policy --env example_multi_step --port 8000`
+Run it alone with `python -m verifiers_nemogym.policies.replay --env example_multi_step --port 8000`
 (environment names resolve through the NeMo Gym runtime) or `--rollouts FILE.jsonl ...`.
 """
 
@@ -48,9 +48,9 @@ from typing import Any
 
 from aiohttp import web
 
+from verifiers_nemogym.bridge.responses import complete_response
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.responses import complete_response
-from verifiers_nemogym.scripted_policy import Call, ScriptedPolicy
+from verifiers_nemogym.policies.scripted import Call, ScriptedPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -392,10 +392,10 @@ class ReplayPolicy(ScriptedPolicy):
 def _recordings_from_args(envs: list[str], files: list[str], nemo_gym_version: str | None):
     recordings: list[Recording] = []
     if envs:
-        from verifiers_nemogym.catalog import Catalog
-        from verifiers_nemogym.runtime import DEFAULT_NEMO_GYM_VERSION, ensure_runtime
+        from verifiers_nemogym.nemo.catalog import Catalog
+        from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
 
-        catalog = Catalog(ensure_runtime(nemo_gym_version or DEFAULT_NEMO_GYM_VERSION))
+        catalog = Catalog(ensure_venv(nemo_gym_version or DEFAULT_NEMO_GYM_VERSION))
         for name in envs:
             recordings += load_recordings(catalog.env(name).example_rollouts, name)
     for path in files:

@@ -155,3 +155,27 @@ async def test_conformance_from_the_installed_wheel(
     assert f"| {ENV} | {recorded} | {recorded} | 0 | {recorded}/{recorded} |" in out, out
     assert "Mismatches" not in out
     assert processes_with_env(tag) == []
+
+
+def test_the_env_wheel_next_to_the_library_and_the_cost_of_sharing_a_module(install: Install):
+    """Runs last (it changes the venv). Installing the env package's wheel too, as the
+    Environments Hub does, overwrites the module with the same bytes, silently; uninstalling the
+    env package alone removes the module the library also ships (the README's stated trade-off),
+    and reinstalling the library brings it back."""
+    uv, python = str(find_uv()), str(install.bin / "python")
+    root = install.venv.parent
+    dist = str(install.env_wheel.parent)
+    done = subprocess.run(
+        [uv, "pip", "install", "--python", python, "--find-links", dist, str(install.env_wheel)],
+        cwd=root, capture_output=True, text=True, timeout=600, env=_clean_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "more than one package" not in done.stderr, done.stderr
+    importing = [python, "-c", "import nemo_gym_env"]
+    _run(importing, cwd=root, timeout=120)
+    _run([uv, "pip", "uninstall", "--python", python, "nemo-gym-env"], cwd=root, timeout=120)
+    gone = subprocess.run(importing, cwd=root, capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 1 and "No module named 'nemo_gym_env'" in gone.stderr
+    reinstall = [uv, "pip", "install", "--python", python, "--reinstall-package"]
+    _run([*reinstall, "verifiers-nemogym", str(install.library_wheel)], cwd=root, timeout=600)
+    _run(importing, cwd=root, timeout=120)

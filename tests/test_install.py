@@ -33,6 +33,18 @@ ENV = "example_single_tool_call"
 MODULE = "nemo_gym_env/__init__.py"
 
 
+# Run by the fresh venv's Python: where both modules come from, and verifiers' own discovery of
+# the id `nemo-gym-env` (construction reads the rows; it starts no stack).
+PROBE = f"""
+import json, nemo_gym_env, verifiers_nemogym
+import verifiers.v1 as vf
+config = vf.resolve_env_config({{"taskset": {{"id": "nemo-gym-env", "nemo_env": "{ENV}"}}}})
+env = vf.load_environment(config)
+print(json.dumps([nemo_gym_env.__file__, verifiers_nemogym.__file__, nemo_gym_env.__all__,
+                  type(env).__name__, len(list(env.taskset))]))
+"""
+
+
 @dataclass(frozen=True)
 class Install:
     """Wheels built from this checkout and a fresh venv holding the library's wheel only."""
@@ -79,20 +91,12 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Install:
 
 
 def test_the_library_wheel_alone_provides_the_env_module(install: Install):
-    """The fresh venv imports both modules from its own site-packages (not this checkout), and
-    the env package's wheel carries the very same module bytes as the library's."""
-    out = _run(
-        [
-            str(install.bin / "python"),
-            "-c",
-            "import json, nemo_gym_env, verifiers_nemogym;"
-            "print(json.dumps([nemo_gym_env.__file__, verifiers_nemogym.__file__,"
-            " nemo_gym_env.__all__]))",
-        ],
-        cwd=install.venv,
-        timeout=120,
-    )
-    env_file, lib_file, exported = json.loads(out)
+    """The fresh venv imports both modules from its own site-packages (not this checkout) and
+    `vf.load_environment` finds the env by its id; the env package's wheel carries the very same
+    module bytes as the library's."""
+    out = _run([str(install.bin / "python"), "-c", PROBE], cwd=install.venv, timeout=300)
+    env_file, lib_file, exported, env_class, rows = json.loads(out.splitlines()[-1])
+    assert env_class == "NeMoGymEnv" and rows == 5  # vf.load_environment found the env by its id
     site = install.venv / "lib"
     assert Path(env_file).is_relative_to(site) and Path(lib_file).is_relative_to(site), out
     assert "NeMoGymTaskset" in exported and "load_environment" in exported

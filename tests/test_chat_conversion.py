@@ -166,7 +166,7 @@ def test_request_fields_map() -> None:
             top_p=0.9,
             tool_choice={"type": "function", "name": "get_weather"},
             parallel_tool_calls=False,
-            metadata={"k": "v"},
+            metadata={"vf_route": "r1", "vf_secret": "s3cr3t"},
             reasoning={"effort": "low"},
             text={"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}},
             store=False,
@@ -189,13 +189,18 @@ def test_request_fields_map() -> None:
             },
         }
     ]
-    assert body["metadata"] == {"k": "v"}
+    assert "metadata" not in body and "s3cr3t" not in json.dumps(body)
     assert body["reasoning_effort"] == "low"
     assert body["response_format"] == {
         "type": "json_schema",
         "json_schema": {"name": "s", "schema": {"type": "object"}},
     }
     assert "store" not in body and "truncation" not in body and "input" not in body
+
+
+def test_tool_settings_without_tools_are_left_out() -> None:
+    body = responses_to_chat({"input": "q", "tool_choice": "auto", "parallel_tool_calls": True})
+    assert set(body) == {"messages"}
 
 
 def test_request_is_not_modified() -> None:
@@ -261,7 +266,7 @@ def _reply(message: dict[str, Any], finish: str = "stop", **extra: Any) -> dict[
 
 
 def test_text_reply_is_one_message_item() -> None:
-    request = _request("q")
+    request = _request("q", metadata={"vf_secret": "s3cr3t"}, temperature=0.5)
     out = chat_to_responses(
         _reply(
             {"role": "assistant", "content": "hello"},
@@ -274,6 +279,7 @@ def test_text_reply_is_one_message_item() -> None:
     assert out["output"][0]["content"][0]["text"] == "hello"
     assert out["usage"]["input_tokens"] == 7 and out["usage"]["output_tokens"] == 2
     assert out["tools"] == [TOOL] and out["model"] == "m" and out["created_at"] == 1700000000
+    assert out["temperature"] == 0.5 and "s3cr3t" not in json.dumps(out)
 
 
 def test_reasoning_and_parallel_calls() -> None:

@@ -49,10 +49,20 @@ JSON = dict[str, Any]
 # Fields NeMo Gym's training model server puts on output items, echoed back by its agents.
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
-# Request fields that mean the same in both APIs and pass through unchanged.
-_PASSTHROUGH = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "seed")
-_PASSTHROUGH += ("service_tier", "metadata", "top_logprobs", "stop", "frequency_penalty")
-_PASSTHROUGH += ("presence_penalty",)
+# Request fields that mean the same in both APIs and pass through unchanged. Not `metadata`:
+# it carries the proxy's route and secret, which must reach no model call and no trace.
+_PASSTHROUGH = (
+    "model",
+    "temperature",
+    "top_p",
+    "user",
+    "seed",
+    "service_tier",
+    "top_logprobs",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+)
 
 # The two wordings of "prompt too long": verifiers' train client (renderers' pre-flight check,
 # relayed as a 400) and vLLM's own engine error.
@@ -249,8 +259,9 @@ def _tool_choice(choice: Any) -> Any:
 def responses_to_chat(request: JSON) -> JSON:
     """A Chat Completions request body equivalent to the Responses request body `request`.
 
-    Never modifies `request`. Raises `ChatConversionError` (naming the field) for what has no
-    faithful chat form: non-function tools, `previous_response_id`, streaming, unknown items.
+    Never modifies `request`; its `metadata` is not carried over. Raises `ChatConversionError`
+    (naming the field) for what has no faithful chat form: non-function tools,
+    `previous_response_id`, streaming, unknown items.
     """
     if not isinstance(request, dict):
         raise ChatConversionError("request: must be a JSON object")
@@ -271,8 +282,11 @@ def responses_to_chat(request: JSON) -> JSON:
     tools = chat_tools(request.get("tools"))
     if tools:
         body["tools"] = tools
-    if request.get("tool_choice") is not None and tools:
-        body["tool_choice"] = _tool_choice(request["tool_choice"])
+        # Chat servers reject these two without tools; with none they mean nothing.
+        if request.get("tool_choice") is not None:
+            body["tool_choice"] = _tool_choice(request["tool_choice"])
+        if request.get("parallel_tool_calls") is not None:
+            body["parallel_tool_calls"] = request["parallel_tool_calls"]
     reasoning = request.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
         body["reasoning_effort"] = reasoning["effort"]
@@ -389,7 +403,8 @@ def chat_to_responses(reply: JSON, request: JSON) -> JSON:
     else:
         response["status"] = "completed"
         response["incomplete_details"] = None
-    for key in ("temperature", "top_p", "max_output_tokens", "instructions", "metadata"):
+    # Request echoes NeMo Gym reads; never `metadata` (the proxy's route and secret).
+    for key in ("temperature", "top_p", "max_output_tokens"):
         if request.get(key) is not None:
             response[key] = request[key]
     usage = _usage(reply.get("usage"))

@@ -9,10 +9,12 @@ real ones. Each exchange goes the way the proxy's train mode will: NeMo Gym's Re
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from renderers.configs import DefaultRendererConfig
 from verifiers.v1 import graph
@@ -24,7 +26,7 @@ from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 from verifiers.v1.types import Response, SamplingConfig
 
 from verifiers_nemogym.bridge.chat import chat_to_responses, is_overlong_prompt, responses_to_chat
-from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
+from verifiers_nemogym.policies.gguf_tokenizer import TokenizerBuildError, tokenizer_dir
 from verifiers_nemogym.policies.local_model import packaged_model_path
 from verifiers_nemogym.policies.token_server import (
     MODEL,
@@ -239,4 +241,44 @@ async def test_faults_are_errors(server: TokenServer, tokenizer_folder: Path, fa
         await client.close()
     if fault != "garbage":
         assert getattr(raised.value, "status_code", None) == int(fault)
+    assert server.calls == []
+
+
+def _gguf_header(pairs: dict[str, str]) -> bytes:
+    """A GGUF v3 header holding only string key/values (type 8)."""
+
+    def string(text: str) -> bytes:
+        data = text.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(pairs))
+    for key, value in pairs.items():
+        out += string(key) + struct.pack("<I", 8) + string(value)
+    return out
+
+
+def test_gguf_tokenizer_bad_files_name_the_file(tmp_path: Path) -> None:
+    cases = {
+        "not.gguf": (b"NOPE" + bytes(20), "not a GGUF file"),
+        "cut.gguf": (packaged_model_path().read_bytes()[:4096], "truncated or unreadable"),
+        "llama.gguf": (
+            _gguf_header({"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default"}),
+            "tokenizer 'llama'/'default' is not supported",
+        ),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(TokenizerBuildError, match=message) as raised:
+            tokenizer_dir(path, cache=tmp_path / "cache")
+        assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+    assert not (tmp_path / "cache").exists()  # nothing half-built is left behind
+
+
+async def test_bad_generate_body_is_a_400(server: TokenServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        url = server.base_url.removesuffix("/v1") + "/inference/v1/generate"
+        async with session.post(url, json={"model": MODEL, "token_ids": "hi"}) as reply:
+            assert reply.status == 400
+            assert "token_ids" in (await reply.json())["error"]["message"]
     assert server.calls == []

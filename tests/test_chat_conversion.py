@@ -25,6 +25,7 @@ from verifiers_nemogym.bridge.chat import (
     chat_to_responses,
     is_length_finish,
     is_overlong_prompt,
+    output_items,
     responses_to_chat,
 )
 from verifiers_nemogym.nemo.catalog import Catalog
@@ -470,12 +471,18 @@ from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.responses_converter import ResponsesConverter
 
 converter = ResponsesConverter(return_token_id_information=False)
-out = []
-for request in json.load(sys.stdin):
+given = json.load(sys.stdin)
+chat = []
+for request in given["requests"]:
     params = NeMoGymResponseCreateParamsNonStreaming.model_validate(request)
-    chat = converter.responses_to_chat_completion_create_params(params)
-    out.append(chat.model_dump(mode="json", exclude_none=True))
-json.dump(out, sys.stdout)
+    converted = converter.responses_to_chat_completion_create_params(params)
+    chat.append(converted.model_dump(mode="json", exclude_none=True))
+items = [
+    [item.model_dump(mode="json", exclude_none=True) for item in
+     converter.postprocess_assistant_message_dict(message)]
+    for message in given["replies"]
+]
+json.dump({"chat": chat, "items": items}, sys.stdout)
 """
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
@@ -531,19 +538,55 @@ def _same(ours: dict[str, Any], theirs: dict[str, Any], where: str) -> None:
         assert ours["content"] == theirs["content"], where
 
 
+def _as_nemo_reply(message: dict[str, Any]) -> dict[str, Any]:
+    """Our chat assistant message as NeMo Gym's vllm_model sees one: reasoning as <think>."""
+    reasoning = message.get("reasoning_content")
+    think = f"<think>{reasoning}</think>" if reasoning else ""
+    reply = {"role": "assistant", "content": think + (message["content"] or "")}
+    if message.get("tool_calls"):
+        reply["tool_calls"] = message["tool_calls"]
+    return reply
+
+
+def _same_items(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], where: str) -> None:
+    """Output items agree on kinds, texts and calls (ids are random on NeMo Gym's side)."""
+    assert [i["type"] for i in ours] == [i["type"] for i in theirs], where
+    for mine, their in zip(ours, theirs, strict=True):
+        if mine["type"] == "reasoning":
+            texts = [s["text"] for s in their["summary"]]
+            assert mine["summary"][0]["text"] == "\n".join(texts), where
+        elif mine["type"] == "message":
+            assert mine["content"][0]["text"] == their["content"][0]["text"], where
+        else:
+            keys = ("id", "call_id", "name", "arguments")
+            assert [mine[k] for k in keys] == [their[k] for k in keys], where
+
+
 def test_parity_with_nemo_gyms_converter_on_recorded_rollouts(nemo_venv: NeMoGymVenv) -> None:
     requests = _recorded_requests(nemo_venv)
+    # Every recorded assistant turn, as a chat reply to turn back into output items.
+    replies = [
+        m
+        for request in requests
+        for m in responses_to_chat(request)["messages"]
+        if m["role"] == "assistant" and m.get("reasoning_content") != ""
+    ]
     done = subprocess.run(
         [str(nemo_venv.bin("python")), "-c", _NEMO_SIDE],
-        input=json.dumps(requests),
+        input=json.dumps({"requests": requests, "replies": [_as_nemo_reply(m) for m in replies]}),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs_all = json.loads(done.stdout)
+    nemo = json.loads(done.stdout)
+    theirs_all = nemo["chat"]
     assert len(theirs_all) == len(requests) >= 6 * 5
+    # chat -> Responses: the same output items as NeMo Gym's vllm_model builds.
+    assert len(nemo["items"]) == len(replies) > 30
+    for n, (message, their_items) in enumerate(zip(replies, nemo["items"], strict=True)):
+        _same_items(output_items(message), their_items, f"reply {n}")
     compared = {"assistant": 0, "tool": 0, "tool_calls": 0, "reasoning": 0}
     for n, (request, theirs) in enumerate(zip(requests, theirs_all, strict=True)):
         ours = responses_to_chat(request)

@@ -26,6 +26,7 @@ from verifiers_nemogym.bridge.chat import (
     is_length_finish,
     is_overlong_prompt,
     output_items,
+    overlong_response,
     responses_to_chat,
 )
 from verifiers_nemogym.nemo.catalog import Catalog
@@ -331,6 +332,11 @@ def test_length_finish_is_incomplete_and_helpers_tell_it_from_overlong() -> None
     assert is_overlong_prompt(400, "This model's maximum context length is 8192 tokens.")
     assert not is_overlong_prompt(400, {"error": {"message": "rollout stopped: max_turns"}})
     assert not is_overlong_prompt(502, overlong)
+    refused = overlong_response(_request("q"))
+    assert refused["status"] == "incomplete"
+    assert refused["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [i["type"] for i in refused["output"]] == ["message"]
+    assert refused["output"][0]["content"][0]["text"] == ""
 
 
 def test_token_fields_go_onto_the_last_item() -> None:
@@ -467,7 +473,7 @@ PARITY_ENVS = (
 
 _NEMO_SIDE = r"""
 import json, sys
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.responses_converter import ResponsesConverter
 
 converter = ResponsesConverter(return_token_id_information=False)
@@ -482,7 +488,14 @@ items = [
      converter.postprocess_assistant_message_dict(message)]
     for message in given["replies"]
 ]
-json.dump({"chat": chat, "items": items}, sys.stdout)
+# Our Responses objects, and the next request echoing their items, as NeMo Gym's models read them.
+for response in given["responses"]:
+    NeMoGymResponse.model_validate(response)
+    NeMoGymResponseCreateParamsNonStreaming.model_validate(
+        {"input": [{"role": "user", "content": "q"}, *response["output"]],
+         "tools": response["tools"]}
+    )
+json.dump({"chat": chat, "items": items, "validated": len(given["responses"])}, sys.stdout)
 """
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
@@ -565,15 +578,28 @@ def _same_items(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], where:
 def test_parity_with_nemo_gyms_converter_on_recorded_rollouts(nemo_venv: NeMoGymVenv) -> None:
     requests = _recorded_requests(nemo_venv)
     # Every recorded assistant turn, as a chat reply to turn back into output items.
-    replies = [
-        m
+    turns = [
+        (request, m)
         for request in requests
         for m in responses_to_chat(request)["messages"]
         if m["role"] == "assistant" and m.get("reasoning_content") != ""
     ]
+    replies = [m for _, m in turns]
+    # Our Responses objects for every recorded turn, plus the incomplete and token-carrying shapes.
+    ours_responses = [chat_to_responses(_reply(m), request) for request, m in turns]
+    ours_responses.append(overlong_response(_request("q")))
+    with_tokens = dict(replies[0], prompt_token_ids=[1], generation_token_ids=[2])
+    with_tokens["generation_log_probs"] = [-0.5]
+    ours_responses.append(chat_to_responses(_reply(with_tokens, "length"), _request("q")))
     done = subprocess.run(
         [str(nemo_venv.bin("python")), "-c", _NEMO_SIDE],
-        input=json.dumps({"requests": requests, "replies": [_as_nemo_reply(m) for m in replies]}),
+        input=json.dumps(
+            {
+                "requests": requests,
+                "replies": [_as_nemo_reply(m) for m in replies],
+                "responses": ours_responses,
+            }
+        ),
         capture_output=True,
         text=True,
         timeout=300,
@@ -581,6 +607,7 @@ def test_parity_with_nemo_gyms_converter_on_recorded_rollouts(nemo_venv: NeMoGym
     )
     assert done.returncode == 0, done.stderr[-3000:]
     nemo = json.loads(done.stdout)
+    assert nemo["validated"] == len(ours_responses) > 30
     theirs_all = nemo["chat"]
     assert len(theirs_all) == len(requests) >= 6 * 5
     # chat -> Responses: the same output items as NeMo Gym's vllm_model builds.

@@ -32,7 +32,13 @@ its `vllm_model` server), all checked by `tests/test_chat_conversion.py`:
   calls and no text (NeMo Gym: `None` too); a turn with neither gets `""`, which verifiers hashes
   as `None`;
 - request fields without a chat meaning (`store`, `include`, `truncation`, `background`...) are
-  left out rather than passed on.
+  left out rather than passed on, and so is `metadata` (it carries the proxy's route and secret).
+
+How the proxy's train mode uses these (one agent call): `responses_to_chat(request)` -> POST it
+to the rollout's verifiers endpoint (`.../chat/completions`) -> on 200,
+`chat_to_responses(reply, request)`; on a 400 for which `is_overlong_prompt(status, body)` holds,
+`overlong_response(request)` (what NeMo Gym's own `vllm_model` answers then: an empty `length`
+completion, so the agent stops and NeMo Gym still verifies); any other error stays an error.
 """
 
 from __future__ import annotations
@@ -411,6 +417,18 @@ def chat_to_responses(reply: JSON, request: JSON) -> JSON:
     if usage is not None:
         response["usage"] = usage
     return complete_response(response, request)
+
+
+def overlong_response(request: JSON) -> JSON:
+    """The Responses reply to a prompt refused as too long, as NeMo Gym's `vllm_model` builds it.
+
+    NeMo Gym turns vLLM's context-length 400 into an empty completion with `finish_reason:
+    "length"`; its agents then stop (`incomplete`) and the rollout is still verified.
+    """
+    empty = {
+        "choices": [{"message": {"role": "assistant", "content": ""}, "finish_reason": "length"}]
+    }
+    return chat_to_responses(empty, request)
 
 
 def is_length_finish(reply: JSON) -> bool:

@@ -9,7 +9,8 @@ arguments); a rollout stays one training branch only if every assistant message 
 back in the next prompt hashing the same. So the round trip keeps, exactly:
 
 - content and `reasoning_content` (`None` stays absent, `""` stays `""`: a `""` becomes a
-  reasoning item with one empty summary part, and back);
+  reasoning item with one empty summary part, and back; note that verifiers' own chat parser
+  then reads `""` as `None`, though the train client's renderer never produces `""`);
 - tool-call ids (`call_id`) and arguments (the string as sent, never re-serialised);
 - one assistant message per turn: consecutive assistant-side items (`reasoning`, assistant
   `message`, `function_call`) fold into one message, as NeMo Gym's converter and verifiers'
@@ -30,7 +31,7 @@ its `vllm_model` server), all checked by `tests/test_chat_conversion.py`:
   as here);
 - an assistant message's content is a plain string, and is absent (`None`) when the turn had tool
   calls and no text (NeMo Gym: `None` too); a turn with neither gets `""`, which verifiers hashes
-  as `None`;
+  as `None` (NeMo Gym drops such a turn; here it stays, since verifiers recorded it);
 - request fields without a chat meaning (`store`, `include`, `truncation`, `background`...) are
   left out rather than passed on, and so is `metadata` (it carries the proxy's route and secret).
 

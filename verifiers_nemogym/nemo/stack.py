@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import yaml
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, uv_cache_dir
+from verifiers_nemogym.net import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +68,6 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 while True:
     signal.pause()
 '''
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _hydra_list(paths: list[Path]) -> str:
@@ -168,7 +162,7 @@ class NeMoGymStack:
         if not warm and placeholder_venv.is_symlink():
             placeholder_venv.unlink()  # older releases linked it to the runtime venv
 
-        head_port = _free_port()
+        head_port = free_port()
         self.head_url = f"http://127.0.0.1:{head_port}"
         command = [
             str(self.venv.bin("ng_run")),

@@ -23,6 +23,7 @@ import sys
 from aiohttp import web
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.net import serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 
@@ -59,11 +60,8 @@ async def bare() -> None:
     app = web.Application()
     app.router.add_get("/", health)
     app.router.add_post("/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-    await site.start()
-    _announce(url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    runner, port = await serve_app(app)
+    _announce(url=f"http://127.0.0.1:{port}")
     try:
         await _until_stopped()
     finally:
@@ -86,11 +84,8 @@ async def forwarder(upstream: str) -> None:
 
         app = web.Application()
         app.router.add_post("/{tail:.*}", forward)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-        await site.start()
-        _announce(url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+        runner, port = await serve_app(app)
+        _announce(url=f"http://127.0.0.1:{port}")
         try:
             await _until_stopped()
         finally:

@@ -47,10 +47,10 @@ class Server:
         assert " on http://127.0.0.1:" in self.first_line, self.first_line
         self.base_url = self.first_line.split(" on ", 1)[1].split()[0]
 
-    def stop(self) -> int:
-        """SIGTERM, then the exit status (the server must end on its own within 20 s)."""
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        """`sig`, then the exit status (the server must end on its own within 20 s)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -68,7 +68,7 @@ async def post(base_url: str, body: dict) -> tuple[int, dict]:
         return reply.status, await reply.json()
 
 
-async def test_serve_scripted_calls_the_tool_then_stops_cleanly_on_sigterm():
+async def test_serve_scripted_calls_the_tool_then_stops_cleanly_on_ctrl_c():
     server = Server("scripted")
     try:
         assert server.first_line.startswith("scripted policy on ")
@@ -76,8 +76,9 @@ async def test_serve_scripted_calls_the_tool_then_stops_cleanly_on_sigterm():
         assert status == 200 and reply["output"][0]["type"] == "function_call"
         assert reply["output"][0]["name"] == "lookup"
     finally:
-        code = server.stop()
-    assert code == 0
+        code = server.stop(signal.SIGINT)
+    assert code == 0 and server.proc.stderr is not None
+    assert "Traceback" not in server.proc.stderr.read()
 
 
 async def test_serve_replay_answers_with_the_recorded_model_turn(nemo_venv):

@@ -39,6 +39,15 @@ async def _until_stopped() -> None:
     await stop.wait()
 
 
+async def _serve_until_stopped(app: web.Application) -> None:
+    runner, port = await serve_app(app)
+    _announce(url=f"http://127.0.0.1:{port}")
+    try:
+        await _until_stopped()
+    finally:
+        await runner.cleanup()
+
+
 async def policy() -> None:
     async with ScriptedPolicy(record=False) as server:
         _announce(base_url=server.base_url, port=server.port)
@@ -60,12 +69,7 @@ async def bare() -> None:
     app = web.Application()
     app.router.add_get("/", health)
     app.router.add_post("/{tail:.*}", answer)
-    runner, port = await serve_app(app)
-    _announce(url=f"http://127.0.0.1:{port}")
-    try:
-        await _until_stopped()
-    finally:
-        await runner.cleanup()
+    await _serve_until_stopped(app)
 
 
 async def forwarder(upstream: str) -> None:
@@ -84,12 +88,7 @@ async def forwarder(upstream: str) -> None:
 
         app = web.Application()
         app.router.add_post("/{tail:.*}", forward)
-        runner, port = await serve_app(app)
-        _announce(url=f"http://127.0.0.1:{port}")
-        try:
-            await _until_stopped()
-        finally:
-            await runner.cleanup()
+        await _serve_until_stopped(app)
 
 
 async def proxy() -> None:

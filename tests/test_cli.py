@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -100,6 +101,24 @@ async def test_serve_replay_answers_with_the_recorded_model_turn(nemo_venv):
         assert status == 200 and reply["output"] == first_turn
     finally:
         assert server.stop() == 0
+
+
+def test_serve_on_a_taken_port_is_a_one_line_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [COMMAND, "serve", "scripted", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip() == (
+        f"nemo-gym-env: cannot listen on 127.0.0.1:{port} (Address already in use); "
+        "choose another --port (0 picks a free one)"
+    )
 
 
 def test_serve_replay_needs_recordings_and_names_a_bad_file(tmp_path: Path):

@@ -60,8 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--rollouts", action="append", default=[], type=Path, help="recorded rollouts JSONL"
     )
-    for server in (scripted, replay):
-        server.add_argument("--host", default="127.0.0.1")
+    for server in (scripted, replay):  # always on 127.0.0.1
         server.add_argument("--port", type=int, default=8000, help="0 picks a free one")
     return parser
 
@@ -92,12 +91,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
     if args.server == "scripted":
-        serve(ScriptedPolicy(args.host, args.port, record=False), "scripted policy")
+        serve(ScriptedPolicy(port=args.port, record=False), "scripted policy")
         return 0
     if not args.env and not args.rollouts:
         parser.error("serve replay: give at least one --env NAME or --rollouts FILE")
     index = replay_index(args.env, args.rollouts, args.nemo_gym_version, args.python)
-    policy = ReplayPolicy(args.host, args.port, record=False, index=index)
+    policy = ReplayPolicy(port=args.port, record=False, index=index)
     serve(policy, f"replay policy ({len(index.recordings)} recordings)")
     return 0
 

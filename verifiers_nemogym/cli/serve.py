@@ -8,9 +8,11 @@ returns. `replay_index(...)` loads the recordings a replay server answers from.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 
+from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.policies.replay import Recording, ReplayIndex, load_recordings
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
@@ -38,11 +40,22 @@ async def _serve(policy: ScriptedPolicy, what: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped.set)
-    async with policy:
+    try:
+        await policy.start()
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)  # aiohttp's strerror is long
+        raise ConfigError(
+            f"cannot listen on {policy.host}:{policy.port} ({reason}); "
+            "choose another --port (0 picks a free one)"
+        ) from None
+    try:
         print(f"{what} on {policy.base_url}", flush=True)
         await stopped.wait()
+    finally:
+        await policy.stop()
 
 
 def serve(policy: ScriptedPolicy, what: str) -> None:
-    """Serve `policy` until SIGINT/SIGTERM; `what` names it in the line written to stdout."""
+    """Serve `policy` until SIGINT/SIGTERM; `what` names it in the line written to stdout.
+    A port that cannot be bound raises ConfigError."""
     asyncio.run(_serve(policy, what))

@@ -2,10 +2,11 @@
 
 Contract: the only module that knows NeMo Gym's on-disk layout (`resources_servers/<env>/
 configs/*.yaml`, `data/*.jsonl`, `responses_api_models/<impl>/`, relative config paths) and its
-server-config shape (`<instance>: {<server type>: {<impl>: {...}}}`), and the only one that reads
-NeMo Gym's config files (`load_config`, with `file:line:col` errors). Everything else asks a
-`Catalog` for an `EnvSpec` and gets absolute paths back, reads server blocks through
-`server_blocks`, and registers the external policy model with `write_policy_placeholder`.
+server-config shape (`<instance>: {<server type>: {<impl>: {...}}}`), and the only one that
+reads NeMo Gym's config YAML (`load_config` for files, with `file:line:col` errors;
+`parse_config` for the running stack's merged config). Everything else asks a `Catalog` for an
+`EnvSpec` and gets absolute paths back, reads server blocks through `server_blocks`, and
+registers the external policy model with `write_policy_placeholder`.
 """
 
 from __future__ import annotations
@@ -143,22 +144,31 @@ class EnvSpec:
 
 
 def load_config(path: Path) -> dict[str, Any]:
-    """A NeMo Gym config YAML as a mapping of server instances (an empty file is `{}`).
+    """A NeMo Gym config YAML file as a mapping of server instances (an empty file is `{}`).
 
     Raises ConfigError with one line naming the file and, for syntax errors, `file:line:col`."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read NeMo Gym config {path}: {e.strerror or e}") from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, where: str) -> dict[str, Any]:
+    """NeMo Gym config YAML `text` (from `where`: a file, or the head server's URL for the
+    running stack's merged config) as a mapping. Errors name `where[:line:col]` and the YAML
+    problem, never the text itself (the merged config holds secrets in clear)."""
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where}: NeMo Gym config is not valid YAML ({problem})") from None
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"{at}: NeMo Gym config is not valid YAML ({problem})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a NeMo Gym config must be a YAML mapping of servers")
+        raise ConfigError(f"{where}: a NeMo Gym config must be a YAML mapping of servers")
     return data
 
 

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
-import yaml
 
-from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     POLICY_INSTANCE,
+    parse_config,
     placeholder_server_venv,
     server_blocks,
     write_policy_placeholder,
@@ -320,10 +320,10 @@ class NeMoGymStack:
         raw = await self._get_json(session, f"{self.head_url}/global_config_dict_yaml")
         if not isinstance(raw, str):
             raise StackError(f"NeMo Gym head server {self.head_url} returned no config")
-        config = yaml.safe_load(raw)
-        if not isinstance(config, dict):
-            raise StackError(f"NeMo Gym head server {self.head_url} returned a malformed config")
-        return config
+        try:
+            return parse_config(raw, f"{self.head_url}/global_config_dict_yaml")
+        except ConfigError as e:
+            raise StackError(f"NeMo Gym head server returned a malformed config: {e}") from None
 
     # ----------------------------------------------------------------------------- logs
 

@@ -13,6 +13,8 @@ import signal
 from pathlib import Path
 
 from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.replay import Recording, ReplayIndex, load_recordings
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
@@ -24,9 +26,6 @@ def replay_index(
     `files` (labelled by stem). Raises ConfigError for unknown environments or bad files."""
     recordings: list[Recording] = []
     if envs:
-        from verifiers_nemogym.nemo.catalog import Catalog
-        from verifiers_nemogym.nemo.venv import ensure_venv
-
         catalog = Catalog(ensure_venv(nemo_gym_version, python))
         for name in envs:
             recordings += load_recordings(catalog.env(name).example_rollouts, name)

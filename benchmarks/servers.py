@@ -23,6 +23,7 @@ import sys
 from aiohttp import web
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.net import serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 
@@ -36,6 +37,15 @@ async def _until_stopped() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def _serve_until_stopped(app: web.Application) -> None:
+    runner, port = await serve_app(app)
+    _announce(url=f"http://127.0.0.1:{port}")
+    try:
+        await _until_stopped()
+    finally:
+        await runner.cleanup()
 
 
 async def policy() -> None:
@@ -59,15 +69,7 @@ async def bare() -> None:
     app = web.Application()
     app.router.add_get("/", health)
     app.router.add_post("/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-    await site.start()
-    _announce(url=f"http://127.0.0.1:{runner.addresses[0][1]}")
-    try:
-        await _until_stopped()
-    finally:
-        await runner.cleanup()
+    await _serve_until_stopped(app)
 
 
 async def forwarder(upstream: str) -> None:
@@ -86,15 +88,7 @@ async def forwarder(upstream: str) -> None:
 
         app = web.Application()
         app.router.add_post("/{tail:.*}", forward)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-        await site.start()
-        _announce(url=f"http://127.0.0.1:{runner.addresses[0][1]}")
-        try:
-            await _until_stopped()
-        finally:
-            await runner.cleanup()
+        await _serve_until_stopped(app)
 
 
 async def proxy() -> None:

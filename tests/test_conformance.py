@@ -107,7 +107,7 @@ async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):
 
     monkeypatch.setattr(conformance, "run_conformance", fake)
     names = [f"env{i}" for i in range(STACK_ENVS * 2 + 1)]
-    reports = await conformance._run_in_stacks([*names, "env0"], concurrency=1)
+    reports = await conformance.run_in_stacks([*names, "env0"], concurrency=1)
     assert [r.env for r in reports] == names
     assert [len(s) for s in stacks] == [STACK_ENVS, STACK_ENVS, 1]
 

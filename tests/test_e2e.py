@@ -74,6 +74,10 @@ async def test_vf_eval_runs_rollouts_on_a_real_stack(policy: ScriptedPolicy, tmp
     dumped = json.dumps(traces[0])
     assert "get_weather" in dumped and ANSWER in dumped
     check_calls(policy, traces)
+    # Stack start-up progress lands in the run's eval.log (the package's one logging hand-off).
+    (eval_log,) = (tmp_path / "out").glob("*/logs/latest/eval.log")
+    assert "starting NeMo Gym stack" in eval_log.read_text()
+    assert "NeMo Gym stack ready in" in eval_log.read_text()
     assert processes_with_env(tag) == []
 
 

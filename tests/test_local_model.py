@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.nemo.supervisor import processes_with_env
 from verifiers_nemogym.policies.local_model import (
     MARKER_ENV_VAR,
     LocalModelServer,
@@ -31,21 +32,6 @@ from verifiers_nemogym.policies.local_model import (
 
 ENV = "example_single_tool_call"
 ATTEMPTS = 2
-
-
-def processes_with_env(entry: str) -> list[int]:
-    """PIDs of live processes whose environment holds `entry` (`NAME=value`)."""
-    needle = entry.encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(int(proc.name))
-        except OSError:
-            continue  # exited meanwhile, or not ours to read
-    return found
 
 
 def wait_gone(pids: list[int] | int, seconds: float) -> bool:

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
-from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.catalog import (
+    AGENTS,
+    Catalog,
+    load_config,
+    server_blocks,
+    write_policy_placeholder,
+)
 from verifiers_nemogym.nemo.venv import (
     DEFAULT_NEMO_GYM_VERSION,
     NeMoGymVenv,
@@ -77,6 +83,25 @@ def test_catalog_lists_packaged_environments(catalog: Catalog) -> None:
     names = catalog.names()
     assert "example_single_tool_call" in names
     assert len(names) > 50
+
+
+def test_catalog_reads_configs_and_resolves_their_paths(catalog: Catalog, tmp_path: Path) -> None:
+    relative = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
+    path = catalog.config_path(relative)
+    assert path == catalog.root / relative and path.is_file()
+    assert catalog.config_path(str(path)) == path
+    blocks = server_blocks(load_config(path), AGENTS)
+    assert {name: impl for name, (impl, _) in blocks.items()} == {
+        "example_single_tool_call_simple_agent": "simple_agent"
+    }
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=f"^{listing}: a NeMo Gym config must be a YAML mapping"):
+        load_config(listing)
+    placeholder = load_config(write_policy_placeholder(tmp_path, "127.0.0.1", 4321))
+    ((name, (impl, settings)),) = server_blocks(placeholder, "responses_api_models").items()
+    assert (name, settings["host"], settings["port"]) == ("policy_model", "127.0.0.1", 4321)
+    assert (tmp_path / "responses_api_models" / impl / "requirements.txt").is_file()
 
 
 def test_catalog_env_and_dataset(catalog: Catalog) -> None:

@@ -4,8 +4,8 @@
 server, `NeMoGymEnv` owns the NeMo Gym stack of its process, and `NeMoGymModelProxy` routes every
 model call of a rollout to that rollout's verifiers endpoint.
 
-Names are imported lazily, so helper processes (`python -m verifiers_nemogym.nemo.supervisor`) start
-without importing verifiers.
+Names are imported lazily, so helper processes (the local model's child, `python -m
+verifiers_nemogym.policies.local_model`) start without importing verifiers.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ task fields every example row has is reported as a gap in the recording. Rows na
 `responses_create_params.metadata[REPLAY_KEY]`, which the replay policy uses only to tell apart
 recordings of the same prompt.
 
-`format_report` renders the per-environment table; `EnvReport.to_json` the `--json` form.
+`run_in_stacks` runs many environments on successive stacks; `format_report` renders the
+per-environment table; `EnvReport.to_json` the `--json` form. Printing them and the exit status
+are the CLI's (`nemo-gym-env conformance`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import asyncio
 import json
 import logging
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -476,7 +477,7 @@ def format_report(reports: Sequence[EnvReport]) -> str:
     return "\n".join(lines)
 
 
-async def _run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
+async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
     """`run_conformance` on successive stacks of at most `STACK_ENVS` environments (in order);
     a stack that fails to start fails the whole run, as with one stack."""
     names = list(dict.fromkeys(envs))
@@ -487,39 +488,3 @@ async def _run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]
             logger.info("conformance: stack %d/%d: %s", number, len(batches), ", ".join(batch))
         reports += await run_conformance(batch, **options)
     return reports
-
-
-def command(
-    envs: Sequence[str],
-    *,
-    as_json: bool,
-    strict: bool,
-    nemo_gym_version: str,
-    python: str | None,
-    concurrency: int,
-) -> int:
-    """`nemo-gym-env conformance`: run, print the table (or JSON); exit 1 on parity loss
-    with `strict`."""
-    chosen = list(envs) or list(DEFAULT_ENVS)
-    for noisy in ("httpx", "aiohttp.access"):  # one line per model call: drowns the progress
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # Progress goes to stderr (stdout is the report). Our own handler also keeps NeMoGymEnv
-    # from re-routing our logs to verifiers' logger, which has only a NullHandler here.
-    ours = logging.getLogger("verifiers_nemogym")
-    if not ours.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        ours.addHandler(handler)
-        ours.setLevel(logging.INFO)
-        ours.propagate = False
-    reports = asyncio.run(
-        _run_in_stacks(
-            chosen, nemo_gym_version=nemo_gym_version, python=python, concurrency=concurrency
-        )
-    )
-    if as_json:
-        print(json.dumps([r.to_json() for r in reports], indent=2))
-    else:
-        print(format_report(reports))
-    lost = any(not row.parity for r in reports for row in r.rows)
-    return 1 if strict and lost else 0

@@ -44,7 +44,6 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         await agents.agent.run(task)
 
     async def start(self) -> None:
-        _follow_verifiers_logging()
         taskset = cast(NeMoGymTaskset, self.taskset)
         config = taskset.config
         began = time.monotonic()
@@ -131,18 +130,3 @@ async def _watch(stack: NeMoGymStack, live: LiveStack) -> None:
             logger.error("NeMo Gym stack died; remaining rollouts fail: %s", e)
             live.fail(str(e))
             return
-
-
-def _follow_verifiers_logging() -> None:
-    """Send this package's logs where verifiers' CLIs send theirs (console and/or the run's
-    `eval.log`), so stack start-up progress shows up beside the rollouts. Without a CLI (no
-    handlers on verifiers' logger) the application's own logging setup applies."""
-    library = logging.getLogger("verifiers.v1")
-    ours = logging.getLogger("verifiers_nemogym")
-    # verifiers' library default is a NullHandler; only a CLI's real handlers are worth following.
-    handlers = [h for h in library.handlers if not isinstance(h, logging.NullHandler)]
-    if handlers and not ours.handlers:
-        for handler in handlers:
-            ours.addHandler(handler)
-        ours.setLevel(library.level)
-        ours.propagate = False

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf
-import yaml
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from verifiers.v1.dialects.responses import ResponsesDialect
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.live import LiveStack
-from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.catalog import Catalog, load_config
 from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
 
 logger = logging.getLogger(__name__)
@@ -141,14 +140,12 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
             known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
             for agent in {t.data.agent for t in self.load()} - known - {None}:
                 paths.extend(catalog.agent_env(agent).config_paths)
-        for extra in self.config.config_paths:
-            path = Path(extra).expanduser()
-            paths.append(path if path.is_absolute() else self.nemo_venv.site_packages / path)
+        paths.extend(catalog.config_path(extra) for extra in self.config.config_paths)
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise ConfigError(f"NeMo Gym config file(s) not found: {', '.join(missing)}")
         for path in paths:
-            check_yaml(path)
+            load_config(path)  # a YAML error names file:line:col before anything starts
         return list(dict.fromkeys(paths))
 
     def load(self) -> Iterator[NeMoGymTask]:
@@ -216,19 +213,6 @@ def parse_row(line: str, where: str, default_agent: str | None) -> NeMoGymData:
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"{where}: cannot read `responses_create_params.input`: {e}") from None
     return NeMoGymData(prompt=prompt, row=row, agent=agent, source=where)
-
-
-def check_yaml(path: Path) -> None:
-    """Raise ConfigError naming `path` and the position if it is not a YAML mapping."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where}: NeMo Gym config is not valid YAML ({problem})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a NeMo Gym config must be a YAML mapping of servers")
 
 
 def row_sampling(row: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import pydantic_core
 from aiohttp import web
 
 from verifiers_nemogym.bridge.responses import complete_response, incomplete_response
+from verifiers_nemogym.net import serve_app
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +102,7 @@ class NeMoGymModelProxy:
         app.router.add_get("/", self._health)
         app.router.add_post("/v1/{tail:.*}", self._forward)
         self._connector = aiohttp.TCPConnector(limit=self.limits.pool_size)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_app(app, self.host, self.port)
         logger.info("model proxy listening on %s", self.url)
 
     async def stop(self) -> None:

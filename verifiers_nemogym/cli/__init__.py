@@ -4,15 +4,22 @@ nemo-gym-env setup [--nemo-gym-version V] [--python P]   create the NeMo Gym run
 nemo-gym-env list                                         environments the runtime ships
 nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's recorded rollouts
 nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [-- ...]    vf-eval with a local CPU model
+nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
+nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
+
+The commands' printing, logging set-up and exit statuses live here (and in `local_eval.py`,
+`serve.py`, `logs.py`); the library below never prints, parses arguments or exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import asyncio
+import json
 import sys
 from pathlib import Path
 
+from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.errors import NeMoGymError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
@@ -45,7 +52,53 @@ def _parser() -> argparse.ArgumentParser:
         "--chat-template", default="fenced-json", help="fenced-json (default), model, or a file"
     )
     local.add_argument("-o", "--output-dir", type=Path, default=Path("outputs"))
+    serve = commands.add_parser("serve", help="run one of the package's model servers alone")
+    servers = serve.add_subparsers(dest="server", required=True)
+    scripted = servers.add_parser("scripted", help="calls the first tool once, then answers")
+    replay = servers.add_parser("replay", help="answers with NeMo Gym's recorded model turns")
+    replay.add_argument("--env", action="append", default=[], help="NeMo Gym environment name")
+    replay.add_argument(
+        "--rollouts", action="append", default=[], type=Path, help="recorded rollouts JSONL"
+    )
+    for server in (scripted, replay):  # always on 127.0.0.1
+        server.add_argument("--port", type=int, default=8000, help="0 picks a free one")
     return parser
+
+
+def _conformance(args: argparse.Namespace) -> int:
+    """Run, print the table (or JSON) on stdout; exit 1 on parity loss with `--strict`."""
+    from verifiers_nemogym.conformance import DEFAULT_ENVS, format_report, run_in_stacks
+
+    reports = asyncio.run(
+        run_in_stacks(
+            list(args.envs) or list(DEFAULT_ENVS),
+            nemo_gym_version=args.nemo_gym_version,
+            python=args.python,
+            concurrency=args.concurrency,
+        )
+    )
+    if args.json:
+        print(json.dumps([r.to_json() for r in reports], indent=2))
+    else:
+        print(format_report(reports))
+    lost = any(not row.parity for r in reports for row in r.rows)
+    return 1 if args.strict and lost else 0
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from verifiers_nemogym.cli.serve import replay_index, serve
+    from verifiers_nemogym.policies.replay import ReplayPolicy
+    from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+    if args.server == "scripted":
+        serve(ScriptedPolicy(port=args.port, record=False), "scripted policy")
+        return 0
+    if not args.env and not args.rollouts:
+        parser.error("serve replay: give at least one --env NAME or --rollouts FILE")
+    index = replay_index(args.env, args.rollouts, args.nemo_gym_version, args.python)
+    policy = ReplayPolicy(port=args.port, record=False, index=index)
+    serve(policy, f"replay policy ({len(index.recordings)} recordings)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,9 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     # eval-local passes everything after `--` to vf-eval untouched.
     passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    configure_cli_logging(timestamps=args.command == "conformance")
     try:
+        if args.command == "serve":
+            return _serve(args, parser)
+        if args.command == "conformance":
+            return _conformance(args)
+        # Also before eval-local starts its model: an unusable Python fails fast.
         runtime = ensure_venv(args.nemo_gym_version, args.python)
         if args.command == "setup":
             print(
@@ -64,17 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "list":
             print("\n".join(Catalog(runtime).names()))
-        elif args.command == "conformance":
-            from verifiers_nemogym.conformance import command
-
-            return command(
-                args.envs,
-                as_json=args.json,
-                strict=args.strict,
-                nemo_gym_version=args.nemo_gym_version,
-                python=args.python,
-                concurrency=args.concurrency,
-            )
         elif args.command == "eval-local":
             from verifiers_nemogym.cli.local_eval import LocalEvalOptions, run_local_eval
             from verifiers_nemogym.policies.local_model import chat_template_choice

@@ -1,9 +1,12 @@
 """What NeMo Gym environments a runtime ships, read from its files (no `nemo_gym` import).
 
 Contract: the only module that knows NeMo Gym's on-disk layout (`resources_servers/<env>/
-configs/*.yaml`, `data/*.jsonl`) and its server-config shape (`<instance>: {<server type>:
-{<impl>: {...}}}`).
-Everything else asks a `Catalog` for an `EnvSpec` and gets absolute paths back.
+configs/*.yaml`, `data/*.jsonl`, `responses_api_models/<impl>/`, relative config paths) and its
+server-config shape (`<instance>: {<server type>: {<impl>: {...}}}`), and the only one that
+reads NeMo Gym's config YAML (`load_config` for files, with `file:line:col` errors;
+`parse_config` for the running stack's merged config). Everything else asks a `Catalog` for an
+`EnvSpec` and gets absolute paths back, reads server blocks through `server_blocks`, and
+registers the external policy model with `write_policy_placeholder`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,26 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 RESOURCES_SERVERS = "resources_servers"
 AGENTS = "responses_api_agents"
+MODELS = "responses_api_models"
+POLICY_INSTANCE = "policy_model"
+"""The instance name NeMo Gym's agent configs reference as their model server."""
+PLACEHOLDER_IMPL = "vf_external_model"
+"""Folder of the placeholder model server we put in ng_run's cwd (cwd wins over the install)."""
+_PLACEHOLDER_APP = '''\
+"""Placeholder for an external policy model (verifiers-nemogym's proxy).
+
+NeMo Gym needs a process per configured server; the real model server is the proxy at the
+configured host/port, which agents call directly. This process only waits to be stopped.
+"""
+
+import signal
+import sys
+
+signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while True:
+    signal.pause()
+'''
 DATASET_KINDS = ("example", "train", "validation")
 
 
@@ -120,29 +143,78 @@ class EnvSpec:
         )
 
 
-def _load_yaml(path: Path) -> dict[str, Any]:
+def load_config(path: Path) -> dict[str, Any]:
+    """A NeMo Gym config YAML file as a mapping of server instances (an empty file is `{}`).
+
+    Raises ConfigError with one line naming the file and, for syntax errors, `file:line:col`."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read NeMo Gym config {path}: {exc}") from exc
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read NeMo Gym config {path}: {e.strerror or e}") from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, where: str) -> dict[str, Any]:
+    """NeMo Gym config YAML `text` (from `where`: a file, or the head server's URL for the
+    running stack's merged config) as a mapping. Errors name `where[:line:col]` and the YAML
+    problem, never the text itself (the merged config holds secrets in clear)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"{at}: NeMo Gym config is not valid YAML ({problem})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"NeMo Gym config {path} is not a mapping at the top level")
+        raise ConfigError(f"{where}: a NeMo Gym config must be a YAML mapping of servers")
     return data
 
 
-def _server_block(value: Any, server_type: str) -> tuple[str, dict[str, Any]] | None:
-    """(impl, settings) if `value` is `{server_type: {impl: {...entrypoint...}}}`."""
-    if not isinstance(value, dict) or not isinstance(value.get(server_type), dict):
-        return None
-    inner = value[server_type]
-    if len(inner) != 1:
-        return None
-    impl, settings = next(iter(inner.items()))
-    if not isinstance(settings, dict) or "entrypoint" not in settings:
-        return None
-    return str(impl), settings
+def server_blocks(
+    config: dict[str, Any], server_type: str
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Instance name -> (impl, settings) for every `<instance>: {server_type: {impl: {...}}}`
+    entry of `config` (a config file's or the running stack's merged config) whose settings
+    name an `entrypoint`; other entries (shared settings, other server types) are skipped."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name, value in config.items():
+        if not isinstance(value, dict) or not isinstance(value.get(server_type), dict):
+            continue
+        inner = value[server_type]
+        if len(inner) != 1:
+            continue
+        impl, settings = next(iter(inner.items()))
+        if isinstance(settings, dict) and "entrypoint" in settings:
+            found[str(name)] = (str(impl), settings)
+    return found
+
+
+def write_policy_placeholder(workdir: Path, host: str, port: int) -> Path:
+    """Register an external policy model at `host:port` for an `ng_run` started in `workdir`.
+
+    Writes a model-server folder `responses_api_models/<PLACEHOLDER_IMPL>/` (found because
+    NeMo Gym looks in its cwd first, for folders that have a requirements.txt) whose process
+    only waits to be stopped, and returns the config YAML that names it `policy_model` with that
+    host/port: agents then call the model at `host:port` directly. No patch to NeMo Gym."""
+    server_dir = workdir / MODELS / PLACEHOLDER_IMPL
+    server_dir.mkdir(parents=True, exist_ok=True)
+    (server_dir / "app.py").write_text(_PLACEHOLDER_APP)
+    (server_dir / "requirements.txt").write_text("# stdlib only; see app.py\n")
+    config = {
+        POLICY_INSTANCE: {
+            MODELS: {PLACEHOLDER_IMPL: {"entrypoint": "app.py", "host": host, "port": port}}
+        }
+    }
+    path = workdir / f"{PLACEHOLDER_IMPL}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def placeholder_server_venv(venv: NeMoGymVenv) -> Path:
+    """Where `ng_run` (with `+uv_venv_dir`) puts the placeholder model server's venv."""
+    return venv.server_venvs_dir / MODELS / PLACEHOLDER_IMPL / ".venv"
 
 
 def _source(entry: dict[str, Any], kind: str) -> dict[str, str] | None:
@@ -165,6 +237,12 @@ class Catalog:
     def __init__(self, venv: NeMoGymVenv) -> None:
         self.venv = venv
         self.root = venv.site_packages
+
+    def config_path(self, path: str | Path) -> Path:
+        """A config path as users give it: `~` expanded; relative paths are relative to the
+        NeMo Gym install (site-packages), where the packaged configs live."""
+        path = Path(path).expanduser()
+        return path if path.is_absolute() else self.root / path
 
     def names(self) -> list[str]:
         """Every resources server folder that has at least one config YAML, sorted."""
@@ -244,11 +322,7 @@ class Catalog:
 
     def _agents(self, config_path: Path) -> list[AgentSpec]:
         agents: list[AgentSpec] = []
-        for key, value in _load_yaml(config_path).items():
-            block = _server_block(value, AGENTS)
-            if block is None:
-                continue
-            impl, settings = block
+        for key, (impl, settings) in server_blocks(load_config(config_path), AGENTS).items():
             datasets = [
                 self._dataset(d, config_path)
                 for d in settings.get("datasets") or []

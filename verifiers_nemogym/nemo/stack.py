@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,20 +27,24 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
-import yaml
 
-from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.catalog import (
+    AGENTS,
+    POLICY_INSTANCE,
+    parse_config,
+    placeholder_server_venv,
+    server_blocks,
+    write_policy_placeholder,
+)
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, uv_cache_dir
+from verifiers_nemogym.net import free_port
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MARKER_ENV_VAR", "NeMoGymStack", "processes_with_marker"]
 
-POLICY_INSTANCE = "policy_model"
-"""The instance name NeMo Gym's agent configs reference as their model server."""
-PLACEHOLDER_IMPL = "vf_external_model"
-"""Folder of the placeholder model server we put in ng_run's cwd (cwd wins over the install)."""
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 # `RunHelper.wait_for_spinup` prints this once every server answered its `GET /`. Signalling
 # ng_run before this line makes it exit without running its own shutdown.
@@ -52,28 +55,6 @@ _CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
-
-_PLACEHOLDER_APP = '''\
-"""Placeholder for an external policy model (verifiers-nemogym's proxy).
-
-NeMo Gym needs a process per configured server; the real model server is the proxy at the
-configured host/port, which agents call directly. This process only waits to be stopped.
-"""
-
-import signal
-import sys
-
-signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-while True:
-    signal.pause()
-'''
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _hydra_list(paths: list[Path]) -> str:
@@ -152,7 +133,7 @@ class NeMoGymStack:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="vf-nemogym-stack-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        policy_config = self._write_placeholder()
+        policy_config = write_policy_placeholder(self.workdir, self.policy_host, self.policy_port)
         # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
         self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
         await self._acquire_build_lock_if_cold(deadline)
@@ -162,13 +143,11 @@ class NeMoGymStack:
         # before the packages were in (`No module named fastapi`), and it would reuse venvs an
         # interrupted start left half-installed.
         warm = self._warm_stamp().exists()
-        placeholder_venv = (
-            self.venv.server_venvs_dir / "responses_api_models" / PLACEHOLDER_IMPL / ".venv"
-        )
+        placeholder_venv = placeholder_server_venv(self.venv)
         if not warm and placeholder_venv.is_symlink():
             placeholder_venv.unlink()  # older releases linked it to the runtime venv
 
-        head_port = _free_port()
+        head_port = free_port()
         self.head_url = f"http://127.0.0.1:{head_port}"
         command = [
             str(self.venv.bin("ng_run")),
@@ -212,7 +191,11 @@ class NeMoGymStack:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             await self._wait_ready(session, started, deadline)
             config = await self._fetch_config(session)
-        self.agents = self._agent_urls(config)
+        self.agents = {
+            name: f"http://{settings['host']}:{settings['port']}"
+            for name, (_, settings) in server_blocks(config, AGENTS).items()
+            if settings.get("host") and settings.get("port")
+        }
         if not self.agents:
             raise StackError(
                 f"NeMo Gym started but its config defines no agent server "
@@ -220,30 +203,6 @@ class NeMoGymStack:
             )
         self._mark_warm()
         self._release_build_lock()
-
-    def _write_placeholder(self) -> Path:
-        """Way A: a model server dir in ng_run's cwd whose process only waits; agents reach
-        `policy_model` at host/port = our proxy. No patch to NeMo Gym, no extra hop."""
-        assert self.workdir is not None
-        server_dir = self.workdir / "responses_api_models" / PLACEHOLDER_IMPL
-        server_dir.mkdir(parents=True, exist_ok=True)
-        (server_dir / "app.py").write_text(_PLACEHOLDER_APP)
-        # NeMo Gym only looks in the cwd for a server dir that has a requirements.txt.
-        (server_dir / "requirements.txt").write_text("# stdlib only; see app.py\n")
-        config = {
-            POLICY_INSTANCE: {
-                "responses_api_models": {
-                    PLACEHOLDER_IMPL: {
-                        "entrypoint": "app.py",
-                        "host": self.policy_host,
-                        "port": self.policy_port,
-                    }
-                }
-            }
-        }
-        path = self.workdir / f"{PLACEHOLDER_IMPL}.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
 
     def _warm_stamp(self) -> Path:
         key = json.dumps(sorted(map(str, self.config_paths))).encode()
@@ -361,22 +320,10 @@ class NeMoGymStack:
         raw = await self._get_json(session, f"{self.head_url}/global_config_dict_yaml")
         if not isinstance(raw, str):
             raise StackError(f"NeMo Gym head server {self.head_url} returned no config")
-        config = yaml.safe_load(raw)
-        if not isinstance(config, dict):
-            raise StackError(f"NeMo Gym head server {self.head_url} returned a malformed config")
-        return config
-
-    @staticmethod
-    def _agent_urls(config: dict[str, Any]) -> dict[str, str]:
-        agents: dict[str, str] = {}
-        for name, value in config.items():
-            block = value.get("responses_api_agents") if isinstance(value, dict) else None
-            if not isinstance(block, dict) or len(block) != 1:
-                continue
-            settings = next(iter(block.values()))
-            if isinstance(settings, dict) and settings.get("host") and settings.get("port"):
-                agents[str(name)] = f"http://{settings['host']}:{settings['port']}"
-        return agents
+        try:
+            return parse_config(raw, f"{self.head_url}/global_config_dict_yaml")
+        except ConfigError as e:
+            raise StackError(f"NeMo Gym head server returned a malformed config: {e}") from None
 
     # ----------------------------------------------------------------------------- logs
 

@@ -11,6 +11,11 @@ SIGTERM/SIGINT, the owner disappearing (re-parenting), or the command exiting al
 teardown: SIGINT to the command's process group (NeMo Gym's own graceful shutdown), then SIGTERM
 and SIGKILL to every process whose environment carries the marker, whatever session it moved to.
 Exit status: the command's exit status, or 0 if it was stopped by the teardown.
+
+Its argument parsing and exit stay here rather than in `verifiers_nemogym.cli`: it is a program
+of its own, run by file path with `python -I`, that must not import the package (or anything
+outside the standard library). `processes_with_env` is also the package's, the tests' and the
+benchmarks' one scan for processes by an environment entry.
 """
 
 from __future__ import annotations

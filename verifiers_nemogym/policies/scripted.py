@@ -3,7 +3,7 @@
 For smoke tests, CI and benchmarks, where a real model would only add noise: instant,
 deterministic, loopback-only. It records every call (body and verifiers' `X-Session-ID`), so a
 test can check which rollout each call belonged to. Run it alone with
-`python -m verifiers_nemogym.policies.scripted --port 8000`.
+`nemo-gym-env serve scripted --port 8000`.
 
 Fault injection, for tests: a request whose first user message contains `[fault:MODE]` gets
 MODE = `500` or `429` (that HTTP error), `garbage` (200 with a body that is not JSON), `hang`
@@ -12,9 +12,7 @@ MODE = `500` or `429` (that HTTP error), `garbage` (200 with a body that is not 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import re
@@ -24,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from verifiers_nemogym.bridge.responses import complete_response
+from verifiers_nemogym.net import serve_app
 
 ANSWER = "Done: I looked it up for you."
 _FAULT = re.compile(r"\[fault:(\w+)\]")
@@ -103,13 +102,7 @@ class ScriptedPolicy:
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         # Hung `[fault:hang]` handlers must not hold up shutdown.
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=1.0
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_app(app, self.host, self.port, shutdown_timeout=1.0)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -183,22 +176,3 @@ def _message(item_id: str, text: str) -> dict[str, Any]:
         "status": "completed",
         "content": [{"type": "output_text", "text": text, "annotations": []}],
     }
-
-
-async def _serve(host: str, port: int) -> None:
-    async with ScriptedPolicy(host, port, record=False) as policy:
-        print(f"scripted policy on {policy.base_url}", flush=True)
-        await asyncio.Event().wait()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.host, args.port))
-
-
-if __name__ == "__main__":
-    main()

@@ -2,6 +2,10 @@
 
 Exports exactly one Taskset, Harness and Env (verifiers' discovery rule) plus `load_environment`,
 the short form of `vf.load_environment(vf.resolve_env_config({"taskset": {...}}))`.
+
+Importing this module hands the package's logging to verifiers' logger (see
+`verifiers_nemogym.cli.logs`): verifiers' CLIs import it before they set up their handlers, and
+this is the one import every way of loading the env goes through.
 """
 
 from __future__ import annotations
@@ -11,8 +15,11 @@ from typing import Any
 import verifiers.v1 as vf
 
 from verifiers_nemogym import NeMoGymEnv, NeMoGymHarness, NeMoGymTaskset
+from verifiers_nemogym.cli.logs import follow_verifiers_logging
 
 ENV_ID = "nemo-gym-env"
+
+follow_verifiers_logging()
 
 
 def load_environment(**taskset: Any) -> NeMoGymEnv:

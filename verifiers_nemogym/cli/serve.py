@@ -1,0 +1,60 @@
+"""`nemo-gym-env serve scripted|replay`: one of the package's model servers, alone, until Ctrl-C.
+
+Contract: `serve(policy)` starts `policy` (a `ScriptedPolicy` or `ReplayPolicy`), writes one line
+naming its base URL to stdout, and serves until SIGINT or SIGTERM; then it stops the server and
+returns. `replay_index(...)` loads the recordings a replay server answers from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import ensure_venv
+from verifiers_nemogym.policies.replay import Recording, ReplayIndex, load_recordings
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+
+def replay_index(
+    envs: list[str], files: list[Path], nemo_gym_version: str, python: str | None
+) -> ReplayIndex:
+    """The recorded rollouts of NeMo Gym environments `envs` (labelled by name) and of JSONL
+    `files` (labelled by stem). Raises ConfigError for unknown environments or bad files."""
+    recordings: list[Recording] = []
+    if envs:
+        catalog = Catalog(ensure_venv(nemo_gym_version, python))
+        for name in envs:
+            recordings += load_recordings(catalog.env(name).example_rollouts, name)
+    for path in files:
+        recordings += load_recordings(path)
+    return ReplayIndex(recordings)
+
+
+async def _serve(policy: ScriptedPolicy, what: str) -> None:
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopped.set)
+    try:
+        await policy.start()
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)  # aiohttp's strerror is long
+        raise ConfigError(
+            f"cannot listen on {policy.host}:{policy.port} ({reason}); "
+            "choose another --port (0 picks a free one)"
+        ) from None
+    try:
+        print(f"{what} on {policy.base_url}", flush=True)
+        await stopped.wait()
+    finally:
+        await policy.stop()
+
+
+def serve(policy: ScriptedPolicy, what: str) -> None:
+    """Serve `policy` until SIGINT/SIGTERM; `what` names it in the line written to stdout.
+    A port that cannot be bound raises ConfigError."""
+    asyncio.run(_serve(policy, what))

@@ -17,6 +17,7 @@ import verifiers.v1 as vf
 from verifiers.v1.configs.client import EvalClientConfig
 
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
 
 ENV = "example_single_tool_call"
@@ -81,10 +82,25 @@ async def test_vf_eval_runs_rollouts_on_a_real_stack(policy: ScriptedPolicy, tmp
     assert processes_with_env(tag) == []
 
 
-async def test_python_api_runs_episodes_and_stops_cleanly(policy: ScriptedPolicy):
+def _load_env(runtime: NeMoGymVenv, **options: Any) -> Any:
+    """nemo-gym-env on `runtime` (the fixture's: a 0.7.0 runtime below its Python floor needs
+    the fixture's environment for NeMo Gym's per-server installs)."""
     import nemo_gym_env
 
-    env = nemo_gym_env.load_environment(nemo_env=ENV)
+    env = nemo_gym_env.load_environment(
+        nemo_env=ENV,
+        nemo_gym_version=runtime.nemo_gym_version,
+        python=str(runtime.python),
+        **options,
+    )
+    env.taskset._nemo_venv = runtime
+    return env
+
+
+async def _run_all(env: Any, policy: ScriptedPolicy) -> tuple[list[Any], int, dict[str, str]]:
+    """Every task once inside `env.serving()`: the episodes (all ok, no process left), how
+    many model calls reached the proxy as `/ng-rollout/<id>/v1/...`, and where each agent's
+    `/run` went (`NeMoGymStack.run_urls`, for agents whose URL differs)."""
     tasks = list(env.taskset)
     client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
     ctx = vf.ModelContext(model="scripted", client=client)
@@ -92,8 +108,46 @@ async def test_python_api_runs_episodes_and_stops_cleanly(policy: ScriptedPolicy
         marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
         assert processes_with_env(marker) != []
         eps = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
-    assert [e.ok for e in eps] == [True] * len(tasks)
-    traces = [t for e in eps for t in e.traces]
-    assert [t.reward for t in traces] == [1.0] * len(tasks)
-    check_calls(policy, [t.model_dump() for t in traces])
+        prefixed = env._proxy.rollout_path_calls
+        stack = env._stack
+        relayed = {a: u for a, u in stack.run_urls.items() if u != stack.agents[a]}
+        assert set(stack.servers.values()) >= set(stack.run_urls.values())
+    assert [e.ok for e in eps] == [True] * len(tasks), [e.errors for e in eps if not e.ok][:2]
     assert processes_with_env(marker) == []
+    return eps, prefixed, relayed
+
+
+async def test_python_api_runs_episodes_and_stops_cleanly(
+    policy: ScriptedPolicy, any_nemo_venv: NeMoGymVenv
+):
+    env = _load_env(any_nemo_venv)
+    eps, prefixed, relayed = await _run_all(env, policy)
+    traces = [t for e in eps for t in e.traces]
+    assert [t.reward for t in traces] == [1.0] * len(eps)
+    check_calls(policy, [t.model_dump() for t in traces])
+    assert prefixed == 0  # observability is off by default
+    if any_nemo_venv.nemo_gym_version == "0.7.0":
+        # NeMo Gym 0.7's own path: /run goes to the environment server fronting the agent.
+        assert list(relayed) == [f"{ENV}_simple_agent"]
+        info = traces[0].info["nemo_gym"]
+        assert info["mask_sample"] is False
+        assert "mask_sample" not in traces[0].metrics  # a boolean is not a metric
+    else:
+        assert relayed == {}
+
+
+async def test_observability_on_routes_rollout_prefixed_model_calls(
+    policy: ScriptedPolicy, nemo_venv_07: NeMoGymVenv, tmp_path: Path
+):
+    """With NeMo Gym 0.7's observability on, agents call `/ng-rollout/<id>/v1/responses`; the id
+    is our route id (the row's `_ng_rollout_id`), so every call still reaches its rollout."""
+    extra = tmp_path / "observability.yaml"
+    extra.write_text("observability_enabled: true\n")
+    env = _load_env(nemo_venv_07, config_paths=[str(extra)])
+    eps, prefixed, _ = await _run_all(env, policy)
+    traces = [t for e in eps for t in e.traces]
+    assert [t.reward for t in traces] == [1.0] * len(eps)
+    check_calls(policy, [t.model_dump() for t in traces])
+    assert prefixed == len(policy.calls) == 2 * len(eps)
+    # NeMo Gym's trajectory echo stays out of the trace unless asked for.
+    assert "ng_trajectory" not in traces[0].info["nemo_gym"]

@@ -71,7 +71,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             start_timeout=config.start_timeout,
         )
         await self._stack.start()
-        agents = dict(self._stack.agents)
+        # Rollouts post `/run` where NeMo Gym's own collection does (an environment server
+        # fronting the agent on NeMo Gym >= 0.7, else the agent).
+        agents = dict(self._stack.run_urls)
         if unknown := sorted(str(a) for a in wanted - agents.keys()):
             raise ConfigError(
                 f"rows name agent(s) {', '.join(unknown)} that the stack does not have "

@@ -17,6 +17,7 @@ import aiohttp
 import verifiers.v1 as vf
 from verifiers.v1.runtimes import ProgramResult
 
+from verifiers_nemogym.bridge.proxy import ROLLOUT_ID_KEY, ROUTE_KEY
 from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
@@ -70,10 +71,14 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
 
 def tag_row(row: dict[str, Any], routing: dict[str, str]) -> dict[str, Any]:
     """A copy of `row` with `routing` (`NeMoGymModelProxy.metadata`) added to
-    `responses_create_params.metadata`, which NeMo Gym forwards on every model call."""
+    `responses_create_params.metadata`, which NeMo Gym forwards on every model call, and the
+    route id as the row's rollout id (`ROLLOUT_ID_KEY`), which NeMo Gym >= 0.7 puts in the
+    path of model calls when observability is on."""
     params = row["responses_create_params"]
     metadata = {**(params.get("metadata") or {}), **routing}
-    return {**row, "responses_create_params": {**params, "metadata": metadata}}
+    tagged = {**row, "responses_create_params": {**params, "metadata": metadata}}
+    tagged[ROLLOUT_ID_KEY] = routing[ROUTE_KEY]
+    return tagged
 
 
 async def _post_run(

@@ -19,10 +19,12 @@ from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 
 @dataclass(eq=False)
 class LiveStack:
-    """The model proxy, the agents' base URLs by instance name, and one HTTP client for `/run`."""
+    """The model proxy, where each agent's rollouts go, and one HTTP client for `/run`."""
 
     proxy: NeMoGymModelProxy
     agents: dict[str, str]
+    """Agent instance name -> base URL its rollouts' `POST /run` goes to (`NeMoGymStack.run_urls`:
+    the environment server fronting it on NeMo Gym >= 0.7, else the agent)."""
     http: aiohttp.ClientSession
     run_timeout: float
     """Seconds one `/run` may take (`--env.taskset.task.run-timeout`)."""

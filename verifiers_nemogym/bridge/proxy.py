@@ -14,6 +14,7 @@ import collections
 import contextlib
 import hmac
 import logging
+import re
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,6 +34,11 @@ ROUTE_KEY = "vf_nemogym_route"
 SECRET_KEY = "vf_nemogym_secret"
 """Metadata key (or `Authorization: Bearer` header) carrying the proxy's secret."""
 ROUTE_HEADER = "X-VF-NeMoGym-Route"
+ROLLOUT_ID_KEY = "_ng_rollout_id"
+"""Row key NeMo Gym (>= 0.7) reads as the rollout's id: with observability or token capture on,
+its agents call the policy at `/ng-rollout/<id>/v1/...`. Tagged rows carry the route id there."""
+ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""What NeMo Gym accepts as a rollout id (a path segment); every route id matches it."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,8 @@ class NeMoGymModelProxy:
         self.limits = limits or ProxyLimits()
         self.calls = 0
         """Model calls forwarded upstream since start (any outcome)."""
+        self.rollout_path_calls = 0
+        """Of those, calls that arrived as `/ng-rollout/<id>/v1/...`."""
         self._routes: dict[str, _Route] = {}
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._runner: web.AppRunner | None = None
@@ -101,6 +109,8 @@ class NeMoGymModelProxy:
         app = web.Application(client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/", self._health)
         app.router.add_post("/v1/{tail:.*}", self._forward)
+        # NeMo Gym >= 0.7 with observability on prefixes model calls with the rollout's id.
+        app.router.add_post("/ng-rollout/{rollout_id}/v1/{tail:.*}", self._forward)
         self._connector = aiohttp.TCPConnector(limit=self.limits.pool_size)
         self._runner, self.port = await serve_app(app, self.host, self.port)
         logger.info("model proxy listening on %s", self.url)
@@ -130,7 +140,10 @@ class NeMoGymModelProxy:
         with `Authorization: Bearer <secret>`. Each route keeps its own cookies."""
         if self._connector is None:
             raise RuntimeError("NeMoGymModelProxy.open_route() before start()")
-        route_id = route_id or secrets.token_urlsafe(16)
+        # Hex: a route id is also NeMo Gym's rollout id, a path segment (ROLLOUT_ID_PATTERN).
+        route_id = route_id or secrets.token_hex(16)
+        if not ROLLOUT_ID_PATTERN.match(route_id):
+            raise ValueError(f"route id {route_id!r} does not match {ROLLOUT_ID_PATTERN.pattern}")
         if route_id in self._routes:
             raise ValueError(f"route {route_id!r} is already open")
         session = aiohttp.ClientSession(
@@ -196,7 +209,11 @@ class NeMoGymModelProxy:
         secret = metadata.pop(SECRET_KEY, None) or _bearer(request)
         if not isinstance(secret, str) or not hmac.compare_digest(secret, self.secret):
             return _error(401, "missing or wrong proxy secret", "unauthorized")
-        route_id = metadata.pop(ROUTE_KEY, None) or request.headers.get(ROUTE_HEADER)
+        path_id = request.match_info.get("rollout_id")
+        if path_id is not None and not ROLLOUT_ID_PATTERN.match(path_id):
+            return _error(404, f"malformed rollout id {path_id!r} in path", "unknown_route")
+        # The path's rollout id is the route id we tagged the row with (`ROLLOUT_ID_KEY`).
+        route_id = metadata.pop(ROUTE_KEY, None) or request.headers.get(ROUTE_HEADER) or path_id
         route = self._routes.get(route_id) if isinstance(route_id, str) else None
         if route is None:
             if route_id in self._finished:
@@ -206,6 +223,7 @@ class NeMoGymModelProxy:
             del body["metadata"]  # it held only our routing keys
         route.calls += 1
         self.calls += 1
+        self.rollout_path_calls += path_id is not None
         return await self._call(route, request.match_info["tail"], body)
 
     async def _call(self, route: _Route, tail: str, body: dict[str, Any]) -> web.Response:

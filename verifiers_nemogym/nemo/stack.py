@@ -1,9 +1,13 @@
-"""One NeMo Gym server stack (`ng_run` from the runtime venv) whose policy model is our proxy.
+"""One NeMo Gym server stack (`ng_run`, or `gym env start` on NeMo Gym >= 0.7, from the runtime
+venv) whose policy model is our proxy.
 
-Contract: `await start()` returns once every server answers HTTP and `ng_run` reported them ready,
-or raises StackError with nothing left running; `agents` then maps agent instance names to base
-URLs. `await stop()` is idempotent and takes the whole process tree down; if the owning process
-dies instead, the supervisor (supervisor.py) does the same. Stacks share no state in this module.
+Contract: `await start()` returns once every server answers HTTP and NeMo Gym reported them ready
+(its ready line; on >= 0.7 the head server's `/readyz`), or raises StackError with nothing left
+running; `agents` then maps agent instance names to base URLs and `run_urls` maps them to the
+server a rollout's `POST /run` goes to (the environment server fronting the agent on >= 0.7, as
+NeMo Gym's own rollout collection does; else the agent). `await stop()` is idempotent and takes
+the whole process tree down; if the owning process dies instead, the supervisor (supervisor.py)
+does the same. Stacks share no state in this module.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     POLICY_INSTANCE,
+    RESOURCES_SERVERS,
+    load_config,
     parse_config,
     placeholder_server_venv,
     server_blocks,
@@ -53,8 +59,26 @@ _DIED_LINE = re.compile(r"Process `([^`]+)` finished unexpectedly")
 _SERVER_LINE = re.compile(r"^\([\w.-]+\) ")
 _CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
+# NeMo Gym 0.7: environment servers front agents; its rollout collection posts `/run` to them.
+ENVIRONMENT_SERVERS = "environment_servers"
+# A resources server may restrict which model-server types its agents may use (NeMo Gym 0.7).
+_ALLOWED_MODEL_TYPES = "allowed_model_types"
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
+
+
+def _version_at_least(version: str, floor: tuple[int, int]) -> bool:
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    return parts >= floor
+
+
+def _addresses(blocks: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """Instance name -> base URL for server blocks (`server_blocks`) that have an address."""
+    return {
+        name: f"http://{settings['host']}:{settings['port']}"
+        for name, (_, settings) in blocks.items()
+        if settings.get("host") and settings.get("port")
+    }
 
 
 def _hydra_list(paths: list[Path]) -> str:
@@ -96,7 +120,13 @@ class NeMoGymStack:
         self.workdir = Path(workdir) if workdir is not None else None
         self.marker = uuid.uuid4().hex
         self.agents: dict[str, str] = {}
+        self.run_urls: dict[str, str] = {}
+        """Agent instance name -> base URL of the server its rollouts' `POST /run` goes to: the
+        one environment server fronting it (NeMo Gym >= 0.7), else the agent itself."""
         self.head_url = ""
+        self.gym_07 = _version_at_least(venv.nemo_gym_version, (0, 7))
+        """NeMo Gym >= 0.7: `gym env start`, `server_spinup_timeout_seconds`, head `/readyz`,
+        model-type pairing checks, environment servers (all verified on 0.7.0)."""
         self.servers: dict[str, str] = {}
         """Every NeMo Gym server instance name -> base URL (including policy_model)."""
         self._proc: subprocess.Popen[bytes] | None = None
@@ -149,8 +179,14 @@ class NeMoGymStack:
 
         head_port = free_port()
         self.head_url = f"http://127.0.0.1:{head_port}"
+        # `ng_run` is a deprecated shim for `gym env start` from 0.7 on (same overrides).
+        start = (
+            [str(self.venv.bin("gym")), "env", "start"]
+            if self.gym_07
+            else [str(self.venv.bin("ng_run"))]
+        )
         command = [
-            str(self.venv.bin("ng_run")),
+            *start,
             f"+config_paths={_hydra_list([*self.config_paths, policy_config])}",
             "+head_server.host=127.0.0.1",
             f"+head_server.port={head_port}",
@@ -160,6 +196,8 @@ class NeMoGymStack:
             f"+skip_venv_if_present={str(warm).lower()}",
             f"+uv_cache_dir={uv_cache_dir()}",
         ]
+        if self.gym_07:
+            command.extend(self._gym_07_overrides(deadline))
         env = self.venv.env(self._ray_tmpdir)
         if self.fast_start:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
@@ -191,11 +229,13 @@ class NeMoGymStack:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             await self._wait_ready(session, started, deadline)
             config = await self._fetch_config(session)
-        self.agents = {
-            name: f"http://{settings['host']}:{settings['port']}"
-            for name, (_, settings) in server_blocks(config, AGENTS).items()
-            if settings.get("host") and settings.get("port")
-        }
+        self.agents = _addresses(server_blocks(config, AGENTS))
+        self.run_urls = dict(self.agents)
+        for name, (_, settings) in server_blocks(config, ENVIRONMENT_SERVERS).items():
+            agent = settings.get("agent_server")
+            url = _addresses({name: ("", settings)}).get(name)
+            if isinstance(agent, dict) and agent.get("name") in self.agents and url:
+                self.run_urls[str(agent["name"])] = url
         if not self.agents:
             raise StackError(
                 f"NeMo Gym started but its config defines no agent server "
@@ -203,6 +243,33 @@ class NeMoGymStack:
             )
         self._mark_warm()
         self._release_build_lock()
+
+    def _gym_07_overrides(self, deadline: float) -> list[str]:
+        """Overrides only NeMo Gym >= 0.7 knows."""
+        # NeMo Gym's own start deadline (default 600 s) would otherwise cut ours short, or
+        # outlive it: give it what is left of ours, so both end the start at the same time.
+        left = max(1, int(deadline - time.monotonic()) + 1)
+        overrides = [f"+server_spinup_timeout_seconds={left}"]
+        if restricted := self._model_type_restrictions():
+            # Our placeholder is not a model adapter NeMo Gym knows: it only points agents at
+            # the proxy, which relays to whatever model verifiers evaluates. The resources
+            # server's check (e.g. an audio-capable adapter) is then the user's to satisfy.
+            self.log.info(
+                "resources servers %s accept only some model types; the policy is verifiers' "
+                "model behind the proxy, so NeMo Gym's pairing check is switched off "
+                "(+allow_unsupported_pairing=true)",
+                ", ".join(restricted),
+            )
+            overrides.append("+allow_unsupported_pairing=true")
+        return overrides
+
+    def _model_type_restrictions(self) -> list[str]:
+        """Resources servers of our configs that declare `allowed_model_types`."""
+        found: list[str] = []
+        for path in self.config_paths:
+            blocks = server_blocks(load_config(path), RESOURCES_SERVERS)
+            found.extend(name for name, (_, s) in blocks.items() if s.get(_ALLOWED_MODEL_TYPES))
+        return sorted(set(found))
 
     def _warm_stamp(self) -> Path:
         key = json.dumps(sorted(map(str, self.config_paths))).encode()
@@ -263,7 +330,7 @@ class NeMoGymStack:
             for name, url in self.servers.items():
                 if name not in up and await self._answers(session, url):
                     up.add(name)
-            ready_line = ready_line or bool(_READY_LINE.search(self._read_log()))
+            ready_line = ready_line or await self._head_ready(session)
             # NeMo Gym only notices at its next 3 s poll what our 0.5 s poll already saw.
             if (ready_line or self.fast_start) and self.servers and up == set(self.servers):
                 return
@@ -277,6 +344,18 @@ class NeMoGymStack:
                 last_progress = now
                 self.log.info("NeMo Gym stack: %s, %.0f s", self._progress(up), now - started)
             await asyncio.sleep(0.5)
+
+    async def _head_ready(self, session: aiohttp.ClientSession) -> bool:
+        """Whether NeMo Gym itself found every server ready: the head server's `/readyz` on
+        >= 0.7, else its ready line in the log."""
+        if self.gym_07:
+            try:
+                async with session.get(f"{self.head_url}/readyz") as response:
+                    await response.read()
+                    return response.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+        return bool(_READY_LINE.search(self._read_log()))
 
     def _progress(self, up: set[str]) -> str:
         if not self.servers:

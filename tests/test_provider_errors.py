@@ -142,7 +142,9 @@ async def test_turn_limit_stop_keeps_reward_through_vf_eval(policy: ScriptedPoli
     assert await gone(tag) == []
     traces_files = list(out.rglob("traces.jsonl"))
     assert len(traces_files) == 1, traces_files
-    traces = [json.loads(line) for line in traces_files[0].read_text().splitlines()]
+    episodes = [json.loads(line) for line in traces_files[0].read_text().splitlines()]
+    assert [e["ok"] for e in episodes] == [True] * 3
+    traces = [t for e in episodes for t in e["traces"]]
     assert len(traces) == 3
     for trace in traces:
         assert trace["ok"] is True and trace["errors"] == [], trace["errors"]

@@ -74,9 +74,10 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
 
 
 def _stop_condition(trace: vf.Trace) -> str | None:
-    """verifiers' stop condition of a rollout still in good standing: every refusal of a model
-    call by verifiers (turn limit, `@vf.stop`) sets it before the refusal is sent."""
-    return trace.stop_condition if trace.ok else None
+    """verifiers' stop condition of the rollout: every refusal of a model call by verifiers (turn
+    limit, `@vf.stop`) sets it before the refusal is sent, and nothing else sets it while the
+    harness runs (`trace.ok` is no guide: it stays False until the rollout is scored)."""
+    return trace.stop_condition
 
 
 async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) -> dict[str, Any]:

@@ -112,7 +112,7 @@ class Route:
         self.endpoint = endpoint
         self.bearer = bearer
         self.session = session
-        self.tag_value = RouteTag(route_id, proxy_secret)
+        self.route_tag = RouteTag(route_id, proxy_secret)
         self.stop_condition = stop_condition
         self.calls = 0
         """Model calls this route forwarded (any outcome)."""
@@ -122,11 +122,11 @@ class Route:
 
     def tag(self, row: dict[str, Any]) -> dict[str, Any]:
         """`RouteTag.tag` for this route."""
-        return self.tag_value.tag(row)
+        return self.route_tag.tag(row)
 
     def metadata(self) -> dict[str, str]:
         """`RouteTag.metadata` for this route."""
-        return self.tag_value.metadata()
+        return self.route_tag.metadata()
 
     def stopped(self) -> str | None:
         """verifiers' stop condition for this rollout, if it stopped (None without a source)."""

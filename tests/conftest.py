@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
@@ -11,3 +13,36 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 def nemo_venv() -> NeMoGymVenv:
     """The NeMo Gym 0.4.0 runtime venv; the first test run creates it (about a minute)."""
     return ensure_venv()
+
+
+class SecretWatch:
+    """Collects the secrets of a running nemo-gym-env (the proxy's, and every rollout's bearer
+    secret as its route opens) so a test can check that none reached a trace, log or error.
+    It only observes: `open_route` still runs unchanged."""
+
+    def __init__(self) -> None:
+        self.secrets: set[str] = set()
+
+    def watch(self, env: Any) -> None:
+        """Start watching `env`, inside its `serving()` block."""
+        proxy = env.taskset.config.task._live.proxy
+        self.secrets.add(proxy.secret)
+        original = proxy.open_route
+
+        def open_route(endpoint: str, secret: str, *args: Any, **kwargs: Any) -> Any:
+            self.secrets.add(secret)
+            return original(endpoint, secret, *args, **kwargs)
+
+        proxy.open_route = open_route
+
+    def assert_absent(self, texts: dict[str, str]) -> None:
+        """No watched secret occurs in any of `texts` (name -> text)."""
+        assert len(self.secrets) > 1, "no rollout was watched"
+        for name, text in texts.items():
+            for secret in self.secrets:
+                assert secret not in text, f"a secret leaked into {name}"
+
+
+@pytest.fixture
+def secret_watch() -> SecretWatch:
+    return SecretWatch()

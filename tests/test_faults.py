@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -112,7 +113,10 @@ def errors(episode: vf.Episode) -> str:
     return " | ".join(messages)
 
 
-async def test_model_faults_fail_only_their_own_rollouts(policy: ScriptedPolicy, tmp_path: Path):
+async def test_model_faults_fail_only_their_own_rollouts(
+    policy: ScriptedPolicy, tmp_path: Path, secret_watch: Any, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.DEBUG)
     faults = ["[fault:500] a", "[fault:429] b", "[fault:garbage] c", "[fault:hang] d"]
     texts = [f"weather in city {i}?" for i in range(6)] + faults
     env = nemo_gym_env.load_environment(
@@ -121,6 +125,7 @@ async def test_model_faults_fail_only_their_own_rollouts(policy: ScriptedPolicy,
     )
     tasks = list(env.taskset)
     async with env.serving():
+        secret_watch.watch(env)
         marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
         eps = await run_all(env, context(policy), tasks, concurrency=16)
     assert len(eps) == len(texts)  # none lost
@@ -135,6 +140,10 @@ async def test_model_faults_fail_only_their_own_rollouts(policy: ScriptedPolicy,
         assert episode.traces[0].rewards.get("nemo_gym") is None  # an error, not reward 0
         assert reason in errors(episode), errors(episode)
     no_cross_routing(policy, [t for e in eps for t in e.traces])
+    # Neither the proxy's secret nor any rollout's reached a trace, an error or the log.
+    seen = {f"trace {t.id}": json.dumps(t.to_record()) for e in eps for t in e.traces}
+    seen |= {f"errors of {e.task.data.prompt_text}": errors(e) for e in eps}
+    secret_watch.assert_absent({**seen, "log": caplog.text})
     assert await gone(marker) == []
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verifiers_nemogym.bridge.proxy import SECRET_KEY
+from verifiers_nemogym.bridge.redact import redact
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
 from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
@@ -333,16 +332,12 @@ def _plan(catalog: Catalog, envs: Sequence[str]) -> _Plan:
     return plan
 
 
-_SECRET = re.compile(re.escape(SECRET_KEY) + r"""(\\*["']?\s*[:=]\s*\\*["']?)[\w-]+""")
-"""The proxy's secret as it appears in echoed request bodies (JSON, escaped JSON, headers)."""
-
-
 def _error_line(text: str) -> str:
-    """The last non-empty line of an error, at most 300 characters, with the proxy's secret
-    blanked: agents' 500 answers echo the request, whose metadata carries it, and reports are
-    shared."""
+    """The last non-empty line of an error, at most 300 characters, with live secrets redacted
+    (`bridge.redact`): agents' 500 answers echo the request, whose metadata carries the proxy's
+    secret, and reports are shared."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return _SECRET.sub(SECRET_KEY + r"\1***", (lines[-1] if lines else text))[:300]
+    return redact(lines[-1] if lines else text)[:300]
 
 
 async def run_conformance(

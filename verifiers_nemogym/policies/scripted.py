@@ -6,8 +6,10 @@ test can check which rollout each call belonged to. Run it alone with
 `nemo-gym-env serve scripted --port 8000`.
 
 Fault injection, for tests: a request whose first user message contains `[fault:MODE]` gets
-MODE = `500` or `429` (that HTTP error), `garbage` (200 with a body that is not JSON), `hang`
-(no answer for `hang_seconds`) or `huge` (a normal answer whose text is `huge_bytes` long).
+MODE = an HTTP status from 400 to 599 (e.g. `401`, `429`, `500`: that status with an
+OpenAI-style error body whose message is `scripted fault <status>`), `garbage` (200 with a body
+that is not JSON), `hang` (no answer for `hang_seconds`) or `huge` (a normal answer whose text
+is `huge_bytes` long).
 """
 
 from __future__ import annotations
@@ -130,8 +132,8 @@ class ScriptedPolicy:
             self.calls.append(Call(request.headers.get("X-Session-ID"), body))
         fault = _FAULT.search(first_user_text(body))
         mode = fault.group(1) if fault else None
-        if mode in ("500", "429"):
-            error = {"message": f"scripted fault {mode}", "type": "server_error"}
+        if mode is not None and mode.isdigit() and 400 <= int(mode) <= 599:
+            error = {"message": f"scripted fault {mode}", "type": "scripted_fault"}
             return web.json_response({"error": error}, status=int(mode))
         if mode == "garbage":
             return web.Response(

@@ -21,6 +21,8 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.policies.local_model import LocalModelServer
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs inner sessions with this conftest
+
 
 @pytest.fixture(scope="session", autouse=True)
 def session_tag() -> Iterator[str]:

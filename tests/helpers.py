@@ -15,15 +15,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import verifiers.v1 as vf
-from verifiers.v1.configs.client import EvalClientConfig
+from typing import TYPE_CHECKING, Any
 
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR as STACK_MARKER_VAR
 from verifiers_nemogym.nemo.supervisor import processes_with_env
 from verifiers_nemogym.policies.local_model import MARKER_ENV_VAR as MODEL_MARKER_VAR
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+if TYPE_CHECKING:
+    import verifiers.v1 as vf
 
 TEST_RUN_VAR = "VF_NEMOGYM_TEST_RUN"
 """Tag a test puts on a subprocess it starts; every descendant inherits it."""
@@ -103,5 +103,10 @@ def read_episodes(outdir: Path) -> list[dict[str, Any]]:
 
 def model_context(policy: ScriptedPolicy) -> vf.ModelContext:
     """The verifiers model context that sends a rollout's model calls to `policy`."""
+    # Imported here: verifiers takes seconds to import, and the fast tier's inner sessions
+    # (tests/test_tiers.py) load this module without needing it.
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import EvalClientConfig
+
     client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
     return vf.ModelContext(model="scripted", client=client)

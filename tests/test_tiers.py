@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from verifiers_nemogym.nemo.venv import CACHE_ENV_VAR, PYTHON_ENV_VAR, NeMoGymVenv, cache_root
+
+CACHE = cache_root()  # read before pytester points HOME at a temporary folder
 TESTS = Path(__file__).parent
 
 INNER = """
@@ -44,7 +47,12 @@ def test_unmarked_model_server_refuses_bad_input(tmp_path, launches):
 """
 
 
-def test_guard_fails_unmarked_stack_starts_only(pytester: pytest.Pytester) -> None:
+def test_guard_fails_unmarked_stack_starts_only(
+    pytester: pytest.Pytester, nemo_venv: NeMoGymVenv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The inner session must find this runtime venv, not build one under pytester's HOME.
+    monkeypatch.setenv(CACHE_ENV_VAR, str(CACHE))
+    monkeypatch.setenv(PYTHON_ENV_VAR, str(nemo_venv.python))
     pytester.makeini(
         "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = session\n"
         "markers =\n    stack: starts a NeMo Gym stack, a model or an install\n"

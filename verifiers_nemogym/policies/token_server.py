@@ -1,0 +1,226 @@
+"""A deterministic token-in/token-out model server: vLLM's `POST /inference/v1/generate`, scripted.
+
+The training counterpart of `policies.scripted`: verifiers' train client (`--client.type train`)
+renders the prompt to token ids itself and posts them here; this server decodes them with a real
+tokenizer, decides what to say the way the scripted policy does (call the first tool of the
+prompt with schema-derived arguments, then, once a tool result is in the prompt, answer), and
+encodes that answer with the same tokenizer in the model's own tool-call format (Qwen2.5/Hermes:
+`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), so verifiers' renderer parses it back.
+Token ids are real; **logprobs are synthetic**: every sampled token gets `SYNTHETIC_LOGPROB`
+(-0.5), a finite stand-in, not a model's probability.
+
+Behaviour triggers, anywhere in the prompt's first user message:
+`[tokens:parallel]` two calls of the first tool in one turn; `[tokens:reasoning]` a
+`<think>...</think>` block before what it says; `[tokens:length]` `max_tokens` filler tokens with
+`finish_reason: "length"`; `[fault:500]` / `[fault:429]` that HTTP error; `[fault:garbage]` a 200
+whose body is not JSON. With `max_model_len` set, `GET /v1/models` reports it (verifiers' renderer
+then refuses an overlong prompt before sending it, a 400 to the harness), and a longer prompt that
+still arrives gets vLLM's 400.
+
+The tokenizer is injected (any Hugging Face tokenizer); `packaged_tokenizer()` loads the one built
+from the packaged GGUF without hub access. Run alone:
+`python -m verifiers_nemogym.policies.token_server --port 8000`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from verifiers_nemogym.policies.scripted import ANSWER, tool_arguments
+
+SYNTHETIC_LOGPROB = -0.5
+"""The logprob reported for every generated token: synthetic, not a model's probability."""
+REASONING = "I should use the tools I was given."
+FILLER = " more"
+MODEL = "token-server"
+
+_TRIGGER = re.compile(r"\[(tokens|fault):(\w+)\]")
+_TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
+_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|\Z)", re.DOTALL)
+
+
+@dataclass
+class GenerateCall:
+    """One `/inference/v1/generate` call as the server saw it."""
+
+    body: dict[str, Any]
+    prompt: str
+    """The prompt token ids, decoded (special tokens kept)."""
+    completion_ids: list[int]
+
+
+def packaged_tokenizer() -> Any:
+    """The packaged model's tokenizer, built from its GGUF once (cached), loaded offline."""
+    from renderers.base import load_tokenizer
+
+    from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
+    from verifiers_nemogym.policies.local_model import packaged_model_path
+
+    return load_tokenizer(str(tokenizer_dir(packaged_model_path())))
+
+
+def prompt_tools(prompt: str) -> list[dict[str, Any]]:
+    """The function tools a ChatML/Qwen prompt declares (one JSON object per line in <tools>)."""
+    found = _TOOLS.search(prompt)
+    tools = []
+    for line in found.group(1).splitlines() if found else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            tool = json.loads(line)
+            function = tool.get("function", tool) if isinstance(tool, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                tools.append(function)
+    return tools
+
+
+def first_user_text(prompt: str) -> str:
+    """The first user turn's text in a ChatML prompt ("" if none)."""
+    for role, text in _TURN.findall(prompt):
+        if role == "user" and not text.startswith("<tool_response>"):
+            return text
+    return ""
+
+
+@dataclass
+class TokenServer:
+    """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1` like vLLM's."""
+
+    tokenizer: Any
+    host: str = "127.0.0.1"
+    port: int = 0
+    model: str = MODEL
+    max_model_len: int | None = None
+    """Reported by `GET /v1/models`; longer prompts get a 400. `None`: no limit."""
+    default_max_tokens: int = 16
+    """Filler length for `[tokens:length]` when the request sets no `max_tokens`."""
+    calls: list[GenerateCall] = field(default_factory=list)
+    _runner: web.AppRunner | None = None
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_post("/inference/v1/generate", self._generate)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> TokenServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        card: dict[str, Any] = {"id": self.model, "object": "model"}
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        ids = body.get("token_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return _error(400, "token_ids: must be a list of integers")
+        if self.max_model_len is not None and len(ids) > self.max_model_len:
+            # vLLM's wording, so callers' overlong-prompt detection sees what it would see.
+            return _error(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {len(ids)} tokens in the messages.",
+            )
+        prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
+        triggers = {m.group(2) for m in _TRIGGER.finditer(first_user_text(prompt))}
+        if "500" in triggers or "429" in triggers:
+            code = 500 if "500" in triggers else 429
+            return _error(code, f"token server fault {code}")
+        if "garbage" in triggers:
+            return web.Response(body=b'{"choices": [', content_type="application/json")
+        params = body.get("sampling_params") or {}
+        completion, finish = self.completion(prompt, triggers, params)
+        self.calls.append(GenerateCall(body, prompt, completion))
+        logprobs = [{"token": f"token_id:{i}", "logprob": SYNTHETIC_LOGPROB} for i in completion]
+        return web.json_response(
+            {
+                "request_id": f"gen-{next(self._ids)}",
+                "prompt_token_ids": ids,
+                "choices": [
+                    {
+                        "index": 0,
+                        "token_ids": completion,
+                        "logprobs": {"content": logprobs},
+                        "finish_reason": finish,
+                    }
+                ],
+            }
+        )
+
+    def completion(
+        self, prompt: str, triggers: set[str], params: dict[str, Any]
+    ) -> tuple[list[int], str]:
+        """The completion token ids and finish reason for a decoded prompt (deterministic)."""
+        encode = self._encode
+        if "length" in triggers:
+            limit = params.get("max_tokens") or self.default_max_tokens
+            ids: list[int] = []
+            while len(ids) < limit:
+                ids += encode(FILLER)
+            return ids[:limit], "length"
+        text = f"<think>\n{REASONING}\n</think>\n\n" if "reasoning" in triggers else ""
+        tools = prompt_tools(prompt)
+        if tools and "<tool_response>" not in prompt:
+            calls = 2 if "parallel" in triggers else 1
+            call = json.dumps({"name": tools[0]["name"], "arguments": tool_arguments(tools[0])})
+            text += "\n".join(f"<tool_call>\n{call}\n</tool_call>" for _ in range(calls))
+        else:
+            text += ANSWER
+        stops = params.get("stop_token_ids") or [self.tokenizer.eos_token_id]
+        return [*encode(text), stops[0]], "stop"
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _error(status: int, message: str) -> web.Response:
+    error = {"message": message, "type": "BadRequestError" if status == 400 else "server_error"}
+    return web.json_response({"error": error, "object": "error"}, status=status)
+
+
+async def _serve(host: str, port: int, max_model_len: int | None) -> None:
+    tokenizer = await asyncio.to_thread(packaged_tokenizer)
+    async with TokenServer(tokenizer, host, port, max_model_len=max_model_len) as server:
+        print(f"token server on {server.base_url} (model {server.model!r})", flush=True)
+        await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.host, args.port, args.max_model_len))
+
+
+if __name__ == "__main__":
+    main()

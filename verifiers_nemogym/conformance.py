@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verifiers_nemogym.bridge.redact import redact
 from verifiers_nemogym.errors import ConfigError
@@ -49,6 +49,11 @@ from verifiers_nemogym.policies.replay import (
     input_keys,
     load_recordings,
 )
+
+if TYPE_CHECKING:  # annotations only: this module imports verifiers inside run_conformance
+    import verifiers.v1 as vf
+
+    from verifiers_nemogym.env import NeMoGymEnv
 
 logger = logging.getLogger(__name__)
 
@@ -391,7 +396,12 @@ async def run_conformance(
 
 
 async def _replay_all(
-    env: Any, tasks: list[Any], ctx: Any, plan: _Plan, policy: ReplayPolicy, concurrency: int
+    env: NeMoGymEnv,
+    tasks: list[Any],
+    ctx: vf.ModelContext,
+    plan: _Plan,
+    policy: ReplayPolicy,
+    concurrency: int,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
     done = 0

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 import verifiers.v1 as vf
-from verifiers.v1.runtimes import ProgramResult
+from verifiers.v1.runtimes import ProgramResult, Runtime
 
 from verifiers_nemogym.bridge.proxy import Route
 from verifiers_nemogym.bridge.redact import redact
@@ -43,9 +43,9 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
 
     async def launch(
         self,
-        ctx: Any,
+        ctx: vf.ModelContext,
         trace: vf.Trace,
-        runtime: Any,
+        runtime: Runtime,
         endpoint: str,
         secret: str,
         mcp_urls: dict[str, str],
@@ -53,7 +53,8 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
     ) -> ProgramResult:
         if not isinstance(data, NeMoGymData):
             raise TypeError(f"NeMoGymHarness runs NeMo Gym rows, got {type(data).__name__}")
-        live = trace.state.live
+        # verifiers types `trace.state` as its base State; NeMoGymTask's state is a NeMoGymState.
+        live = getattr(trace.state, "live", None)
         if not isinstance(live, LiveStack):
             raise StackError("no NeMo Gym stack is running: use NeMoGymEnv (nemo-gym-env)")
         agent_url = live.agents.get(data.agent or "")

@@ -113,7 +113,7 @@ async def _commands(server: NeMoGymModelProxy, reader: asyncio.StreamReader) -> 
         verb, args = line[0], line[1:]
         if verb == "open":
             count = int(args[1])
-            answer: object = [server.open_route(args[0], "bench-secret") for _ in range(count)]
+            answer: object = [server.open_route(args[0], "bench-secret").id for _ in range(count)]
         elif verb == "close":
             answer = [await server.close_route(route_id) for route_id in args]
         elif verb == "rss":

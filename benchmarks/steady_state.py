@@ -27,7 +27,6 @@ from verifiers.v1.configs.client import EvalClientConfig
 
 from benchmarks.common import ENV, cpu_s, spawn_policy
 from benchmarks.native import native_stack
-from verifiers_nemogym.harness import tag_row
 from verifiers_nemogym.nemo.supervisor import processes_with_marker
 
 N, IN_FLIGHT = 100, 20
@@ -87,9 +86,8 @@ async def measure(repeats: int) -> tuple[Rates, CpuMs]:
 
                 async def raw_proxy(i: int) -> None:
                     data = tasks[i % len(tasks)].data
-                    async with proxy.route(policy.info["base_url"], "unused") as route_id:
-                        row = tag_row(data.row, proxy.metadata(route_id))
-                        await post(agents[data.agent], row)
+                    async with proxy.route(policy.info["base_url"], "unused") as route:
+                        await post(agents[data.agent], route.tag(data.row))
 
                 async def raw_direct(i: int) -> None:
                     data = tasks[i % len(tasks)].data

@@ -1,89 +1,77 @@
-"""Shared fixtures: the real NeMo Gym runtimes (created on first use, then cached).
+"""Shared fixtures, and the guard of the fast tier.
 
-NeMo Gym 0.7.0 declares Python >= 3.13.14, a CPython security floor no code of it needs; no such
-interpreter exists here, so its runtime is built by hand on 3.13.0 below that floor, the way
-NeMo Gym's own notes describe (uv's `--python-version` override, and `UV_CONFIG_FILE` for the
-per-server installs NeMo Gym runs). `ng07_runtime` is the one place that knows this: swap it for
-the package's own opt-in once `ensure_venv` has one.
+Tiers: a test that starts a NeMo Gym stack, a model server or an install is marked `stack`;
+`pytest -m "not stack"` runs the rest in seconds (given the cached NeMo Gym runtime venv).
+An unmarked test that starts a stack or a local model server fails (see `launches`), and the
+session fails if a stack or model process it started outlives it.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import time
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
+from helpers import (
+    SESSION_VAR,
+    VERSIONS,
+    BelowFloorVenv,
+    Launches,
+    launched_processes,
+    ng07_runtime,
+    wait_gone,
+)
 
-from verifiers_nemogym.nemo import venv as venv_module
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, cache_root, ensure_venv, find_uv
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
+from verifiers_nemogym.policies.local_model import LocalModelServer
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
-NG07 = "0.7.0"
-_PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-NG07_PYTHON = _PYENV / "versions/3.13.0/bin/python3"
-"""CPython 3.13.0: below nemo-gym 0.7.0's declared floor (3.13.14), which it runs on."""
-NG07_FLOOR = "3.13.14"
-VERSIONS = ["0.4.0", "0.7.0-below-floor"]
-"""Test ids of the NeMo Gym versions the stack tests run on."""
-
-
-@dataclass(frozen=True)
-class BelowFloorVenv(NeMoGymVenv):
-    """A runtime on an interpreter below its nemo-gym's declared Python floor: NeMo Gym's own
-    per-server `uv pip install nemo-gym==...` then needs uv told the floor's version."""
-
-    uv_config: Path = Path()
-
-    def env(self, ray_tmpdir: Path | None = None) -> dict[str, str]:
-        return super().env(ray_tmpdir) | {"UV_CONFIG_FILE": str(self.uv_config)}
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs inner sessions with this conftest
 
 
-def ng07_runtime() -> BelowFloorVenv:
-    """The nemo-gym 0.7.0 runtime on Python 3.13.0, built once into the package's runtime cache
-    (where `ensure_venv("0.7.0", <that python>)` then finds it, e.g. in a vf-eval subprocess)."""
-    if not NG07_PYTHON.is_file():
-        raise RuntimeError(f"NeMo Gym 0.7.0 tests need CPython 3.13.0 at {NG07_PYTHON}")
-    root = cache_root() / "runtimes"
-    uv_config = cache_root() / f"uv-python-{NG07_FLOOR}.toml"
-    uv_config.parent.mkdir(parents=True, exist_ok=True)
-    uv_config.write_text(f'[pip]\npython-version = "{NG07_FLOOR}"\n')
-    name = f"nemo-gym-{NG07}-py3.13.0"
-    target = root / name
-    with venv_module._file_lock(root / f".{name}.lock"):
-        if venv_module._load_complete(target) is None:
-            shutil.rmtree(target, ignore_errors=True)
-            tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-            uv = str(find_uv())
-            env = venv_module._clean_env() | {"UV_PYTHON_DOWNLOADS": "never"}
-            try:
-                venv_module._run_uv(
-                    [uv, "venv", "--relocatable", "--no-project", "--python", str(NG07_PYTHON),
-                     str(tmp)], env, "uv venv (3.13.0)",
-                )  # fmt: skip
-                venv_module._run_uv(
-                    [uv, "pip", "install", "--python", str(tmp / "bin/python"),
-                     "--python-version", NG07_FLOOR, f"nemo-gym=={NG07}"], env,
-                    "installing nemo-gym 0.7.0 below its Python floor",
-                )  # fmt: skip
-                marker = {
-                    "python": str(NG07_PYTHON),
-                    "python_version": "3.13.0",
-                    "nemo_gym_version": NG07,
-                    "created": time.time(),
-                }
-                (tmp / venv_module._MARKER_NAME).write_text(json.dumps(marker))
-                tmp.rename(target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    plain = venv_module._load_complete(target)
-    assert plain is not None, f"NeMo Gym 0.7.0 runtime at {target} is incomplete"
-    return BelowFloorVenv(
-        plain.venv, plain.python, plain.python_version, plain.nemo_gym_version, uv_config
-    )
+@pytest.fixture(scope="session", autouse=True)
+def session_tag() -> Iterator[str]:
+    """`VF_NEMOGYM_TEST_SESSION=<hex>`, inherited by everything this session starts; at the
+    end nothing it started as a stack or model server may be left (waited for, bounded)."""
+    value = uuid.uuid4().hex
+    os.environ[SESSION_VAR] = value
+    entry = f"{SESSION_VAR}={value}"
+    yield entry
+    left = launched_processes(entry)
+    assert wait_gone(left, 60), f"stack or model processes outlived the tests: {left}"
+
+
+@pytest.fixture(autouse=True)
+def launches(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Launches:
+    """Records every `NeMoGymStack.start` and `LocalModelServer.start` of the test. In a test
+    not marked `stack`, a stack start fails the test before anything is spawned, and a model
+    server that comes up is stopped and fails it (a start refusing bad input is fine there)."""
+    seen = Launches()
+    fast = request.node.get_closest_marker("stack") is None
+    stack_start = NeMoGymStack.start
+    model_start = LocalModelServer.start
+
+    async def start_stack(self: NeMoGymStack) -> None:
+        seen.stacks.append(self.marker)
+        if fast:
+            pytest.fail("this test starts a NeMo Gym stack: mark it @pytest.mark.stack")
+        await stack_start(self)
+
+    def start_model(self: LocalModelServer) -> LocalModelServer:
+        seen.models.append(self.marker)
+        server = model_start(self)  # bad input raises before a server is spawned: allowed
+        if fast:
+            server.stop()
+            pytest.fail("this test starts a model server: mark it @pytest.mark.stack")
+        return server
+
+    monkeypatch.setattr(NeMoGymStack, "start", start_stack)
+    monkeypatch.setattr(LocalModelServer, "start", start_model)
+    return seen
 
 
 @pytest.fixture(scope="session")
@@ -94,13 +82,57 @@ def nemo_venv() -> NeMoGymVenv:
 
 @pytest.fixture(scope="session")
 def nemo_venv_07() -> BelowFloorVenv:
-    """The NeMo Gym 0.7.0 runtime, below its declared Python floor (see module doc)."""
+    """The NeMo Gym 0.7.0 runtime, below its declared Python floor (see `helpers.ng07_runtime`)."""
     return ng07_runtime()
 
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def any_nemo_venv(request: pytest.FixtureRequest) -> NeMoGymVenv:
     """Each NeMo Gym version the stack tests cover, in turn (module scope: one at a time)."""
-    if request.param == "0.4.0":
-        return ensure_venv()
-    return ng07_runtime()
+    return ensure_venv() if request.param == "0.4.0" else ng07_runtime()
+
+
+@pytest.fixture(scope="session")
+def catalog(nemo_venv: NeMoGymVenv) -> Catalog:
+    """NeMo Gym's environments, as installed in the runtime venv."""
+    return Catalog(nemo_venv)
+
+
+@pytest.fixture
+async def policy() -> AsyncIterator[ScriptedPolicy]:
+    """The scripted model on 127.0.0.1 (a `[fault:hang]` call waits 120 s)."""
+    async with ScriptedPolicy(hang_seconds=120) as p:
+        yield p
+
+
+class SecretWatch:
+    """Collects the secrets of a running nemo-gym-env (the proxy's, and every rollout's bearer
+    secret as its route opens) so a test can check that none reached a trace, log or error.
+    It only observes: `open_route` still runs unchanged."""
+
+    def __init__(self) -> None:
+        self.secrets: set[str] = set()
+
+    def watch(self, env: Any) -> None:
+        """Start watching `env`, inside its `serving()` block."""
+        proxy = env.taskset.config.task._live.proxy
+        self.secrets.add(proxy.secret)
+        original = proxy.open_route
+
+        def open_route(endpoint: str, secret: str, *args: Any, **kwargs: Any) -> Any:
+            self.secrets.add(secret)
+            return original(endpoint, secret, *args, **kwargs)
+
+        proxy.open_route = open_route
+
+    def assert_absent(self, texts: dict[str, str]) -> None:
+        """No watched secret occurs in any of `texts` (name -> text)."""
+        assert len(self.secrets) > 1, "no rollout was watched"
+        for name, text in texts.items():
+            for secret in self.secrets:
+                assert secret not in text, f"a secret leaked into {name}"
+
+
+@pytest.fixture
+def secret_watch() -> SecretWatch:
+    return SecretWatch()

@@ -11,6 +11,7 @@ import pytest
 
 import nemo_gym_env
 from verifiers_nemogym import conformance
+from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.cli import main as cli_main
 from verifiers_nemogym.conformance import (
     CI_ENVS,
@@ -30,6 +31,7 @@ from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import load_recordings
 
 
+@pytest.mark.stack
 async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(nemo_venv):
     reports = await run_conformance(CI_ENVS, concurrency=8)
     catalog = Catalog(nemo_venv)
@@ -136,7 +138,14 @@ def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_r
 
 def test_errors_in_the_report_do_not_carry_the_proxy_secret():
     # An agent's 500 echoes the request, whose metadata carries the proxy's route and secret.
-    body = json.dumps({"metadata": {"vf_nemogym_route": "r1", "vf_nemogym_secret": "s3-cr_et"}})
-    for text in (f"/run answered 500: {body}", f"/run answered 500: {json.dumps(body)}"):
-        line = _error_line(text)
-        assert "s3-cr_et" not in line and "vf_nemogym_secret" in line and "r1" in line
+    secret = "s3-cr_et-0123456789"
+    body = json.dumps({"metadata": {"vf_nemogym_route": "r1", "vf_nemogym_secret": secret}})
+    redact.protect(secret)  # what a running proxy does with its secret
+    try:
+        for text in (f"/run answered 500: {body}", f"/run answered 500: {json.dumps(body)}"):
+            line = _error_line(text)
+            assert secret not in line and "vf_nemogym_secret" in line and "r1" in line
+            assert redact.REDACTED in line
+    finally:
+        redact.forget(secret)
+    assert secret in _error_line(body)  # only live secrets are redacted

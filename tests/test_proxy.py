@@ -12,12 +12,16 @@ import pytest
 from aiohttp import web
 from openai.types.responses import Response
 
+from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.bridge.proxy import (
     ROUTE_HEADER,
     ROUTE_KEY,
     SECRET_KEY,
     NeMoGymModelProxy,
+    ProviderFailure,
     ProxyLimits,
+    Route,
+    RouteTag,
 )
 
 
@@ -79,8 +83,9 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def body(proxy: NeMoGymModelProxy, route: str | None, **extra: Any) -> dict[str, Any]:
-    metadata = proxy.metadata(route) if route else {}
+def body(proxy: NeMoGymModelProxy, route: Route | str | None, **extra: Any) -> dict[str, Any]:
+    route_id = route.id if isinstance(route, Route) else route
+    metadata = proxy.tag(route_id).metadata() if route_id else {}
     return {"input": [{"role": "user", "content": "hi"}], "metadata": metadata, **extra}
 
 
@@ -96,7 +101,7 @@ async def test_health_needs_no_secret(proxy, http):
 
 async def test_refuses_missing_or_wrong_secret(proxy, upstream, http):
     up, endpoint = upstream
-    route = proxy.open_route(endpoint, "s1")
+    route = proxy.open_route(endpoint, "s1").id
     no_secret = {"input": "hi", "metadata": {ROUTE_KEY: route}}
     wrong = {"input": "hi", "metadata": {ROUTE_KEY: route, SECRET_KEY: "nope"}}
     for payload in (no_secret, wrong):
@@ -163,35 +168,109 @@ async def test_completes_replies_nemo_gym_would_reject(proxy, upstream, http):
     assert isinstance(reply["created_at"], int) and reply["parallel_tool_calls"] is True
 
 
-@pytest.mark.parametrize(
-    ("status", "message"),
-    [
-        (400, "rollout stopped: max_turns_reached"),
-        (409, "rollout concluded"),
-        (401, "unauthorized"),
-    ],
-)
-async def test_verifiers_stop_becomes_incomplete_response(proxy, upstream, http, status, message):
+ERRORS = [
+    (400, "rollout stopped: max_turns_reached"),
+    (409, "rollout concluded"),
+    (401, "unauthorized"),
+    (429, "slow down"),
+    (500, "overloaded"),
+]
+
+
+@pytest.mark.parametrize(("status", "message"), ERRORS)
+async def test_error_of_a_stopped_rollout_becomes_incomplete_response(
+    proxy, upstream, http, status, message
+):
     up, endpoint = upstream
     up.answer, up.status = {"error": {"message": message, "type": "invalid_request_error"}}, status
-    route = proxy.open_route(endpoint, "s")
+    route = proxy.open_route(endpoint, "s", stop_condition=lambda: "max_turns_reached")
     got, reply = await post(http, proxy, body(proxy, route))
     assert got == 200
     assert reply["status"] == "incomplete" and reply["incomplete_details"]["reason"]
-    assert reply["output"] == []
+    assert reply["output"] == [] and reply["metadata"]["vf_stop"] == message
     Response.model_validate(reply)
+    assert route.failure is None and not route.failed.is_set()
 
 
-async def test_other_upstream_errors_are_relayed(proxy, upstream, http):
+@pytest.mark.parametrize(("status", "message"), ERRORS)
+@pytest.mark.parametrize("source", ["running", "none"])
+async def test_error_of_a_running_rollout_is_a_provider_failure(
+    proxy, upstream, http, status, message, source
+):
+    # The same statuses and texts, verifiers' stop texts included: while the rollout has no stop
+    # condition (or the route has no way to ask), the answer is the provider's, never a stop.
     up, endpoint = upstream
-    up.answer, up.status = {"error": {"message": "overloaded", "type": "server_error"}}, 500
-    route = proxy.open_route(endpoint, "s")
-    status, reply = await post(http, proxy, body(proxy, route))
-    assert (status, reply["error"]["message"]) == (500, "overloaded")
+    up.answer, up.status = {"error": {"message": message, "type": "server_error"}}, status
+    stop_condition = (lambda: None) if source == "running" else None
+    route = proxy.open_route(endpoint, "s", stop_condition=stop_condition)
+    got, reply = await post(http, proxy, body(proxy, route))
+    assert (got, reply["error"]["message"]) == (status, message)  # relayed as is
+    assert route.failure == ProviderFailure(status, message) and route.failed.is_set()
+    assert str(route.failure) == f"provider answered {status}: {message}"
+    up.answer, up.status = {"error": {"message": "second", "type": "server_error"}}, 503
+    await post(http, proxy, body(proxy, route))
+    assert route.failure.message == message  # the first failure is the cause
+    assert route.calls == 2
+
+
+async def test_non_json_error_and_dead_upstream_are_failures_with_status(proxy, http):
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(status=418, text="teapot says no")
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        route = proxy.open_route(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "s")
+        status, reply = await post(http, proxy, body(proxy, route))
+        assert status == 418 and "teapot says no" in reply["error"]["message"]
+        assert route.failure == ProviderFailure(418, "teapot says no")
+    finally:
+        await runner.cleanup()
+    dead = proxy.open_route("http://127.0.0.1:9/v1", "s")  # discard port: nothing listens
+    await post(http, proxy, body(proxy, dead))
+    assert dead.failure is not None and dead.failure.status == 502
+
+
+async def test_provider_texts_are_redacted_and_secrets_live_only_while_open(proxy, upstream, http):
+    up, endpoint = upstream
+    bearer = "rollout-secret-0123456789"
+    echo = f"bad request: bearer {bearer}, proxy {proxy.secret}"
+    up.answer, up.status = {"error": {"message": echo, "type": "invalid_request_error"}}, 400
+    async with proxy.route(endpoint, bearer) as route:
+        await post(http, proxy, body(proxy, route))
+        assert route.failure is not None
+        text = str(route.failure)
+        assert bearer not in text and proxy.secret not in text
+        assert text.count(redact.REDACTED) == 2
+        assert redact.redact(bearer) == redact.REDACTED
+    assert redact.redact(bearer) == bearer  # forgotten with its route
+    assert redact.redact(proxy.secret) == redact.REDACTED  # until the proxy stops
+    await proxy.stop()
+    assert redact.redact(proxy.secret) == proxy.secret
+
+
+async def test_route_tag_is_the_one_routing_form(proxy, upstream, http):
+    up, endpoint = upstream
+    route = proxy.open_route(endpoint, "bearer-secret")
+    row = {"responses_create_params": {"input": "hi", "metadata": {"k": "v"}}, "x": 1}
+    tagged = route.tag(row)
+    assert tagged["responses_create_params"]["metadata"] == {
+        "k": "v",
+        ROUTE_KEY: route.id,
+        SECRET_KEY: proxy.secret,
+    }
+    assert row["responses_create_params"]["metadata"] == {"k": "v"}  # the row is untouched
+    assert RouteTag(route.id, proxy.secret).tag(row) == tagged  # another process's form
+    status, _ = await post(http, proxy, tagged["responses_create_params"])
+    assert status == 200 and route.calls == 1
+    assert up.seen[-1]["body"]["metadata"] == {"k": "v"}  # routing keys never go upstream
 
 
 async def test_dead_upstream_is_502_not_a_dropped_connection(proxy, http):
-    route = proxy.open_route("http://127.0.0.1:9/v1", "s")  # discard port: nothing listens
+    route = proxy.open_route("http://127.0.0.1:9/v1", "s").id  # discard port: nothing listens
     status, reply = await post(http, proxy, body(proxy, route))
     assert status == 502 and reply["error"]["type"] == "upstream_error"
 

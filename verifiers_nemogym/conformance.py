@@ -30,15 +30,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from verifiers_nemogym.bridge.proxy import SECRET_KEY
+from verifiers_nemogym.bridge.redact import redact
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
 from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
@@ -50,6 +49,11 @@ from verifiers_nemogym.policies.replay import (
     input_keys,
     load_recordings,
 )
+
+if TYPE_CHECKING:  # annotations only: this module imports verifiers inside run_conformance
+    import verifiers.v1 as vf
+
+    from verifiers_nemogym.env import NeMoGymEnv
 
 logger = logging.getLogger(__name__)
 
@@ -333,16 +337,12 @@ def _plan(catalog: Catalog, envs: Sequence[str]) -> _Plan:
     return plan
 
 
-_SECRET = re.compile(re.escape(SECRET_KEY) + r"""(\\*["']?\s*[:=]\s*\\*["']?)[\w-]+""")
-"""The proxy's secret as it appears in echoed request bodies (JSON, escaped JSON, headers)."""
-
-
 def _error_line(text: str) -> str:
-    """The last non-empty line of an error, at most 300 characters, with the proxy's secret
-    blanked: agents' 500 answers echo the request, whose metadata carries it, and reports are
-    shared."""
+    """The last non-empty line of an error, at most 300 characters, with live secrets redacted
+    (`bridge.redact`): agents' 500 answers echo the request, whose metadata carries the proxy's
+    secret, and reports are shared."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return _SECRET.sub(SECRET_KEY + r"\1***", (lines[-1] if lines else text))[:300]
+    return redact(lines[-1] if lines else text)[:300]
 
 
 async def run_conformance(
@@ -396,7 +396,12 @@ async def run_conformance(
 
 
 async def _replay_all(
-    env: Any, tasks: list[Any], ctx: Any, plan: _Plan, policy: ReplayPolicy, concurrency: int
+    env: NeMoGymEnv,
+    tasks: list[Any],
+    ctx: vf.ModelContext,
+    plan: _Plan,
+    policy: ReplayPolicy,
+    concurrency: int,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
     done = 0

@@ -3,7 +3,9 @@
 The agent's model calls reach this rollout's verifiers endpoint through the model proxy (a route
 that lives until `/run` has returned), so verifiers records the trajectory. NeMo Gym's reward,
 numeric verify fields and the rest of its result land on the trace. A failed `/run` raises: the
-rollout is an error, never reward 0.
+rollout is an error, never reward 0. So does a provider error on any of the rollout's model calls
+(recorded on its route), without waiting for what the agent makes of it. Only verifiers stopping
+the rollout (turn limit, `@vf.stop`) lets `/run` end normally and keep NeMo Gym's reward.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any, ClassVar
 
 import aiohttp
 import verifiers.v1 as vf
-from verifiers.v1.runtimes import ProgramResult
+from verifiers.v1.runtimes import ProgramResult, Runtime
 
-from verifiers_nemogym.bridge.proxy import ROLLOUT_ID_KEY, ROUTE_KEY
+from verifiers_nemogym.bridge.proxy import Route
+from verifiers_nemogym.bridge.redact import redact
 from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
@@ -40,9 +43,9 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
 
     async def launch(
         self,
-        ctx: Any,
+        ctx: vf.ModelContext,
         trace: vf.Trace,
-        runtime: Any,
+        runtime: Runtime,
         endpoint: str,
         secret: str,
         mcp_urls: dict[str, str],
@@ -50,7 +53,8 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
     ) -> ProgramResult:
         if not isinstance(data, NeMoGymData):
             raise TypeError(f"NeMoGymHarness runs NeMo Gym rows, got {type(data).__name__}")
-        live = trace.state.live
+        # verifiers types `trace.state` as its base State; NeMoGymTask's state is a NeMoGymState.
+        live = getattr(trace.state, "live", None)
         if not isinstance(live, LiveStack):
             raise StackError("no NeMo Gym stack is running: use NeMoGymEnv (nemo-gym-env)")
         agent_url = live.agents.get(data.agent or "")
@@ -62,59 +66,65 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
         if sampling := row_sampling(data.row):
             trace.info["nemo_gym_row_sampling"] = sampling
             _warn_once(live, "sampling", sampling)
-        async with live.proxy.route(endpoint, secret) as route_id:
-            body = tag_row(data.row, live.proxy.metadata(route_id))
-            result = await _post_run(live, data, agent_url, body)
+        async with live.proxy.route(
+            endpoint, secret, stop_condition=lambda: _stop_condition(trace)
+        ) as route:
+            result = await _post_run(live, data, agent_url, route)
         record(trace, result)
         return ProgramResult(exit_code=0, stdout="", stderr="")
 
 
-def tag_row(row: dict[str, Any], routing: dict[str, str]) -> dict[str, Any]:
-    """A copy of `row` with `routing` (`NeMoGymModelProxy.metadata`) added to
-    `responses_create_params.metadata`, which NeMo Gym forwards on every model call, and the
-    route id as the row's rollout id (`ROLLOUT_ID_KEY`), which NeMo Gym >= 0.7 puts in the
-    path of model calls when observability is on."""
-    params = row["responses_create_params"]
-    metadata = {**(params.get("metadata") or {}), **routing}
-    tagged = {**row, "responses_create_params": {**params, "metadata": metadata}}
-    tagged[ROLLOUT_ID_KEY] = routing[ROUTE_KEY]
-    return tagged
+def _stop_condition(trace: vf.Trace) -> str | None:
+    """verifiers' stop condition of the rollout: every refusal of a model call by verifiers (turn
+    limit, `@vf.stop`) sets it before the refusal is sent, and nothing else sets it while the
+    harness runs (`trace.ok` is no guide: it stays False until the rollout is scored)."""
+    return trace.stop_condition
 
 
-async def _post_run(
-    live: LiveStack, data: NeMoGymData, url: str, body: dict[str, Any]
-) -> dict[str, Any]:
+async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) -> dict[str, Any]:
+    """POST the row, tagged for `route`, to the agent's `/run`; raise `AgentRunError` unless
+    it returns a result with a numeric reward. Raced against the stack's death, the route's
+    first provider error and `run_timeout`: whichever comes first ends the wait."""
     where = f"{data.source}: agent {data.agent!r} /run"
     if live.failure is not None:
         raise AgentRunError(f"{where} not started: {live.failure}")
-    request = asyncio.ensure_future(_request(live.http, f"{url}/run", body))
+    request = asyncio.ensure_future(_request(live.http, f"{url}/run", route.tag(data.row)))
     died = asyncio.ensure_future(live.died.wait())
+    failed = asyncio.ensure_future(route.failed.wait())
     try:
         done, _ = await asyncio.wait(
-            {request, died}, timeout=live.run_timeout, return_when=asyncio.FIRST_COMPLETED
+            {request, died, failed},
+            timeout=live.run_timeout,
+            return_when=asyncio.FIRST_COMPLETED,
         )
     finally:
         # Cancelling the request closes its connection: NeMo Gym sees the client leave.
-        for task in (request, died):
+        for task in (request, died, failed):
             task.cancel()
-        await asyncio.gather(request, died, return_exceptions=True)
+        await asyncio.gather(request, died, failed, return_exceptions=True)
+    # A provider error is the cause of whatever the agent answered after it (a 500 echoing
+    # the request, or a retry): report it, not the agent's answer.
+    if route.failure is not None:
+        raise AgentRunError(f"{where}: model call failed: {route.failure}")
     if request in done:
         try:
             status, text = request.result()
         except aiohttp.ClientError as e:
-            raise AgentRunError(f"{where} failed: {e!r} (did the NeMo Gym agent die?)") from e
+            raise AgentRunError(
+                redact(f"{where} failed: {e!r} (did the NeMo Gym agent die?)")
+            ) from None
     elif died in done:
         raise AgentRunError(f"{where} lost its NeMo Gym stack: {live.failure}")
     else:
         raise AgentRunError(f"{where} did not return within {live.run_timeout:g} s")
     if status != 200:
-        raise AgentRunError(f"{where} answered {status}: {text[-2000:]}")
+        raise AgentRunError(redact(f"{where} answered {status}: {text[-2000:]}"))
     try:
         result = json.loads(text)
     except ValueError:
-        raise AgentRunError(f"{where} answered non-JSON: {text[:500]}") from None
+        raise AgentRunError(redact(f"{where} answered non-JSON: {text[:500]}")) from None
     if not isinstance(result, dict) or not isinstance(result.get("reward"), int | float):
-        raise AgentRunError(f"{where} returned no numeric `reward`: {text[:500]}")
+        raise AgentRunError(redact(f"{where} returned no numeric `reward`: {text[:500]}"))
     return result
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.bridge.redact import redact
 
 
 @dataclass(eq=False)
@@ -38,7 +39,7 @@ class LiveStack:
     def fail(self, reason: str) -> None:
         """Mark the stack dead: rollouts waiting on `/run` and all later ones fail with `reason`."""
         if self.failure is None:
-            self.failure = reason
+            self.failure = redact(reason)
             self.died.set()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LiveStack:

@@ -11,11 +11,12 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import verifiers.v1 as vf
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from verifiers.v1.dialects.responses import ResponsesDialect
+from verifiers.v1.runtimes import Runtime
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.live import LiveStack
@@ -91,17 +92,20 @@ class NeMoGymState(vf.State):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    live: Any = None
+    live: LiveStack | None = None
 
 
 class NeMoGymTask(vf.Task[NeMoGymData, NeMoGymState, NeMoGymTaskConfig]):
     """A NeMo Gym row; scoring happens inside NeMo Gym (`/run` verifies), see the harness."""
 
-    async def setup(self, trace: vf.Trace, runtime: Any) -> None:
-        trace.state.live = self.config._live
+    async def setup(self, trace: vf.Trace, runtime: Runtime) -> None:
+        # verifiers builds the state from this task's StateT but types it as its base State.
+        cast(NeMoGymState, trace.state).live = self.config._live
 
 
-class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
+# type-var: verifiers bounds Taskset's task type by Task[Any, State, TaskConfig] with invariant
+# parameters, so no task with its own State or TaskConfig subclass satisfies it statically.
+class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ignore[type-var]
     """NeMo Gym rows by environment name or JSONL path (see `NeMoGymTasksetConfig`)."""
 
     def __init__(self, config: NeMoGymTasksetConfig) -> None:
@@ -138,7 +142,8 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
             paths.extend(catalog.env(name).config_paths)
         if self.config.jsonl_path is not None:
             known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
-            for agent in {t.data.agent for t in self.load()} - known - {None}:
+            wanted = {t.data.agent for t in self.load() if t.data.agent is not None}
+            for agent in wanted - known:
                 paths.extend(catalog.agent_env(agent).config_paths)
         paths.extend(catalog.config_path(extra) for extra in self.config.config_paths)
         missing = [str(p) for p in paths if not p.is_file()]

@@ -4,7 +4,12 @@ Each call must carry the proxy's secret and a route id (both inside the Response
 `metadata`, which NeMo Gym forwards on every turn, or as headers). It is forwarded to that route's
 upstream endpoint with that route's bearer secret, and always answered with an HTTP status:
 NeMo Gym's client retries dropped connections forever. The proxy knows no NeMo Gym or verifiers
-internals beyond the two wire disagreements it bridges (see `_reply`).
+internals beyond the two wire disagreements it bridges (see `_reply_ok`, `_reply_error`).
+
+A route (`Route`, from `route()`) records the first provider error its calls got, so the rollout
+can fail with the provider's own status instead of whatever NeMo Gym's agent makes of it. Only
+verifiers refusing a call of a rollout it stopped becomes an `incomplete` reply, decided by the
+rollout's stop condition (`Route.stop_condition`), not by the answer's status.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import hmac
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +29,7 @@ import aiohttp
 import pydantic_core
 from aiohttp import web
 
+from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.bridge.responses import complete_response, incomplete_response
 from verifiers_nemogym.net import serve_app
 
@@ -57,18 +63,89 @@ class ProxyLimits:
     """Finished route ids remembered, so their late calls get 410 rather than 404."""
 
 
-@dataclass
-class _Route:
-    endpoint: str
-    secret: str
-    session: aiohttp.ClientSession
-    calls: int = 0
+@dataclass(frozen=True)
+class RouteTag:
+    """What sends a Responses body to one route of one proxy: the route id and the proxy's
+    secret. The only place that knows how they are carried (the metadata keys); callers in
+    another process than the proxy (benchmarks) build it from the two values."""
+
+    route_id: str
+    proxy_secret: str
+
+    def metadata(self) -> dict[str, str]:
+        """The entries to add to a Responses body's `metadata`."""
+        return {ROUTE_KEY: self.route_id, SECRET_KEY: self.proxy_secret}
+
+    def tag(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A copy of the NeMo Gym `row` with the routing entries added to
+        `responses_create_params.metadata`, which NeMo Gym forwards on every model call."""
+        params = row["responses_create_params"]
+        metadata = {**(params.get("metadata") or {}), **self.metadata()}
+        tagged = {**row, "responses_create_params": {**params, "metadata": metadata}}
+        tagged[ROLLOUT_ID_KEY] = self.route_id
+        return tagged
 
 
-def route_metadata(route_id: str, secret: str) -> dict[str, str]:
-    """The metadata entries that route a Responses body to `route_id` through the proxy whose
-    secret is `secret` (for callers in another process than the proxy)."""
-    return {ROUTE_KEY: route_id, SECRET_KEY: secret}
+@dataclass(frozen=True)
+class ProviderFailure:
+    """A model call the route's endpoint answered with an error that was not verifiers
+    refusing a call of a stopped rollout (the provider's own error, relayed by verifiers'
+    interception, or the endpoint being unreachable). `message` is already redacted."""
+
+    status: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"provider answered {self.status}: {self.message}"
+
+
+class Route:
+    """One rollout's route through the proxy: where its calls go, and what became of them.
+
+    `tag(row)` marks a row's calls as this route's. `failure` is the first provider error any
+    of its calls got (`failed` is set with it): the rollout is then an error, whatever the agent
+    does next. `stop_condition`, if given, returns verifiers' stop condition for the rollout (or
+    None while it runs); it is consulted only when the endpoint answered an error.
+    """
+
+    def __init__(
+        self,
+        route_id: str,
+        endpoint: str,
+        bearer: str,
+        session: aiohttp.ClientSession,
+        proxy_secret: str,
+        stop_condition: Callable[[], str | None] | None,
+    ) -> None:
+        self.id = route_id
+        self.endpoint = endpoint
+        self.bearer = bearer
+        self.session = session
+        self.route_tag = RouteTag(route_id, proxy_secret)
+        self.stop_condition = stop_condition
+        self.calls = 0
+        """Model calls this route forwarded (any outcome)."""
+        self.failure: ProviderFailure | None = None
+        self.failed = asyncio.Event()
+        """Set when `failure` is."""
+
+    def tag(self, row: dict[str, Any]) -> dict[str, Any]:
+        """`RouteTag.tag` for this route."""
+        return self.route_tag.tag(row)
+
+    def metadata(self) -> dict[str, str]:
+        """`RouteTag.metadata` for this route."""
+        return self.route_tag.metadata()
+
+    def stopped(self) -> str | None:
+        """verifiers' stop condition for this rollout, if it stopped (None without a source)."""
+        return self.stop_condition() if self.stop_condition is not None else None
+
+    def fail(self, failure: ProviderFailure) -> None:
+        """Record `failure` unless an earlier one is recorded: the first cause is the real one."""
+        if self.failure is None:
+            self.failure = failure
+            self.failed.set()
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
@@ -95,9 +172,10 @@ class NeMoGymModelProxy:
         """Model calls forwarded upstream since start (any outcome)."""
         self.rollout_path_calls = 0
         """Of those, calls that arrived as `/ng-rollout/<id>/v1/...`."""
-        self._routes: dict[str, _Route] = {}
+        self._routes: dict[str, Route] = {}
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._runner: web.AppRunner | None = None
+        self._protected = False
         self._connector: aiohttp.TCPConnector | None = None
 
     @property
@@ -113,6 +191,9 @@ class NeMoGymModelProxy:
         app.router.add_post("/ng-rollout/{rollout_id}/v1/{tail:.*}", self._forward)
         self._connector = aiohttp.TCPConnector(limit=self.limits.pool_size)
         self._runner, self.port = await serve_app(app, self.host, self.port)
+        if not self._protected:
+            self._protected = True
+            redact.protect(self.secret)
         logger.info("model proxy listening on %s", self.url)
 
     async def stop(self) -> None:
@@ -125,6 +206,9 @@ class NeMoGymModelProxy:
         if self._connector is not None:
             connector, self._connector = self._connector, None
             await connector.close()
+        if self._protected:
+            self._protected = False
+            redact.forget(self.secret)
 
     async def __aenter__(self) -> NeMoGymModelProxy:
         await self.start()
@@ -135,9 +219,17 @@ class NeMoGymModelProxy:
 
     # --- routes ---------------------------------------------------------------------------
 
-    def open_route(self, endpoint: str, secret: str, route_id: str | None = None) -> str:
-        """Route calls tagged with the returned id to `endpoint` (a base URL ending in `/v1`)
-        with `Authorization: Bearer <secret>`. Each route keeps its own cookies."""
+    def open_route(
+        self,
+        endpoint: str,
+        secret: str,
+        route_id: str | None = None,
+        *,
+        stop_condition: Callable[[], str | None] | None = None,
+    ) -> Route:
+        """Route calls tagged with the returned route's id to `endpoint` (a base URL ending in
+        `/v1`) with `Authorization: Bearer <secret>`. Each route keeps its own cookies.
+        `stop_condition`: see `Route`; without it every error answer is a provider failure."""
         if self._connector is None:
             raise RuntimeError("NeMoGymModelProxy.open_route() before start()")
         # Hex: a route id is also NeMo Gym's rollout id, a path segment (ROLLOUT_ID_PATTERN).
@@ -155,32 +247,42 @@ class NeMoGymModelProxy:
                 total=self.limits.call_timeout, connect=self.limits.connect_timeout
             ),
         )
-        self._routes[route_id] = _Route(endpoint.rstrip("/"), secret, session)
-        return route_id
+        route = Route(route_id, endpoint.rstrip("/"), secret, session, self.secret, stop_condition)
+        self._routes[route_id] = route
+        redact.protect(secret)
+        return route
 
-    async def close_route(self, route_id: str) -> int:
-        """Stop routing `route_id` (late calls get 410); returns how many calls it carried."""
-        route = self._routes.pop(route_id, None)
-        if route is None:
+    async def close_route(self, route: Route | str) -> int:
+        """Stop routing `route` (late calls get 410); returns how many calls it carried."""
+        route_id = route.id if isinstance(route, Route) else route
+        closing = self._routes.pop(route_id, None)
+        if closing is None:
             return 0
         self._finished[route_id] = None
         while len(self._finished) > self.limits.remembered_routes:
             self._finished.popitem(last=False)
-        await route.session.close()
-        return route.calls
+        redact.forget(closing.bearer)
+        await closing.session.close()
+        return closing.calls
 
     @contextlib.asynccontextmanager
-    async def route(self, endpoint: str, secret: str) -> AsyncIterator[str]:
+    async def route(
+        self,
+        endpoint: str,
+        secret: str,
+        *,
+        stop_condition: Callable[[], str | None] | None = None,
+    ) -> AsyncIterator[Route]:
         """A route open for the duration of the block (closed even on cancellation)."""
-        route_id = self.open_route(endpoint, secret)
+        route = self.open_route(endpoint, secret, stop_condition=stop_condition)
         try:
-            yield route_id
+            yield route
         finally:
-            await asyncio.shield(self.close_route(route_id))
+            await asyncio.shield(self.close_route(route))
 
-    def metadata(self, route_id: str) -> dict[str, str]:
-        """The metadata entries that make a Responses body reach `route_id` through this proxy."""
-        return route_metadata(route_id, self.secret)
+    def tag(self, route_id: str) -> RouteTag:
+        """The tag of `route_id` on this proxy (open or not: a finished route's calls get 410)."""
+        return RouteTag(route_id, self.secret)
 
     @property
     def open_routes(self) -> int:
@@ -205,7 +307,7 @@ class NeMoGymModelProxy:
             return _error(400, f"body is not JSON: {e}", "invalid_request_error")
         if not isinstance(body, dict):
             return _error(400, "body must be a JSON object", "invalid_request_error")
-        metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        metadata = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
         secret = metadata.pop(SECRET_KEY, None) or _bearer(request)
         if not isinstance(secret, str) or not hmac.compare_digest(secret, self.secret):
             return _error(401, "missing or wrong proxy secret", "unauthorized")
@@ -226,12 +328,12 @@ class NeMoGymModelProxy:
         self.rollout_path_calls += path_id is not None
         return await self._call(route, request.match_info["tail"], body)
 
-    async def _call(self, route: _Route, tail: str, body: dict[str, Any]) -> web.Response:
+    async def _call(self, route: Route, tail: str, body: dict[str, Any]) -> web.Response:
         url = f"{route.endpoint}/{tail}"
         headers = {
             # Built from scratch on purpose: nothing the agent sent (cookies, auth, hop headers)
             # reaches the endpoint except the body; the route supplies the credentials.
-            "Authorization": f"Bearer {route.secret}",
+            "Authorization": f"Bearer {route.bearer}",
             "Content-Type": "application/json",
         }
         try:
@@ -241,11 +343,17 @@ class NeMoGymModelProxy:
                 raw = await upstream.read()
                 status = upstream.status
         except TimeoutError:
-            return _error(504, f"upstream {url} did not answer in time", "upstream_timeout")
+            message = f"model endpoint {url} did not answer within {self.limits.call_timeout:g} s"
+            route.fail(ProviderFailure(504, message))
+            return _error(504, message, "upstream_timeout")
         except (aiohttp.ClientError, RuntimeError) as e:
             # RuntimeError: the route's session was closed under an in-flight call.
-            return _error(502, f"upstream {url} failed: {e!r}", "upstream_error")
-        return _reply(status, raw, body, is_responses=tail == "responses")
+            message = redact.redact(f"model endpoint {url} failed: {e!r}")
+            route.fail(ProviderFailure(502, message))
+            return _error(502, message, "upstream_error")
+        if status == 200:
+            return _reply_ok(route, raw, body, is_responses=tail == "responses")
+        return _reply_error(route, status, raw, body, is_responses=tail == "responses")
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -253,27 +361,46 @@ def _bearer(request: web.Request) -> str | None:
     return auth[7:] if auth.startswith("Bearer ") else None
 
 
-def _reply(status: int, raw: bytes, request: dict[str, Any], *, is_responses: bool) -> web.Response:
-    """The upstream answer, bridged to what NeMo Gym's agents accept."""
+def _reply_ok(
+    route: Route, raw: bytes, request: dict[str, Any], *, is_responses: bool
+) -> web.Response:
+    """The endpoint's answer, completed to what NeMo Gym's agents accept."""
     try:
         payload = pydantic_core.from_json(raw)
     except ValueError:
         payload = None
-    if status == 200:
-        if not isinstance(payload, dict):
-            return _error(502, "upstream answered 200 with a non-JSON body", "upstream_error")
-        if is_responses:
-            payload = complete_response(payload, request)
-        return _json(payload)
-    if is_responses and _ended_rollout(status, payload):
-        # verifiers refuses further calls once a rollout stopped (turn limit, @vf.stop) or
-        # concluded. NeMo Gym's agent would raise and never verify; an `incomplete` reply
-        # makes it end its loop and verify what was done, so the reward is kept.
-        return _json(incomplete_response(request, _message(payload)))
+    if not isinstance(payload, dict):
+        message = "model endpoint answered 200 with a body that is not a JSON object"
+        route.fail(ProviderFailure(502, message))
+        return _error(502, message, "upstream_error")
+    if is_responses:
+        payload = complete_response(payload, request)
+    return _json(payload)
+
+
+def _reply_error(
+    route: Route, status: int, raw: bytes, request: dict[str, Any], *, is_responses: bool
+) -> web.Response:
+    """An error answer of the endpoint: verifiers refusing a call of a stopped rollout becomes an
+    `incomplete` reply (Responses only); anything else is a provider failure of the route,
+    relayed with its status."""
+    try:
+        payload = pydantic_core.from_json(raw)
+    except ValueError:
+        payload = None
+    message = redact.redact(_message(payload) or raw[:2000].decode(errors="replace"))
+    # Decided by verifiers' own state, never by the status or text alone: verifiers sets the
+    # trace's stop condition before it refuses a call (turn limit, @vf.stop), while a provider's
+    # 400/401/409 relayed by its interception leaves the rollout running.
+    stopped = route.stopped() if is_responses else None
+    if stopped is not None:
+        # NeMo Gym's agent would raise and never verify; an `incomplete` reply makes it end its
+        # loop and verify what was done, so the reward is kept.
+        return _json(incomplete_response(request, message or f"rollout stopped: {stopped}"))
+    route.fail(ProviderFailure(status, message[:2000]))
     if isinstance(payload, dict):
         return _json(payload, status)
-    text = raw[:2000].decode(errors="replace")
-    return _error(status, f"upstream answered {status}: {text}", "upstream_error")
+    return _error(status, f"upstream answered {status}: {message}", "upstream_error")
 
 
 def _message(payload: Any) -> str:
@@ -284,12 +411,6 @@ def _message(payload: Any) -> str:
         if error is not None:
             return str(error)
     return ""
-
-
-def _ended_rollout(status: int, payload: Any) -> bool:
-    if status in (401, 409):
-        return True
-    return status == 400 and _message(payload).startswith("rollout stopped")
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:

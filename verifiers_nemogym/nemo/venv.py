@@ -165,7 +165,7 @@ def _find_python_with_version(spec: str | None) -> tuple[Path, str]:
 def find_uv(*, required: bool = True) -> Path | None:
     """The `uv` binary: the `uv` Python package's one if installed, else the one on PATH."""
     try:
-        from uv import find_uv_bin  # type: ignore[import-not-found]
+        from uv import find_uv_bin
 
         return Path(find_uv_bin())
     except (ImportError, FileNotFoundError):

@@ -6,8 +6,10 @@ test can check which rollout each call belonged to. Run it alone with
 `nemo-gym-env serve scripted --port 8000`.
 
 Fault injection, for tests: a request whose first user message contains `[fault:MODE]` gets
-MODE = `500` or `429` (that HTTP error), `garbage` (200 with a body that is not JSON), `hang`
-(no answer for `hang_seconds`) or `huge` (a normal answer whose text is `huge_bytes` long).
+MODE = an HTTP status from 400 to 599 (e.g. `401`, `429`, `500`: that status with an
+OpenAI-style error body whose message is `scripted fault <status>`), `garbage` (200 with a body
+that is not JSON), `hang` (no answer for `hang_seconds`) or `huge` (a normal answer whose text
+is `huge_bytes` long).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -58,9 +60,8 @@ def _argument(schema: dict[str, Any]) -> Any:
     kind = schema.get("type")
     if "enum" in schema:
         return schema["enum"][0]
-    return {"integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(
-        kind, "San Francisco"
-    )
+    by_type: dict[Any, Any] = {"integer": 1, "number": 1.0, "boolean": True, "array": []}
+    return {**by_type, "object": {}}.get(kind, "San Francisco")
 
 
 def tool_arguments(tool: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +110,7 @@ class ScriptedPolicy:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
-    async def __aenter__(self) -> ScriptedPolicy:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -130,8 +131,8 @@ class ScriptedPolicy:
             self.calls.append(Call(request.headers.get("X-Session-ID"), body))
         fault = _FAULT.search(first_user_text(body))
         mode = fault.group(1) if fault else None
-        if mode in ("500", "429"):
-            error = {"message": f"scripted fault {mode}", "type": "server_error"}
+        if mode is not None and mode.isdigit() and 400 <= int(mode) <= 599:
+            error = {"message": f"scripted fault {mode}", "type": "scripted_fault"}
             return web.json_response({"error": error}, status=int(mode))
         if mode == "garbage":
             return web.Response(

@@ -14,6 +14,8 @@ from openai.types.responses import Response
 
 from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.bridge.proxy import (
+    ROLLOUT_ID_KEY,
+    ROLLOUT_ID_PATTERN,
     ROUTE_HEADER,
     ROUTE_KEY,
     SECRET_KEY,
@@ -267,6 +269,43 @@ async def test_route_tag_is_the_one_routing_form(proxy, upstream, http):
     status, _ = await post(http, proxy, tagged["responses_create_params"])
     assert status == 200 and route.calls == 1
     assert up.seen[-1]["body"]["metadata"] == {"k": "v"}  # routing keys never go upstream
+
+
+async def test_ng_rollout_paths_route_exactly_like_v1(proxy, upstream, http):
+    """NeMo Gym >= 0.7 with observability on calls `/ng-rollout/<row's _ng_rollout_id>/v1/...`:
+    tagged rows carry the route id there, and the path alone routes the call like `/v1/...`."""
+    up, endpoint = upstream
+    ids = [proxy.open_route(endpoint, f"s{i}").id for i in range(200)]
+    assert all(ROLLOUT_ID_PATTERN.match(i) for i in ids)  # any route id is a valid rollout id
+    route = proxy.open_route(endpoint, "bearer-secret")
+    tagged = route.tag({"responses_create_params": {"input": "hi"}})
+    assert tagged[ROLLOUT_ID_KEY] == route.id
+    only_secret = {"input": "hi", "metadata": {SECRET_KEY: proxy.secret}}
+
+    async def post_at(rollout_id: str, payload: dict[str, Any]) -> tuple[int, Any]:
+        url = f"{proxy.url}/ng-rollout/{rollout_id}/v1/responses"
+        async with http.post(url, json=payload) as r:
+            return r.status, await r.json()
+
+    for payload in (only_secret, tagged["responses_create_params"]):
+        status, reply = await post_at(tagged[ROLLOUT_ID_KEY], payload)
+        assert status == 200, reply
+        assert reply["output"][0]["content"][0]["text"] == "bearer-secret"  # this route's
+        assert up.seen[-1]["path"] == "/v1/responses"  # the prefix never goes upstream
+    assert route.calls == 2 and proxy.rollout_path_calls == 2
+    status, reply = await post_at(tagged[ROLLOUT_ID_KEY], {"input": "hi"})
+    assert status == 401  # the path names a route; the secret is still required
+    status, reply = await post_at("no-such-route", only_secret)
+    assert (status, reply["error"]["type"]) == (404, "unknown_route")
+    for malformed in ("_x", ".x", "a%20b"):
+        status, reply = await post_at(malformed, only_secret)
+        assert status == 404, malformed
+    await proxy.close_route(route)
+    status, reply = await post_at(route.id, only_secret)
+    assert (status, reply["error"]["type"]) == (410, "route_finished")
+    with pytest.raises(ValueError, match="does not match"):
+        proxy.open_route(endpoint, "s", "-leading-dash")
+    assert len(up.seen) == 2
 
 
 async def test_dead_upstream_is_502_not_a_dropped_connection(proxy, http):

@@ -23,4 +23,13 @@ class StackError(NeMoGymError):
 
 
 class AgentRunError(NeMoGymError):
-    """One rollout failed inside NeMo Gym: its agent's `/run` returned no result."""
+    """One rollout failed inside NeMo Gym: its agent's `/run` returned no result, or a result
+    NeMo Gym itself marks as no valid measurement (`mask_sample`: then `failure_kind` and
+    `failure_reason` are NeMo Gym's, else None)."""
+
+    def __init__(
+        self, message: str, *, failure_kind: str | None = None, failure_reason: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.failure_kind = failure_kind
+        self.failure_reason = failure_reason

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 # Echoes of the request and the raw NeMo Gym response: the trajectory already holds them.
 _ECHOED = ("responses_create_params", "response")
+# NeMo Gym >= 0.7 with observability on: its own record of the trajectory, often large.
+_NG_TRAJECTORY = "ng_trajectory"
 
 
 class NeMoGymHarnessConfig(vf.HarnessConfig):
@@ -70,7 +72,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             endpoint, secret, stop_condition=lambda: _stop_condition(trace)
         ) as route:
             result = await _post_run(live, data, agent_url, route)
-        record(trace, result)
+        record(trace, result, keep_ng_trajectory=live.keep_ng_trajectory)
         return ProgramResult(exit_code=0, stdout="", stderr="")
 
 
@@ -123,9 +125,25 @@ async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) 
         result = json.loads(text)
     except ValueError:
         raise AgentRunError(redact(f"{where} answered non-JSON: {text[:500]}")) from None
+    if isinstance(result, dict) and result.get("mask_sample") is True:
+        raise _masked(where, result)
     if not isinstance(result, dict) or not isinstance(result.get("reward"), int | float):
         raise AgentRunError(redact(f"{where} returned no numeric `reward`: {text[:500]}"))
     return result
+
+
+def _masked(where: str, result: dict[str, Any]) -> AgentRunError:
+    """NeMo Gym >= 0.7 marks a result whose reward is no valid measurement (an infrastructure
+    failure inside the rollout) with `mask_sample: true`: an error, never its reward."""
+    kind, reason = result.get("failure_kind"), result.get("failure_reason")
+    kind = None if kind is None else str(kind)
+    reason = None if reason is None else redact(str(reason))
+    return AgentRunError(
+        f"{where}: NeMo Gym masked the sample ({kind or 'no failure_kind'}): "
+        f"{(reason or 'no failure_reason')[:2000]}",
+        failure_kind=kind,
+        failure_reason=reason,
+    )
 
 
 async def _request(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:
@@ -133,14 +151,16 @@ async def _request(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
         return response.status, await response.text()
 
 
-def record(trace: vf.Trace, result: dict[str, Any]) -> None:
+def record(trace: vf.Trace, result: dict[str, Any], *, keep_ng_trajectory: bool = False) -> None:
     """NeMo Gym's `/run` result onto the trace: `reward` as the reward `nemo_gym`, numeric
-    verify fields as metrics, everything else but the request/response echoes in
-    `trace.info["nemo_gym"]`."""
+    verify fields (not booleans: flags such as `mask_sample` are no measurement) as metrics,
+    everything else but the request/response echoes in `trace.info["nemo_gym"]`; NeMo Gym's
+    `ng_trajectory` echo only with `keep_ng_trajectory`."""
     trace.record_reward("nemo_gym", float(result["reward"]))
-    info = {k: v for k, v in result.items() if k not in _ECHOED}
+    dropped = _ECHOED if keep_ng_trajectory else (*_ECHOED, _NG_TRAJECTORY)
+    info = {k: v for k, v in result.items() if k not in dropped}
     for key, value in info.items():
-        if key != "reward" and isinstance(value, bool | int | float):
+        if key != "reward" and isinstance(value, int | float) and not isinstance(value, bool):
             trace.record_metric(key, float(value))
     trace.info["nemo_gym"] = info
 

@@ -29,6 +29,8 @@ class LiveStack:
     http: aiohttp.ClientSession
     run_timeout: float
     """Seconds one `/run` may take (`--env.taskset.task.run-timeout`)."""
+    keep_ng_trajectory: bool = False
+    """Keep NeMo Gym's `ng_trajectory` echo in traces (`--env.taskset.keep-ng-trajectory`)."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
     failure: str | None = None

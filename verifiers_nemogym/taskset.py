@@ -63,6 +63,9 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """Port of the model proxy on 127.0.0.1 that NeMo Gym's agents call (0 picks a free one)."""
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
+    keep_ng_trajectory: bool = False
+    """Keep NeMo Gym's own trajectory record (`ng_trajectory`, NeMo Gym >= 0.7 with
+    observability on) in `trace.info["nemo_gym"]`; it repeats what verifiers records."""
     task: NeMoGymTaskConfig = NeMoGymTaskConfig()
 
     @field_validator("nemo_env", mode="before")

@@ -1,0 +1,93 @@
+"""What the harness makes of a `/run` result NeMo Gym 0.7 marks `mask_sample: true` (an
+infrastructure failure inside the rollout): an error carrying NeMo Gym's `failure_kind` and
+`failure_reason`, never a reward. The `/run` server here is a plain aiohttp app on loopback
+answering recorded result shapes; the real stack's results are covered by test_e2e."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.errors import AgentRunError
+from verifiers_nemogym.harness import _post_run
+from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.net import serve_app
+from verifiers_nemogym.taskset import parse_row
+
+ROW = {"responses_create_params": {"input": "hi"}, "agent_ref": {"name": "a"}}
+
+
+@pytest.fixture
+async def run_server() -> AsyncIterator[tuple[list[Any], list[dict[str, Any]], str]]:
+    """(results to answer, requests seen, base URL) of a `/run` endpoint."""
+    results: list[Any] = []
+    seen: list[dict[str, Any]] = []
+
+    async def run(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        return web.json_response(results.pop(0))
+
+    app = web.Application()
+    app.router.add_post("/run", run)
+    runner, port = await serve_app(app, "127.0.0.1", 0)
+    try:
+        yield results, seen, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def _run(url: str, result: dict[str, Any], results: list[Any]) -> dict[str, Any]:
+    results.append(result)
+    async with (
+        NeMoGymModelProxy() as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        live = LiveStack(proxy=proxy, agents={"a": url}, http=http, run_timeout=30)
+        data = parse_row(json.dumps(ROW), "rows.jsonl:1", None)
+        route = proxy.open_route("http://127.0.0.1:9/v1", "bearer")
+        try:
+            return await _post_run(live, data, url, route)
+        finally:
+            await proxy.close_route(route)
+
+
+async def test_masked_sample_is_an_error_with_nemo_gyms_failure_fields(run_server):
+    results, seen, url = run_server
+    masked = {
+        "reward": 0.0,
+        "mask_sample": True,
+        "failure_kind": "judge_error",
+        "failure_reason": "judge endpoint answered 503",
+        "response": {},
+    }
+    with pytest.raises(AgentRunError) as caught:
+        await _run(url, masked, results)
+    error = caught.value
+    assert (error.failure_kind, error.failure_reason) == (
+        "judge_error",
+        "judge endpoint answered 503",
+    )
+    assert str(error) == (
+        "rows.jsonl:1: agent 'a' /run: NeMo Gym masked the sample (judge_error): "
+        "judge endpoint answered 503"
+    )
+    # The row went out tagged with the route id as NeMo Gym's rollout id.
+    assert (
+        seen[0]["_ng_rollout_id"]
+        == seen[0]["responses_create_params"]["metadata"]["vf_nemogym_route"]
+    )
+    # Without a kind or a reason it is still an error, and says what is missing.
+    with pytest.raises(AgentRunError, match=r"\(no failure_kind\): no failure_reason"):
+        await _run(url, {"reward": 1.0, "mask_sample": True}, results)
+
+
+async def test_unmasked_results_keep_their_reward(run_server):
+    results, _, url = run_server
+    for result in ({"reward": 1.0}, {"reward": 0.5, "mask_sample": False, "failure_kind": "x"}):
+        assert (await _run(url, result, results))["reward"] == result["reward"]

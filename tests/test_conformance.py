@@ -32,9 +32,18 @@ from verifiers_nemogym.policies.replay import load_recordings
 
 
 @pytest.mark.stack
-async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(nemo_venv):
-    reports = await run_conformance(CI_ENVS, concurrency=8)
-    catalog = Catalog(nemo_venv)
+async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(any_nemo_venv, monkeypatch):
+    # A runtime below its Python floor needs its environment for NeMo Gym's per-server installs.
+    for key, value in any_nemo_venv.env().items():
+        if key == "UV_CONFIG_FILE":
+            monkeypatch.setenv(key, value)
+    reports = await run_conformance(
+        CI_ENVS,
+        nemo_gym_version=any_nemo_venv.nemo_gym_version,
+        python=str(any_nemo_venv.python),
+        concurrency=8,
+    )
+    catalog = Catalog(any_nemo_venv)
     assert [r.env for r in reports] == list(CI_ENVS)
     for report in reports:
         lines = catalog.env(report.env).example_rollouts.read_text().splitlines()

@@ -31,17 +31,31 @@ def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
         assert "vf_nemogym_route" not in json.dumps(call.body.get("metadata") or {})
 
 
-async def test_vf_eval_runs_rollouts_on_a_real_stack(policy: ScriptedPolicy, tmp_path: Path):
+def runtime_options(runtime: NeMoGymVenv) -> tuple[list[str], dict[str, str]]:
+    """vf-eval flags choosing `runtime`'s NeMo Gym, and the environment it needs (a runtime
+    below its Python floor: `BelowFloorVenv.env`'s extra variables)."""
+    if runtime.nemo_gym_version == "0.4.0":
+        return [], {}
+    flags = ["--env.taskset.nemo-gym-version", runtime.nemo_gym_version]
+    flags += ["--env.taskset.python", str(runtime.python)]
+    extra = {k: v for k, v in runtime.env().items() if k == "UV_CONFIG_FILE"}
+    return flags, extra
+
+
+async def test_vf_eval_runs_rollouts_on_a_real_stack(
+    policy: ScriptedPolicy, tmp_path: Path, any_nemo_venv: NeMoGymVenv
+):
+    flags, extra = runtime_options(any_nemo_venv)
     cmd = [
         script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
         "-n", "5", "-r", "3", "-c", "8", "--no-push", "-o", str(tmp_path / "out"),
-        "--env.taskset.nemo-env", ENV,
+        "--env.taskset.nemo-env", ENV, *flags,
     ]  # fmt: skip
     tag, env = run_tag()  # inherited by all the eval's descendants
     proc = await asyncio.create_subprocess_exec(
         *cmd,
-        env={**env, "SCRIPTED_KEY": "unused"},
+        env={**env, **extra, "SCRIPTED_KEY": "unused"},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -65,6 +79,7 @@ async def test_vf_eval_runs_rollouts_on_a_real_stack(policy: ScriptedPolicy, tmp
     (eval_log,) = (tmp_path / "out").glob("*/logs/latest/eval.log")
     assert "starting NeMo Gym stack" in eval_log.read_text()
     assert "NeMo Gym stack ready in" in eval_log.read_text()
+    assert f"nemo-gym-{any_nemo_venv.nemo_gym_version}" in eval_log.read_text()
     assert processes_with_env(tag) == []
 
 

@@ -221,8 +221,11 @@ class NeMoGymStack:
             start_new_session=True,
         )  # fmt: skip
         self.log.info(
-            "starting NeMo Gym stack (%s), log: %s",
+            "starting NeMo Gym stack (%s; nemo-gym-%s on Python %s, `%s`), log: %s",
             ", ".join(p.name for p in self.config_paths),
+            self.venv.nemo_gym_version,
+            self.venv.python_version,
+            " ".join([Path(start[0]).name, *start[1:]]),
             self.log_path,
         )
         timeout = aiohttp.ClientTimeout(total=5)

@@ -12,10 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import AgentRunError
-from verifiers_nemogym.harness import _post_run
+from verifiers_nemogym.harness import _post_run, record
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.net import serve_app
 from verifiers_nemogym.taskset import parse_row
@@ -91,3 +92,34 @@ async def test_unmasked_results_keep_their_reward(run_server):
     results, _, url = run_server
     for result in ({"reward": 1.0}, {"reward": 0.5, "mask_sample": False, "failure_kind": "x"}):
         assert (await _run(url, result, results))["reward"] == result["reward"]
+
+
+def test_record_keeps_numbers_as_metrics_not_flags_nor_nemo_gyms_trajectory_records():
+    result = {
+        "reward": 0.5,
+        "mask_sample": False,
+        "accuracy": 1,
+        "ratio": 0.25,
+        "failure_kind": None,
+        "responses_create_params": {"input": "hi"},
+        "response": {"output": []},
+        "ng_trajectory": {"turns": [1, 2]},
+        "ng_agent_observations": {"x": 1},
+        "ng_model_call_capture": {"calls": []},
+    }
+    trace = Trace(task=TraceTask(type="test", data={}), agent=AgentInfo(config={}))
+    record(trace, result)
+    assert trace.rewards["nemo_gym"].score == 0.5
+    assert trace.metrics == {"accuracy": 1.0, "ratio": 0.25}  # `mask_sample` is a flag
+    assert trace.info["nemo_gym"] == {
+        "reward": 0.5,
+        "mask_sample": False,
+        "accuracy": 1,
+        "ratio": 0.25,
+        "failure_kind": None,
+    }
+    kept = Trace(task=TraceTask(type="test", data={}), agent=AgentInfo(config={}))
+    record(kept, result, keep_ng_trajectory=True)
+    assert kept.info["nemo_gym"]["ng_trajectory"] == {"turns": [1, 2]}
+    assert {"ng_agent_observations", "ng_model_call_capture"} <= kept.info["nemo_gym"].keys()
+    assert "response" not in kept.info["nemo_gym"]

@@ -29,8 +29,10 @@ logger = logging.getLogger(__name__)
 
 # Echoes of the request and the raw NeMo Gym response: the trajectory already holds them.
 _ECHOED = ("responses_create_params", "response")
-# NeMo Gym >= 0.7 with observability on: its own record of the trajectory, often large.
-_NG_TRAJECTORY = "ng_trajectory"
+# NeMo Gym >= 0.7's own records of the trajectory (observability, token capture): large, and
+# what verifiers records itself. Its collector builds `ng_trajectory`; environment servers and
+# model servers may return the others in `/run` results.
+_NG_TRAJECTORY = ("ng_trajectory", "ng_agent_observations", "ng_model_call_capture")
 
 
 class NeMoGymHarnessConfig(vf.HarnessConfig):
@@ -155,9 +157,9 @@ def record(trace: vf.Trace, result: dict[str, Any], *, keep_ng_trajectory: bool 
     """NeMo Gym's `/run` result onto the trace: `reward` as the reward `nemo_gym`, numeric
     verify fields (not booleans: flags such as `mask_sample` are no measurement) as metrics,
     everything else but the request/response echoes in `trace.info["nemo_gym"]`; NeMo Gym's
-    `ng_trajectory` echo only with `keep_ng_trajectory`."""
+    own trajectory records (`ng_trajectory`...) only with `keep_ng_trajectory`."""
     trace.record_reward("nemo_gym", float(result["reward"]))
-    dropped = _ECHOED if keep_ng_trajectory else (*_ECHOED, _NG_TRAJECTORY)
+    dropped = _ECHOED if keep_ng_trajectory else (*_ECHOED, *_NG_TRAJECTORY)
     info = {k: v for k, v in result.items() if k not in dropped}
     for key, value in info.items():
         if key != "reward" and isinstance(value, int | float) and not isinstance(value, bool):

@@ -64,8 +64,9 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
     keep_ng_trajectory: bool = False
-    """Keep NeMo Gym's own trajectory record (`ng_trajectory`, NeMo Gym >= 0.7 with
-    observability on) in `trace.info["nemo_gym"]`; it repeats what verifiers records."""
+    """Keep NeMo Gym's own trajectory records in `trace.info["nemo_gym"]` when a `/run` result
+    carries them (`ng_trajectory`, `ng_agent_observations`, `ng_model_call_capture`: NeMo Gym
+    >= 0.7 with observability or token capture on); they repeat what verifiers records."""
     task: NeMoGymTaskConfig = NeMoGymTaskConfig()
 
     @field_validator("nemo_env", mode="before")

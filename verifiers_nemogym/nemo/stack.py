@@ -179,25 +179,7 @@ class NeMoGymStack:
 
         head_port = free_port()
         self.head_url = f"http://127.0.0.1:{head_port}"
-        # `ng_run` is a deprecated shim for `gym env start` from 0.7 on (same overrides).
-        start = (
-            [str(self.venv.bin("gym")), "env", "start"]
-            if self.gym_07
-            else [str(self.venv.bin("ng_run"))]
-        )
-        command = [
-            *start,
-            f"+config_paths={_hydra_list([*self.config_paths, policy_config])}",
-            "+head_server.host=127.0.0.1",
-            f"+head_server.port={head_port}",
-            # NeMo Gym's default is already loopback unless use_absolute_ip; say so explicitly.
-            "+default_host=127.0.0.1",
-            f"+uv_venv_dir={self.venv.server_venvs_dir}",
-            f"+skip_venv_if_present={str(warm).lower()}",
-            f"+uv_cache_dir={uv_cache_dir()}",
-        ]
-        if self.gym_07:
-            command.extend(self._gym_07_overrides(deadline))
+        command = self.command(policy_config, head_port, warm=warm, deadline=deadline)
         env = self.venv.env(self._ray_tmpdir)
         if self.fast_start:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
@@ -225,7 +207,7 @@ class NeMoGymStack:
             ", ".join(p.name for p in self.config_paths),
             self.venv.nemo_gym_version,
             self.venv.python_version,
-            " ".join([Path(start[0]).name, *start[1:]]),
+            " ".join([Path(command[0]).name, *command[1 : 3 if self.gym_07 else 1]]),
             self.log_path,
         )
         timeout = aiohttp.ClientTimeout(total=5)
@@ -247,6 +229,30 @@ class NeMoGymStack:
         self._mark_warm()
         self._release_build_lock()
 
+    def command(
+        self, policy_config: Path, head_port: int, *, warm: bool, deadline: float
+    ) -> list[str]:
+        """The NeMo Gym start command for this stack (`deadline`: `time.monotonic()` value)."""
+        # `ng_run` is a deprecated shim for `gym env start` from 0.7 on (same overrides).
+        if self.gym_07:
+            start = [str(self.venv.bin("gym")), "env", "start"]
+        else:
+            start = [str(self.venv.bin("ng_run"))]
+        command = [
+            *start,
+            f"+config_paths={_hydra_list([*self.config_paths, policy_config])}",
+            "+head_server.host=127.0.0.1",
+            f"+head_server.port={head_port}",
+            # NeMo Gym's default is already loopback unless use_absolute_ip; say so explicitly.
+            "+default_host=127.0.0.1",
+            f"+uv_venv_dir={self.venv.server_venvs_dir}",
+            f"+skip_venv_if_present={str(warm).lower()}",
+            f"+uv_cache_dir={uv_cache_dir()}",
+        ]
+        if self.gym_07:
+            command.extend(self._gym_07_overrides(deadline))
+        return command
+
     def _gym_07_overrides(self, deadline: float) -> list[str]:
         """Overrides only NeMo Gym >= 0.7 knows."""
         # NeMo Gym's own start deadline (default 600 s) would otherwise cut ours short, or
@@ -254,25 +260,27 @@ class NeMoGymStack:
         left = max(1, int(deadline - time.monotonic()) + 1)
         overrides = [f"+server_spinup_timeout_seconds={left}"]
         if restricted := self._model_type_restrictions():
-            # Our placeholder is not a model adapter NeMo Gym knows: it only points agents at
-            # the proxy, which relays to whatever model verifiers evaluates. The resources
-            # server's check (e.g. an audio-capable adapter) is then the user's to satisfy.
-            self.log.info(
-                "resources servers %s accept only some model types; the policy is verifiers' "
-                "model behind the proxy, so NeMo Gym's pairing check is switched off "
-                "(+allow_unsupported_pairing=true)",
-                ", ".join(restricted),
+            # Our placeholder is no model adapter NeMo Gym knows (it only points agents at the
+            # proxy), so NeMo Gym would refuse to start. The proxy relays Responses calls
+            # unchanged to verifiers' model: whatever an allowed adapter would translate (e.g.
+            # audio in metadata) is the user's model's to handle. Said, not hidden.
+            self.log.warning(
+                "resources servers accept only some model adapters (%s); the policy is "
+                "verifiers' model behind the proxy, which translates nothing, so NeMo Gym's "
+                "pairing check is waived (+allow_unsupported_pairing=true)",
+                "; ".join(f"{name}: {', '.join(types)}" for name, types in restricted.items()),
             )
             overrides.append("+allow_unsupported_pairing=true")
         return overrides
 
-    def _model_type_restrictions(self) -> list[str]:
-        """Resources servers of our configs that declare `allowed_model_types`."""
-        found: list[str] = []
+    def _model_type_restrictions(self) -> dict[str, list[str]]:
+        """Resources servers of our configs that declare `allowed_model_types`, with them."""
+        found: dict[str, list[str]] = {}
         for path in self.config_paths:
-            blocks = server_blocks(load_config(path), RESOURCES_SERVERS)
-            found.extend(name for name, (_, s) in blocks.items() if s.get(_ALLOWED_MODEL_TYPES))
-        return sorted(set(found))
+            for name, (_, settings) in server_blocks(load_config(path), RESOURCES_SERVERS).items():
+                if allowed := settings.get(_ALLOWED_MODEL_TYPES):
+                    found[name] = [allowed] if isinstance(allowed, str) else list(map(str, allowed))
+        return dict(sorted(found.items()))
 
     def _warm_stamp(self) -> Path:
         key = json.dumps(sorted(map(str, self.config_paths))).encode()

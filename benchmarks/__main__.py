@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks import end_to_end, proxy_hop, stack_start, steady_state
 from benchmarks.common import spawn_policy, summary
-from verifiers_nemogym.nemo.venv import ensure_venv
+from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
 
 FIGURES = ("proxy", "steady", "e2e", "start")
 RESULTS = Path(__file__).with_name("results")
@@ -169,6 +169,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "uv run python -m benchmarks " + " ".join(args.argv),
+        "nemo_gym_version": args.nemo_gym_version or DEFAULT_NEMO_GYM_VERSION,
         "machine": {
             "cpus": os.cpu_count(),
             "load_avg_1m_at_end": os.getloadavg()[0],
@@ -189,11 +190,25 @@ def main() -> None:
     parser.add_argument("--cold-repeats", type=int, default=1, help="cold stack starts")
     parser.add_argument("--only", nargs="+", choices=FIGURES, help="run only these figures")
     parser.add_argument("--out", type=Path, help="JSON path (default results/<date>.json)")
+    parser.add_argument(
+        "--nemo-gym-version",
+        help="another nemo-gym release for both sides (only the `start` figure, warm; its "
+        "runtime must exist, e.g. from the tests)",
+    )
+    parser.add_argument("--python", help="the Python of that release's runtime (path)")
     args = parser.parse_args()
     args.argv = sys.argv[1:]
+    if args.nemo_gym_version:
+        if set(args.only or FIGURES) != {"start"} or args.cold_repeats:
+            parser.error("--nemo-gym-version needs --only start --cold-repeats 0")
+        # Read by the fresh processes each start is measured in (benchmarks.stack_start).
+        os.environ[stack_start.VERSION_VAR] = args.nemo_gym_version
+        if args.python:
+            os.environ[stack_start.PYTHON_VAR] = args.python
     result = asyncio.run(main_async(args))
     print(_table(result))
-    path = args.out or RESULTS / f"{datetime.date.today().isoformat()}.json"
+    suffix = f"-nemo-gym-{args.nemo_gym_version}" if args.nemo_gym_version else ""
+    path = args.out or RESULTS / f"{datetime.date.today().isoformat()}{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written: {path}")

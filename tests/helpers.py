@@ -8,6 +8,7 @@ marker variable in its environment, and so does every descendant of a tagged pro
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -17,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR as STACK_MARKER_VAR
 from verifiers_nemogym.nemo.supervisor import processes_with_env
+from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.local_model import MARKER_ENV_VAR as MODEL_MARKER_VAR
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
@@ -110,3 +113,27 @@ def model_context(policy: ScriptedPolicy) -> vf.ModelContext:
 
     client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
     return vf.ModelContext(model="scripted", client=client)
+
+
+SINGLE_TOOL_ENV = "example_single_tool_call"
+SINGLE_TOOL_AGENT = "example_single_tool_call_simple_agent"
+
+
+@functools.cache
+def example_tools() -> list[dict[str, Any]]:
+    """The tool exactly as NeMo Gym's example rows of SINGLE_TOOL_ENV define it."""
+    first = Catalog(ensure_venv()).env(SINGLE_TOOL_ENV).dataset().read_text().splitlines()[0]
+    return json.loads(first)["responses_create_params"]["tools"]
+
+
+def row(text: str) -> dict[str, Any]:
+    params = {"input": [{"role": "user", "content": text}], "tools": example_tools()}
+    return {
+        "responses_create_params": params,
+        "agent_ref": {"type": "responses_api_agents", "name": SINGLE_TOOL_AGENT},
+    }
+
+
+def write_rows(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps(row(t)) + "\n" for t in texts))
+    return path

@@ -61,6 +61,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
         if sampling := row_sampling(data.row):
             trace.info["nemo_gym_row_sampling"] = sampling
             _warn_once(live, "sampling", sampling)
+        trace.info["nemo_gym_runtime"] = dict(live.runtime)
         async with live.proxy.route(endpoint, secret) as route_id:
             body = tag_row(data.row, live.proxy.metadata(route_id))
             result = await _post_run(live, data, agent_url, body)

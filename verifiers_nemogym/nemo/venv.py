@@ -457,6 +457,9 @@ def _find_cached(
             continue
         if runtime.below_floor and not allow_below_floor:
             continue
+        floor = _version_tuple(runtime.python_floor) if runtime.python_floor else MIN_PYTHON
+        if not runtime.below_floor and not _satisfies(runtime.python_version, floor):
+            continue  # below the floor but not built with the opt-in: not ours to trust
         if spec is None:
             matches.append(runtime)
         elif _VERSION_SPEC.match(spec):

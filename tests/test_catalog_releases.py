@@ -140,8 +140,8 @@ def test_07_moved_stub_names_its_new_name(catalog_07: Catalog) -> None:
 
 
 def test_07_dataset_declared_on_the_resources_server(catalog_07: Catalog) -> None:
-    spec = catalog_07.env("environments/nemo_user_sim")
-    assert {d.type for d in spec.server_datasets} >= {"example"}
+    spec = catalog_07.env("example_session_state_mgmt", "example_session_state_mgmt_nooa")
+    assert {d.type for d in spec.server_datasets} == {"example"}
     assert spec.dataset("example").is_file()
 
 

@@ -570,7 +570,9 @@ class Catalog:
                 "(`gym env resolve`)"
             ) from None
         if out.returncode != 0:
-            lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+            # NeMo Gym prints some errors on stdout; the merged config never reached it here.
+            text = out.stderr.strip() or out.stdout.strip()
+            lines = [line for line in text.splitlines() if line.strip()]
             last = lines[-1] if lines else f"exit {out.returncode}"
             raise ConfigError(f"NeMo Gym cannot merge {config_path}: {last[:300]}")
         merged = parse_config(out.stdout, f"`gym env resolve` of {config_path}")

@@ -185,6 +185,6 @@ def test_every_environment_resolves_or_has_a_reason(
     for name, reason in reasons.items():
         assert reason and "\n" not in reason, name
     print(f"NeMo Gym {release}: resolvable {resolved}, with a reason {len(reasons)}: {reasons}")
-    minimum = {"0.4.0": (90, 12), "0.7.0": (130, 40)}[release]
+    minimum = {"0.4.0": (94, 12), "0.7.0": (128, 46)}[release]
     assert resolved[RESOURCES_SERVERS] >= minimum[0]
     assert resolved[ENVIRONMENTS] >= minimum[1]

@@ -116,3 +116,10 @@ class SecretWatch:
 @pytest.fixture
 def secret_watch() -> SecretWatch:
     return SecretWatch()
+
+
+@pytest.fixture(scope="session")
+def nemo_venv_07() -> NeMoGymVenv:
+    """The NeMo Gym 0.7.0 runtime, built with the below-floor opt-in (no Python >= 3.13.14
+    here; 0.7.0 declares that CPython security floor). A few seconds from a warm uv cache."""
+    return ensure_venv("0.7.0", allow_below_floor=True)

@@ -93,6 +93,7 @@ def test_below_floor_opt_in_builds_a_marked_runtime(
     assert "UV_CONFIG_FILE" not in ensure_venv("0.4.0").env()
 
 
+@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s per config, cached)
 def test_07_resources_layout_with_include_and_inherit(catalog_07: Catalog) -> None:
     # configs/example_single_tool_call_single_agent_turn.yaml includes the single-agent-turn
     # environment server's config (`config_paths:`) and inherits from it (`_inherit_from:`).
@@ -105,6 +106,7 @@ def test_07_resources_layout_with_include_and_inherit(catalog_07: Catalog) -> No
     assert plain.agent.name == "example_single_tool_call_simple_agent"
 
 
+@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s per config, cached)
 def test_07_resolver_is_cached(catalog_07: Catalog) -> None:
     config = catalog_07.config_path("resources_servers/aviary/configs/aviary.yaml")
     catalog_07.merged_config(config)  # first call may run `gym env resolve` (~10 s)
@@ -114,6 +116,7 @@ def test_07_resolver_is_cached(catalog_07: Catalog) -> None:
     assert "config_paths" in merged
 
 
+@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s per config, cached)
 def test_07_environments_layout(catalog_07: Catalog) -> None:
     # Only in environments/ (no resources server folder of that name).
     spec = catalog_07.env("calendar_v2")
@@ -139,6 +142,7 @@ def test_07_moved_stub_names_its_new_name(catalog_07: Catalog) -> None:
     assert entries["reasoning_gym_hermes"].problem == "moved to hermes_reasoning_gym"
 
 
+@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s per config, cached)
 def test_07_dataset_declared_on_the_resources_server(catalog_07: Catalog) -> None:
     spec = catalog_07.env("example_session_state_mgmt", "example_session_state_mgmt_nooa")
     assert {d.type for d in spec.server_datasets} == {"example"}
@@ -167,6 +171,7 @@ def test_list_offline_status_uses_conformance_data(catalog_07: Catalog) -> None:
     }
 
 
+@pytest.mark.stack  # NeMo Gym's resolver over every include/inherit config (minutes when cold)
 @pytest.mark.parametrize("release", ["0.4.0", "0.7.0"])
 def test_every_environment_resolves_or_has_a_reason(
     release: str, nemo_venv: NeMoGymVenv, nemo_venv_07: NeMoGymVenv

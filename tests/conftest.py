@@ -17,10 +17,8 @@ import pytest
 from helpers import (
     SESSION_VAR,
     VERSIONS,
-    BelowFloorVenv,
     Launches,
     launched_processes,
-    ng07_runtime,
     wait_gone,
 )
 
@@ -80,16 +78,12 @@ def nemo_venv() -> NeMoGymVenv:
     return ensure_venv()
 
 
-@pytest.fixture(scope="session")
-def nemo_venv_07() -> BelowFloorVenv:
-    """The NeMo Gym 0.7.0 runtime, below its declared Python floor (see `helpers.ng07_runtime`)."""
-    return ng07_runtime()
-
-
 @pytest.fixture(scope="module", params=VERSIONS)
 def any_nemo_venv(request: pytest.FixtureRequest) -> NeMoGymVenv:
     """Each NeMo Gym version the stack tests cover, in turn (module scope: one at a time)."""
-    return ensure_venv() if request.param == "0.4.0" else ng07_runtime()
+    if request.param == "0.4.0":
+        return ensure_venv("0.4.0")
+    return ensure_venv("0.7.0", allow_below_floor=True)
 
 
 @pytest.fixture(scope="session")
@@ -136,3 +130,10 @@ class SecretWatch:
 @pytest.fixture
 def secret_watch() -> SecretWatch:
     return SecretWatch()
+
+
+@pytest.fixture(scope="session")
+def nemo_venv_07() -> NeMoGymVenv:
+    """The NeMo Gym 0.7.0 runtime, built with the below-floor opt-in (no Python >= 3.13.14
+    here; 0.7.0 declares that CPython security floor). A few seconds from a warm uv cache."""
+    return ensure_venv("0.7.0", allow_below_floor=True)

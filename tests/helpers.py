@@ -8,9 +8,9 @@ marker variable in its environment, and so does every descendant of a tagged pro
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
-import shutil
 import sys
 import time
 import uuid
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verifiers_nemogym.nemo import venv as venv_module
+from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR as STACK_MARKER_VAR
 from verifiers_nemogym.nemo.supervisor import processes_with_env
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, cache_root, find_uv
+from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.local_model import MARKER_ENV_VAR as MODEL_MARKER_VAR
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
@@ -115,72 +115,30 @@ def model_context(policy: ScriptedPolicy) -> vf.ModelContext:
     return vf.ModelContext(model="scripted", client=client)
 
 
-# --- NeMo Gym 0.7.0 below its declared Python floor -----------------------------------------
-# NeMo Gym 0.7.0 declares Python >= 3.13.14, a CPython security floor no code of it needs; no
-# such interpreter exists here, so its runtime is built by hand on 3.13.0 below that floor, the
-# way NeMo Gym's own notes describe (uv's `--python-version` override, and `UV_CONFIG_FILE` for
-# the per-server installs NeMo Gym runs). `ng07_runtime` is the one place that knows this: swap
-# it for the package's own opt-in once `ensure_venv` has one.
+SINGLE_TOOL_ENV = "example_single_tool_call"
+SINGLE_TOOL_AGENT = "example_single_tool_call_simple_agent"
 
-NG07 = "0.7.0"
-_PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-NG07_PYTHON = _PYENV / "versions/3.13.0/bin/python3"
-"""CPython 3.13.0: below nemo-gym 0.7.0's declared floor (3.13.14), which it runs on."""
-NG07_FLOOR = "3.13.14"
+
+@functools.cache
+def example_tools() -> list[dict[str, Any]]:
+    """The tool exactly as NeMo Gym's example rows of SINGLE_TOOL_ENV define it."""
+    first = Catalog(ensure_venv()).env(SINGLE_TOOL_ENV).dataset().read_text().splitlines()[0]
+    return json.loads(first)["responses_create_params"]["tools"]
+
+
+def row(text: str) -> dict[str, Any]:
+    params = {"input": [{"role": "user", "content": text}], "tools": example_tools()}
+    return {
+        "responses_create_params": params,
+        "agent_ref": {"type": "responses_api_agents", "name": SINGLE_TOOL_AGENT},
+    }
+
+
+def write_rows(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps(row(t)) + "\n" for t in texts))
+    return path
+
+
 VERSIONS = ["0.4.0", "0.7.0-below-floor"]
-"""Test ids of the NeMo Gym versions the stack tests run on."""
-
-
-@dataclass(frozen=True)
-class BelowFloorVenv(NeMoGymVenv):
-    """A runtime on an interpreter below its nemo-gym's declared Python floor: NeMo Gym's own
-    per-server `uv pip install nemo-gym==...` then needs uv told the floor's version."""
-
-    uv_config: Path = Path()
-
-    def env(self, ray_tmpdir: Path | None = None) -> dict[str, str]:
-        return super().env(ray_tmpdir) | {"UV_CONFIG_FILE": str(self.uv_config)}
-
-
-def ng07_runtime() -> BelowFloorVenv:
-    """The nemo-gym 0.7.0 runtime on Python 3.13.0, built once into the package's runtime cache
-    (where `ensure_venv("0.7.0", <that python>)` then finds it, e.g. in a vf-eval subprocess)."""
-    if not NG07_PYTHON.is_file():
-        raise RuntimeError(f"NeMo Gym 0.7.0 tests need CPython 3.13.0 at {NG07_PYTHON}")
-    root = cache_root() / "runtimes"
-    uv_config = cache_root() / f"uv-python-{NG07_FLOOR}.toml"
-    uv_config.parent.mkdir(parents=True, exist_ok=True)
-    uv_config.write_text(f'[pip]\npython-version = "{NG07_FLOOR}"\n')
-    name = f"nemo-gym-{NG07}-py3.13.0"
-    target = root / name
-    with venv_module._file_lock(root / f".{name}.lock"):
-        if venv_module._load_complete(target) is None:
-            shutil.rmtree(target, ignore_errors=True)
-            tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-            uv = str(find_uv())
-            env = venv_module._clean_env() | {"UV_PYTHON_DOWNLOADS": "never"}
-            try:
-                venv_module._run_uv(
-                    [uv, "venv", "--relocatable", "--no-project", "--python", str(NG07_PYTHON),
-                     str(tmp)], env, "uv venv (3.13.0)",
-                )  # fmt: skip
-                venv_module._run_uv(
-                    [uv, "pip", "install", "--python", str(tmp / "bin/python"),
-                     "--python-version", NG07_FLOOR, f"nemo-gym=={NG07}"], env,
-                    "installing nemo-gym 0.7.0 below its Python floor",
-                )  # fmt: skip
-                marker = {
-                    "python": str(NG07_PYTHON),
-                    "python_version": "3.13.0",
-                    "nemo_gym_version": NG07,
-                    "created": time.time(),
-                }
-                (tmp / venv_module._MARKER_NAME).write_text(json.dumps(marker))
-                tmp.rename(target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    plain = venv_module._load_complete(target)
-    assert plain is not None, f"NeMo Gym 0.7.0 runtime at {target} is incomplete"
-    return BelowFloorVenv(
-        plain.venv, plain.python, plain.python_version, plain.nemo_gym_version, uv_config
-    )
+"""Test ids of the NeMo Gym releases the end-to-end and conformance tests run on: 0.7.0 on a
+Python below its declared floor (3.13.14; none here), with the package's explicit opt-in."""

@@ -28,15 +28,14 @@ from verifiers_nemogym.conformance import (
 )
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR
 from verifiers_nemogym.policies.replay import load_recordings
 
 
 @pytest.mark.stack
 async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(any_nemo_venv, monkeypatch):
-    # A runtime below its Python floor needs its environment for NeMo Gym's per-server installs.
-    for key, value in any_nemo_venv.env().items():
-        if key == "UV_CONFIG_FILE":
-            monkeypatch.setenv(key, value)
+    if any_nemo_venv.below_floor:  # the opt-in, as `nemo-gym-env --allow-python-below-floor`
+        monkeypatch.setenv(BELOW_FLOOR_ENV_VAR, "1")
     reports = await run_conformance(
         CI_ENVS,
         nemo_gym_version=any_nemo_venv.nemo_gym_version,

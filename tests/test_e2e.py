@@ -31,21 +31,19 @@ def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
         assert "vf_nemogym_route" not in json.dumps(call.body.get("metadata") or {})
 
 
-def runtime_options(runtime: NeMoGymVenv) -> tuple[list[str], dict[str, str]]:
-    """vf-eval flags choosing `runtime`'s NeMo Gym, and the environment it needs (a runtime
-    below its Python floor: `BelowFloorVenv.env`'s extra variables)."""
-    if runtime.nemo_gym_version == "0.4.0":
-        return [], {}
+def runtime_flags(runtime: NeMoGymVenv) -> list[str]:
+    """vf-eval flags choosing `runtime`'s NeMo Gym release, Python and floor opt-in."""
     flags = ["--env.taskset.nemo-gym-version", runtime.nemo_gym_version]
     flags += ["--env.taskset.python", str(runtime.python)]
-    extra = {k: v for k, v in runtime.env().items() if k == "UV_CONFIG_FILE"}
-    return flags, extra
+    if runtime.below_floor:
+        flags += ["--env.taskset.allow-python-below-floor", "true"]
+    return flags
 
 
 async def test_vf_eval_runs_rollouts_on_a_real_stack(
     policy: ScriptedPolicy, tmp_path: Path, any_nemo_venv: NeMoGymVenv
 ):
-    flags, extra = runtime_options(any_nemo_venv)
+    flags = runtime_flags(any_nemo_venv)
     cmd = [
         script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
@@ -55,7 +53,7 @@ async def test_vf_eval_runs_rollouts_on_a_real_stack(
     tag, env = run_tag()  # inherited by all the eval's descendants
     proc = await asyncio.create_subprocess_exec(
         *cmd,
-        env={**env, **extra, "SCRIPTED_KEY": "unused"},
+        env={**env, "SCRIPTED_KEY": "unused"},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -84,17 +82,17 @@ async def test_vf_eval_runs_rollouts_on_a_real_stack(
 
 
 def _load_env(runtime: NeMoGymVenv, **options: Any) -> Any:
-    """nemo-gym-env on `runtime` (the fixture's: a 0.7.0 runtime below its Python floor needs
-    the fixture's environment for NeMo Gym's per-server installs)."""
+    """nemo-gym-env on `runtime`'s release and Python (with the floor opt-in it was built with)."""
     import nemo_gym_env
 
     env = nemo_gym_env.load_environment(
         nemo_env=ENV,
         nemo_gym_version=runtime.nemo_gym_version,
         python=str(runtime.python),
+        allow_python_below_floor=runtime.below_floor,
         **options,
     )
-    env.taskset._nemo_venv = runtime
+    assert env.taskset.nemo_venv == runtime
     return env
 
 

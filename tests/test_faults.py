@@ -8,7 +8,6 @@ The model is the only double: `ScriptedPolicy` with its `[fault:MODE]` triggers.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -22,40 +21,18 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import gone, model_context, run_tag, script
+from helpers import gone, model_context, run_tag, script, write_rows
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
 from verifiers_nemogym.env import NeMoGymEnv
-from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
-from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 pytestmark = pytest.mark.stack
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
-
-
-@functools.cache
-def example_tools() -> list[dict[str, Any]]:
-    """The tool exactly as NeMo Gym's example rows of ENV define it."""
-    first = Catalog(ensure_venv()).env(ENV).dataset().read_text().splitlines()[0]
-    return json.loads(first)["responses_create_params"]["tools"]
-
-
-def row(text: str) -> dict[str, Any]:
-    params = {"input": [{"role": "user", "content": text}], "tools": example_tools()}
-    return {
-        "responses_create_params": params,
-        "agent_ref": {"type": "responses_api_agents", "name": AGENT},
-    }
-
-
-def write_rows(path: Path, texts: list[str]) -> Path:
-    path.write_text("".join(json.dumps(row(t)) + "\n" for t in texts))
-    return path
 
 
 def first_user_text(prompt: Any) -> str:

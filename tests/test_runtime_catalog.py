@@ -52,7 +52,7 @@ def test_find_python_env_var_is_honoured(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 def test_ensure_runtime_is_reused_quickly(nemo_venv: NeMoGymVenv) -> None:
     started = time.perf_counter()
-    again = ensure_venv()
+    again = ensure_venv(DEFAULT_NEMO_GYM_VERSION)
     assert time.perf_counter() - started < 0.5
     assert again == nemo_venv
     assert again.nemo_gym_version == DEFAULT_NEMO_GYM_VERSION
@@ -60,6 +60,11 @@ def test_ensure_runtime_is_reused_quickly(nemo_venv: NeMoGymVenv) -> None:
     assert (again.site_packages / "nemo_gym").is_dir()
     # The same interpreter named explicitly hits the same cache entry.
     assert ensure_venv(python=str(again.python)) == again
+    assert again.info == {
+        "nemo_gym": DEFAULT_NEMO_GYM_VERSION,
+        "python": again.python_version,
+        "below_floor": False,
+    }
 
 
 def test_runtime_env_puts_its_interpreter_first(nemo_venv: NeMoGymVenv) -> None:

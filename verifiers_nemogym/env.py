@@ -91,6 +91,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             agents=agents,
             http=self._http,
             run_timeout=config.task.run_timeout,
+            runtime=taskset.nemo_venv.info,
             keep_ng_trajectory=config.keep_ng_trajectory,
         )
         config.task._live = live

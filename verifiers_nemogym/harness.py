@@ -70,6 +70,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
         if sampling := row_sampling(data.row):
             trace.info["nemo_gym_row_sampling"] = sampling
             _warn_once(live, "sampling", sampling)
+        trace.info["nemo_gym_runtime"] = dict(live.runtime)
         async with live.proxy.route(
             endpoint, secret, stop_condition=lambda: _stop_condition(trace)
         ) as route:

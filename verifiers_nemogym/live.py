@@ -29,8 +29,11 @@ class LiveStack:
     http: aiohttp.ClientSession
     run_timeout: float
     """Seconds one `/run` may take (`--env.taskset.task.run-timeout`)."""
+    runtime: dict[str, Any] = field(default_factory=dict)
+    """`NeMoGymVenv.info` of the stack's runtime: release, Python, below-floor opt-in; each
+    rollout copies it to `trace.info["nemo_gym_runtime"]`."""
     keep_ng_trajectory: bool = False
-    """Keep NeMo Gym's `ng_trajectory` echo in traces (`--env.taskset.keep-ng-trajectory`)."""
+    """Keep NeMo Gym's trajectory records in traces (`--env.taskset.keep-ng-trajectory`)."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
     failure: str | None = None

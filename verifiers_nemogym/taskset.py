@@ -21,7 +21,7 @@ from verifiers.v1.runtimes import Runtime
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.catalog import Catalog, load_config
-from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +53,17 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """Agent instance for rows without `agent_ref` (needed only if the stack has several)."""
     config_paths: list[str] = Field(default_factory=list)
     """Extra NeMo Gym config YAMLs (paths, or relative to the NeMo Gym install) to start."""
-    nemo_gym_version: str = DEFAULT_NEMO_GYM_VERSION
-    """nemo-gym release installed in the runtime venv (0.4.0 is the newest that runs on
-    Python 3.12; later ones need Python >= 3.13.14)."""
+    nemo_gym_version: str | None = None
+    """nemo-gym release installed in the runtime venv. Default: the newest known release
+    whose declared Python floor an interpreter here meets (0.4.0: >= 3.12; 0.5.0-0.7.0:
+    >= 3.13.14)."""
     python: str | None = None
-    """Python (>= 3.12) for the NeMo Gym runtime: a path or a version such as `3.12`.
+    """Python for the NeMo Gym runtime: a path or a version such as `3.12`.
     Default: `$VF_NEMOGYM_PYTHON`, else the first suitable interpreter found."""
+    allow_python_below_floor: bool = False
+    """Explicit opt-in to a Python below the release's declared floor (0.5-0.7 declare
+    >= 3.13.14, a CPython security-fix floor): uv then installs as for the floor version.
+    `$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1` opts in too. Recorded in every trace."""
     proxy_port: int = Field(0, ge=0, le=65535)
     """Port of the model proxy on 127.0.0.1 that NeMo Gym's agents call (0 picks a free one)."""
     start_timeout: float = Field(900.0, gt=0)
@@ -126,7 +131,12 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
     def nemo_venv(self) -> NeMoGymVenv:
         """The NeMo Gym runtime venv (created on first use, then cached on disk)."""
         if self._nemo_venv is None:
-            self._nemo_venv = ensure_venv(self.config.nemo_gym_version, self.config.python)
+            self._nemo_venv = ensure_venv(
+                self.config.nemo_gym_version,
+                self.config.python,
+                # False here defers to $VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR.
+                allow_below_floor=True if self.config.allow_python_below_floor else None,
+            )
         return self._nemo_venv
 
     @property

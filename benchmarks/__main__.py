@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks import end_to_end, proxy_hop, stack_start, steady_state
 from benchmarks.common import spawn_policy, summary
-from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
+from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, DEFAULT_NEMO_GYM_VERSION, ensure_venv
 
 FIGURES = ("proxy", "steady", "e2e", "start")
 RESULTS = Path(__file__).with_name("results")
@@ -196,6 +196,11 @@ def main() -> None:
         "runtime must exist, e.g. from the tests)",
     )
     parser.add_argument("--python", help="the Python of that release's runtime (path)")
+    parser.add_argument(
+        "--allow-python-below-floor",
+        action="store_true",
+        help="that Python may be below the release's declared floor (the package's opt-in)",
+    )
     args = parser.parse_args()
     args.argv = sys.argv[1:]
     if args.nemo_gym_version:
@@ -205,6 +210,8 @@ def main() -> None:
         os.environ[stack_start.VERSION_VAR] = args.nemo_gym_version
         if args.python:
             os.environ[stack_start.PYTHON_VAR] = args.python
+        if args.allow_python_below_floor:
+            os.environ[BELOW_FLOOR_ENV_VAR] = "1"
     result = asyncio.run(main_async(args))
     print(_table(result))
     suffix = f"-nemo-gym-{args.nemo_gym_version}" if args.nemo_gym_version else ""

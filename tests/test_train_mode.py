@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -168,7 +172,7 @@ async def test_train_mode_records_tokens_on_every_call(
     eval_reward = {_question(e): e.traces[0].reward for e in evaluated}
     assert all(e.ok for e in evaluated), [_errors(e) for e in evaluated if not e.ok]
     calls = tokens = 0
-    branches: dict[str, int] = {}
+    branches: list[int] = []
     for episode in trained:
         label, trace = _label(episode), episode.traces[0]
         if label in ("fault500", "garbage"):
@@ -188,7 +192,7 @@ async def test_train_mode_records_tokens_on_every_call(
             continue
         calls += len(trace.calls)
         tokens += _check_tokens(trace)
-        branches[_question(episode)[:40]] = len(trace.branches)
+        branches.append(len(trace.branches))
         # NeMo Gym's reward is the trace's.
         assert trace.reward == trace.info["nemo_gym"]["reward"]
         if label == "length":
@@ -210,7 +214,7 @@ async def test_train_mode_records_tokens_on_every_call(
     print(
         f"TRAIN-MODE {len(trained)} rollouts in {train_seconds:.1f} s "
         f"(slowest {max(timings.values()):.1f} s); calls with tokens {tokens}/{calls}; "
-        f"branches per rollout {sorted(branches.values())}"
+        f"branches per rollout {sorted(branches)}"
     )
     texts = {f"trace {e.traces[0].id}": json.dumps(e.traces[0].to_record()) for e in trained}
     texts |= {f"errors {i}": _errors(e) for i, e in enumerate(trained)}
@@ -222,3 +226,53 @@ async def _gone(entry: str, seconds: float = 30) -> list[int]:
     while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
     return alive
+
+
+def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> None:
+    """`nemo-gym-env eval-local --train`: the packaged model on llama.cpp behind the generate
+    adapter, verifiers' train client, one rollout. The model's wording is never asserted: only
+    that every call recorded real ids and real (finite, varying) logprobs, that the rollout is
+    one branch whose prompts extend each other, and that NeMo Gym's reward is on the trace."""
+    tag = uuid.uuid4().hex
+    outdir = tmp_path / "out"
+    cmd = [
+        str(Path(sys.executable).with_name("nemo-gym-env")), "eval-local", ENVS[0],
+        "--train", "-n", "1", "-c", "1", "-o", str(outdir),
+    ]  # fmt: skip
+    began = time.monotonic()
+    proc = subprocess.run(
+        cmd,
+        env={**os.environ, "VF_NEMOGYM_TEST_RUN": tag},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
+    seconds = time.monotonic() - began
+    log = proc.stdout.decode(errors="replace")
+    assert processes_with_env(f"VF_NEMOGYM_TEST_RUN={tag}") == []
+    assert proc.returncode == 0, log[-6000:]
+    (traces_file,) = outdir.glob("*/traces.jsonl")
+    (episode,) = [json.loads(line) for line in traces_file.read_text().splitlines() if line]
+    assert episode["ok"], episode["errors"]
+    (trace,) = episode["traces"]
+    assert trace["rewards"]["nemo_gym"]["score"] == trace["info"]["nemo_gym"]["reward"]
+    nodes, calls = trace["nodes"], trace["calls"]
+    assert calls
+    logprobs: list[float] = []
+    for call in calls:
+        node = nodes[call["node"]]
+        assert node["token_ids"] and len(node["mask"]) == len(node["token_ids"])
+        assert len(node["logprobs"]) == sum(node["mask"]) > 0
+        logprobs += node["logprobs"]
+    # Real logprobs: finite, at most 0, not one synthetic constant.
+    assert all(-1e4 < lp <= 0 for lp in logprobs) and len(set(logprobs)) > 1
+    # One branch: every call's assistant node lies on the path to the last one.
+    leaves = set(range(len(nodes))) - {n["parent"] for n in nodes if n["parent"] is not None}
+    assert len(leaves) == 1, f"{len(leaves)} branches"
+    summary = f"train mode: {len(calls)}/{len(calls)} model calls recorded token ids"
+    assert summary in log, log[-3000:]
+    print(
+        f"EVAL-LOCAL-TRAIN 1 rollout, {len(calls)} calls, {len(logprobs)} sampled tokens, "
+        f"reward {trace['info']['nemo_gym']['reward']}, {seconds:.0f} s"
+    )

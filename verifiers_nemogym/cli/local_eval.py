@@ -75,7 +75,10 @@ class LocalEvalOptions:
 
 # How verifiers' renderer reads the packaged Qwen2.5 model: its own chat template (loaded with
 # the tokenizer), tool calls as <tool_call> JSON (Hermes, the `qwen3` parser), <think> reasoning.
-TRAIN_RENDERER = {"name": "default", "tool_parser": "qwen3", "reasoning_parser": "think"}
+TRAIN_RENDERER_ARGS = [
+    "--client.renderer.name", "default", "--client.renderer.tool-parser", "qwen3",
+    "--client.renderer.reasoning-parser", "think",
+]  # fmt: skip
 
 
 def _die_with_parent() -> None:
@@ -108,7 +111,7 @@ def vf_eval_command(
     if tokenizer is not None:
         cmd += [
             "--client.type", "train", "--client.renderer-model-name", str(tokenizer),
-            "--client.renderer", json.dumps(TRAIN_RENDERER),
+            *TRAIN_RENDERER_ARGS,
         ]  # fmt: skip
     return cmd + list(options.vf_eval_args)
 

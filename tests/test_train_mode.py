@@ -268,7 +268,7 @@ def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> No
     # Real logprobs: finite, at most 0, not one synthetic constant.
     assert all(-1e4 < lp <= 0 for lp in logprobs) and len(set(logprobs)) > 1
     # One branch: every call's assistant node lies on the path to the last one.
-    leaves = set(range(len(nodes))) - {n["parent"] for n in nodes if n["parent"] is not None}
+    leaves = set(range(len(nodes))) - {n.get("parent") for n in nodes} - {None}
     assert len(leaves) == 1, f"{len(leaves)} branches"
     summary = f"train mode: {len(calls)}/{len(calls)} model calls recorded token ids"
     assert summary in log, log[-3000:]
@@ -276,3 +276,47 @@ def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> No
         f"EVAL-LOCAL-TRAIN 1 rollout, {len(calls)} calls, {len(logprobs)} sampled tokens, "
         f"reward {trace['info']['nemo_gym']['reward']}, {seconds:.0f} s"
     )
+
+
+async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path: Path) -> None:
+    """The README's command: `vf-eval nemo-gym-env --client.type train ...` against a
+    vLLM-compatible server (the token server). With `--env.agent.max-turns 1` verifiers refuses
+    the second call as in eval mode: the rollout stops, NeMo Gym verifies, the reward stays, and
+    the one call made recorded its tokens."""
+    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    out = tmp_path / "out"
+    async with TokenServer(tokenizer) as server:
+        cmd = [
+            str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "token-server",
+            "--client.type", "train", "--client.base-url", server.base_url,
+            "--client.api-key-var", "VF_NEMOGYM_TEST_NO_KEY",
+            "--client.renderer-model-name", str(tokenizer_dir(packaged_model_path())),
+            "--client.renderer.name", "default", "--client.renderer.tool-parser", "qwen3",
+            "--client.renderer.reasoning-parser", "think",
+            "-n", "3", "-r", "1", "-c", "3", "--no-push", "-o", str(out),
+            "--env.taskset.nemo-env", ENVS[0], "--env.agent.max-turns", "1",
+        ]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            env={**os.environ, tag.split("=")[0]: tag.split("=")[1]},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
+    log = output.decode(errors="replace")
+    assert proc.returncode == 0, log[-3000:]
+    assert await _gone(tag) == []
+    (traces_file,) = out.rglob("traces.jsonl")
+    episodes = [json.loads(line) for line in traces_file.read_text().splitlines() if line]
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == 3 and all(e["ok"] for e in episodes), [e["errors"] for e in episodes]
+    for trace in traces:
+        assert trace["stop_condition"] == "max_turns"
+        assert trace["rewards"]["nemo_gym"]["score"] == trace["info"]["nemo_gym"]["reward"]
+        (call,) = trace["calls"]  # the refused second call never reached the model
+        node = trace["nodes"][call["node"]]
+        assert len(node["logprobs"]) == sum(node["mask"]) > 0
+        assert node["message"]["tool_calls"], "the first call was the tool call"
+    assert len(server.calls) == 3
+    written = [p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()]
+    assert all("vf_nemogym_secret" not in text for text in [*written, log])

@@ -137,3 +137,10 @@ def row(text: str) -> dict[str, Any]:
 def write_rows(path: Path, texts: list[str]) -> Path:
     path.write_text("".join(json.dumps(row(t)) + "\n" for t in texts))
     return path
+
+
+def error_text(episode: vf.Episode) -> str:
+    """Every error message of `episode` and its traces, joined."""
+    messages = [e.message for e in episode.errors]
+    messages += [e.message for t in episode.traces for e in t.errors]
+    return " | ".join(messages)

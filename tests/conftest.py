@@ -1,18 +1,88 @@
-"""Shared fixtures: the real NeMo Gym runtime (created on first use, then cached)."""
+"""Shared fixtures, and the guard of the fast tier.
+
+Tiers: a test that starts a NeMo Gym stack, a model server or an install is marked `stack`;
+`pytest -m "not stack"` runs the rest in seconds (given the cached NeMo Gym runtime venv).
+An unmarked test that starts a stack or a local model server fails (see `launches`), and the
+session fails if a stack or model process it started outlives it.
+"""
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from helpers import SESSION_VAR, Launches, launched_processes, wait_gone
 
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
+from verifiers_nemogym.policies.local_model import LocalModelServer
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs inner sessions with this conftest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tag() -> Iterator[str]:
+    """`VF_NEMOGYM_TEST_SESSION=<hex>`, inherited by everything this session starts; at the
+    end nothing it started as a stack or model server may be left (waited for, bounded)."""
+    value = uuid.uuid4().hex
+    os.environ[SESSION_VAR] = value
+    entry = f"{SESSION_VAR}={value}"
+    yield entry
+    left = launched_processes(entry)
+    assert wait_gone(left, 60), f"stack or model processes outlived the tests: {left}"
+
+
+@pytest.fixture(autouse=True)
+def launches(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Launches:
+    """Records every `NeMoGymStack.start` and `LocalModelServer.start` of the test. In a test
+    not marked `stack`, a stack start fails the test before anything is spawned, and a model
+    server that comes up is stopped and fails it (a start refusing bad input is fine there)."""
+    seen = Launches()
+    fast = request.node.get_closest_marker("stack") is None
+    stack_start = NeMoGymStack.start
+    model_start = LocalModelServer.start
+
+    async def start_stack(self: NeMoGymStack) -> None:
+        seen.stacks.append(self.marker)
+        if fast:
+            pytest.fail("this test starts a NeMo Gym stack: mark it @pytest.mark.stack")
+        await stack_start(self)
+
+    def start_model(self: LocalModelServer) -> LocalModelServer:
+        seen.models.append(self.marker)
+        server = model_start(self)  # bad input raises before a server is spawned: allowed
+        if fast:
+            server.stop()
+            pytest.fail("this test starts a model server: mark it @pytest.mark.stack")
+        return server
+
+    monkeypatch.setattr(NeMoGymStack, "start", start_stack)
+    monkeypatch.setattr(LocalModelServer, "start", start_model)
+    return seen
 
 
 @pytest.fixture(scope="session")
 def nemo_venv() -> NeMoGymVenv:
     """The NeMo Gym 0.4.0 runtime venv; the first test run creates it (about a minute)."""
     return ensure_venv()
+
+
+@pytest.fixture(scope="session")
+def catalog(nemo_venv: NeMoGymVenv) -> Catalog:
+    """NeMo Gym's environments, as installed in the runtime venv."""
+    return Catalog(nemo_venv)
+
+
+@pytest.fixture
+async def policy() -> AsyncIterator[ScriptedPolicy]:
+    """The scripted model on 127.0.0.1 (a `[fault:hang]` call waits 120 s)."""
+    async with ScriptedPolicy(hang_seconds=120) as p:
+        yield p
 
 
 class SecretWatch:
@@ -46,3 +116,10 @@ class SecretWatch:
 @pytest.fixture
 def secret_watch() -> SecretWatch:
     return SecretWatch()
+
+
+@pytest.fixture(scope="session")
+def nemo_venv_07() -> NeMoGymVenv:
+    """The NeMo Gym 0.7.0 runtime, built with the below-floor opt-in (no Python >= 3.13.14
+    here; 0.7.0 declares that CPython security floor). A few seconds from a warm uv cache."""
+    return ensure_venv("0.7.0", allow_below_floor=True)

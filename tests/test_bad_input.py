@@ -1,7 +1,8 @@
 """Bad input through the env itself: a one-line error naming what and where, nothing started.
 
 Each case goes the way a user's run goes (`load_environment`, iterate the taskset, `serving()`),
-and checks that no proxy or stack is left behind.
+and checks that no stack was started: `NeMoGymStack.start` was never called (conftest's
+`launches` records every call) and no process of this test session carries a stack's marker.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from helpers import Launches, launched_processes
 
 import nemo_gym_env
 from verifiers_nemogym.errors import ConfigError, NeMoGymError, VenvSetupError
@@ -20,33 +22,44 @@ ENV = "example_single_tool_call"
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}
 
 
-async def start_fails(expected: type[NeMoGymError], match: str, **fields) -> str:
-    """Load the env, read its rows and serve it, expecting `expected`; return its first line."""
-    env = nemo_gym_env.load_environment(**fields)
-    with pytest.raises(expected, match=match) as info:
-        list(env.taskset)
-        async with env.serving():
-            pass
-    assert env._stack is None and env._proxy is None  # nothing left started
+@pytest.fixture
+def start_fails(launches: Launches, session_tag: str):
+    """`await start_fails(Error, match, **fields)`: load the env, read its rows and serve it,
+    expecting `Error`; check that no stack started; return the error's message."""
+
+    async def check(expected: type[NeMoGymError], match: str, **fields) -> str:
+        env = nemo_gym_env.load_environment(**fields)
+        with pytest.raises(expected, match=match) as info:
+            list(env.taskset)
+            async with env.serving():
+                pass
+        assert launches.stacks == []  # refused before any NeMo Gym process was spawned
+        assert launched_processes(session_tag) == []
+        return _one_line(info)
+
+    return check
+
+
+def _one_line(info: pytest.ExceptionInfo[NeMoGymError]) -> str:
     message = str(info.value)
     assert message and "\n" not in message.strip(), message
     return message
 
 
-async def test_unknown_environment_suggests_close_matches():
+async def test_unknown_environment_suggests_close_matches(start_fails):
     message = await start_fails(
         ConfigError, "example_single_tool_cal", nemo_env="example_single_tol_call"
     )
     assert "Did you mean" in message
 
 
-async def test_malformed_jsonl_line_names_file_and_line(tmp_path: Path):
+async def test_malformed_jsonl_line_names_file_and_line(start_fails, tmp_path: Path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps(ROW) + "\n{oops\n")
     await start_fails(ConfigError, f"{rows}:2:", jsonl_path=str(rows), nemo_env=ENV)
 
 
-async def test_row_without_responses_create_params(tmp_path: Path):
+async def test_row_without_responses_create_params(start_fails, tmp_path: Path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "hi"}\n')
     await start_fails(
@@ -54,13 +67,13 @@ async def test_row_without_responses_create_params(tmp_path: Path):
     )
 
 
-async def test_agent_ref_the_stack_cannot_have(tmp_path: Path):
+async def test_agent_ref_the_stack_cannot_have(start_fails, tmp_path: Path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({**ROW, "agent_ref": {"name": "ghost_agent"}}) + "\n")
     await start_fails(ConfigError, "ghost_agent", jsonl_path=str(rows), nemo_env=ENV)
 
 
-async def test_rows_without_agent_ref_on_a_stack_of_several_agents(tmp_path: Path):
+async def test_rows_without_agent_ref_on_a_stack_of_several_agents(start_fails, tmp_path: Path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps(ROW) + "\n")
     await start_fails(
@@ -68,7 +81,7 @@ async def test_rows_without_agent_ref_on_a_stack_of_several_agents(tmp_path: Pat
     )
 
 
-async def test_config_yaml_that_does_not_parse(tmp_path: Path):
+async def test_config_yaml_that_does_not_parse(start_fails, tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("my_server:\n  resources_servers: [unclosed\n")
     await start_fails(
@@ -76,7 +89,7 @@ async def test_config_yaml_that_does_not_parse(tmp_path: Path):
     )
 
 
-async def test_proxy_port_in_use():
+async def test_proxy_port_in_use(start_fails):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -84,11 +97,12 @@ async def test_proxy_port_in_use():
         await start_fails(ConfigError, f"127.0.0.1:{port}", nemo_env=ENV, proxy_port=port)
 
 
-async def test_unusable_python_for_nemo_gym(tmp_path: Path):
+async def test_unusable_python_for_nemo_gym(start_fails, tmp_path: Path):
     missing = tmp_path / "python3.12"
     await start_fails(VenvSetupError, str(missing), nemo_env=ENV, python=str(missing))
 
 
+@pytest.mark.stack  # an install: a fresh runtime venv in an empty cache
 async def test_nemo_gym_version_that_cannot_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):

@@ -31,6 +31,7 @@ from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import load_recordings
 
 
+@pytest.mark.stack
 async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(nemo_venv):
     reports = await run_conformance(CI_ENVS, concurrency=8)
     catalog = Catalog(nemo_venv)

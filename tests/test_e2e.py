@@ -5,32 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-import verifiers.v1 as vf
-from verifiers.v1.configs.client import EvalClientConfig
+from helpers import model_context, read_episodes, run_tag, script
 
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
 
+pytestmark = pytest.mark.stack
+
 ENV = "example_single_tool_call"
-
-
-@pytest.fixture
-async def policy():
-    async with ScriptedPolicy() as p:
-        yield p
-
-
-def episodes(outdir: Path) -> list[dict[str, Any]]:
-    (traces_file,) = outdir.glob("*/traces.jsonl")
-    return [json.loads(line) for line in traces_file.read_text().splitlines() if line.strip()]
 
 
 def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
@@ -44,24 +31,23 @@ def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
 
 
 async def test_vf_eval_runs_rollouts_on_a_real_stack(policy: ScriptedPolicy, tmp_path: Path):
-    vf_eval = Path(sys.executable).with_name("vf-eval")
     cmd = [
-        str(vf_eval), "nemo-gym-env", "-m", "scripted",
+        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
         "-n", "5", "-r", "3", "-c", "8", "--no-push", "-o", str(tmp_path / "out"),
         "--env.taskset.nemo-env", ENV,
     ]  # fmt: skip
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"  # inherited by all the eval's descendants
+    tag, env = run_tag()  # inherited by all the eval's descendants
     proc = await asyncio.create_subprocess_exec(
         *cmd,
-        env={**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]},
+        env={**env, "SCRIPTED_KEY": "unused"},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await asyncio.wait_for(proc.communicate(), timeout=900)
     log = output.decode(errors="replace")
     assert proc.returncode == 0, log[-5000:]
-    eps = episodes(tmp_path / "out")
+    eps = read_episodes(tmp_path / "out")
     traces = [t for e in eps for t in e["traces"]]
     assert len(eps) == 15 and len(traces) == 15
     assert all(e["ok"] for e in eps), [e["errors"] for e in eps if not e["ok"]][:2]
@@ -86,8 +72,7 @@ async def test_python_api_runs_episodes_and_stops_cleanly(policy: ScriptedPolicy
 
     env = nemo_gym_env.load_environment(nemo_env=ENV)
     tasks = list(env.taskset)
-    client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
-    ctx = vf.ModelContext(model="scripted", client=client)
+    ctx = model_context(policy)
     async with env.serving():
         marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
         assert processes_with_env(marker) != []

@@ -8,7 +8,6 @@ The model is the only double: `ScriptedPolicy` with its `[fault:MODE]` triggers.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -16,54 +15,24 @@ import signal
 import sys
 import textwrap
 import time
-import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from verifiers.v1.configs.client import EvalClientConfig
+from helpers import error_text, gone, model_context, run_tag, script, write_rows
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
 from verifiers_nemogym.env import NeMoGymEnv
-from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
-from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+pytestmark = pytest.mark.stack
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
-
-
-@functools.cache
-def example_tools() -> list[dict[str, Any]]:
-    """The tool exactly as NeMo Gym's example rows of ENV define it."""
-    first = Catalog(ensure_venv()).env(ENV).dataset().read_text().splitlines()[0]
-    return json.loads(first)["responses_create_params"]["tools"]
-
-
-def row(text: str) -> dict[str, Any]:
-    params = {"input": [{"role": "user", "content": text}], "tools": example_tools()}
-    return {
-        "responses_create_params": params,
-        "agent_ref": {"type": "responses_api_agents", "name": AGENT},
-    }
-
-
-def write_rows(path: Path, texts: list[str]) -> Path:
-    path.write_text("".join(json.dumps(row(t)) + "\n" for t in texts))
-    return path
-
-
-async def gone(entry: str, seconds: float = 30) -> list[int]:
-    """Wait (bounded) until no process carries `entry`; return the survivors."""
-    deadline = time.monotonic() + seconds
-    while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    return alive
 
 
 def first_user_text(prompt: Any) -> str:
@@ -84,17 +53,6 @@ def no_cross_routing(policy: ScriptedPolicy, traces: list[vf.Trace]) -> None:
             assert seen == {by_trace[session]}
 
 
-@pytest.fixture
-async def policy() -> AsyncIterator[ScriptedPolicy]:
-    async with ScriptedPolicy(hang_seconds=120) as p:
-        yield p
-
-
-def context(policy: ScriptedPolicy) -> vf.ModelContext:
-    client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
-    return vf.ModelContext(model="scripted", client=client)
-
-
 async def run_all(
     env: NeMoGymEnv, ctx: vf.ModelContext, tasks: list[vf.Task], concurrency: int
 ) -> list[vf.Episode]:
@@ -105,12 +63,6 @@ async def run_all(
             return await env.run_episode(task, ctx)
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))
-
-
-def errors(episode: vf.Episode) -> str:
-    messages = [e.message for e in episode.errors]
-    messages += [e.message for t in episode.traces for e in t.errors]
-    return " | ".join(messages)
 
 
 async def test_model_faults_fail_only_their_own_rollouts(
@@ -127,7 +79,7 @@ async def test_model_faults_fail_only_their_own_rollouts(
     async with env.serving():
         secret_watch.watch(env)
         marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
-        eps = await run_all(env, context(policy), tasks, concurrency=16)
+        eps = await run_all(env, model_context(policy), tasks, concurrency=16)
     assert len(eps) == len(texts)  # none lost
     by_text = {e.task.data.prompt_text: e for e in eps}
     for text in texts[:6]:
@@ -138,11 +90,11 @@ async def test_model_faults_fail_only_their_own_rollouts(
         episode = by_text[text]
         assert not episode.ok, f"{text} should be an error"
         assert episode.traces[0].rewards.get("nemo_gym") is None  # an error, not reward 0
-        assert reason in errors(episode), errors(episode)
+        assert reason in error_text(episode), error_text(episode)
     no_cross_routing(policy, [t for e in eps for t in e.traces])
     # Neither the proxy's secret nor any rollout's reached a trace, an error or the log.
     seen = {f"trace {t.id}": json.dumps(t.to_record()) for e in eps for t in e.traces}
-    seen |= {f"errors of {e.task.data.prompt_text}": errors(e) for e in eps}
+    seen |= {f"errors of {e.task.data.prompt_text}": error_text(e) for e in eps}
     secret_watch.assert_absent({**seen, "log": caplog.text})
     assert await gone(marker) == []
 
@@ -151,6 +103,15 @@ async def test_rollout_deadline_cancels_run_and_late_calls_go_nowhere(
     policy: ScriptedPolicy, tmp_path: Path
 ):
     policy.hang_seconds = 6  # the upstream answers after the rollout's deadline has passed
+    late_answer = asyncio.Event()
+    scripted_reply = policy.reply
+
+    def reply(body: dict[str, Any]) -> dict[str, Any]:  # the hung call is being answered
+        if "[fault:hang]" in json.dumps(body.get("input")):
+            late_answer.set()
+        return scripted_reply(body)
+
+    policy.reply = reply  # observe the model double, nothing more
     texts = ["[fault:hang] slow", "weather now?"]
     rows = str(write_rows(tmp_path / "r.jsonl", texts))
     config = {"taskset": {"id": "nemo-gym-env", "jsonl_path": rows}}
@@ -160,10 +121,11 @@ async def test_rollout_deadline_cancels_run_and_late_calls_go_nowhere(
     slow, fast = list(env.taskset)
     async with env.serving():
         live = env.taskset.config.task._live
-        ctx = context(policy)
+        ctx = model_context(policy)
         timed_out = await env.run_episode(slow, ctx)
         assert live.proxy.open_routes == 0  # the route closed with the cancelled /run
-        await asyncio.sleep(policy.hang_seconds)  # let the late upstream answer arrive
+        # The hung call's late answer is sent before the next rollout starts.
+        await asyncio.wait_for(late_answer.wait(), timeout=policy.hang_seconds + 60)
         after = await env.run_episode(fast, ctx)
     trace = timed_out.traces[0]
     assert trace.stop_condition is not None or not timed_out.ok
@@ -180,7 +142,7 @@ async def test_killed_server_is_reported_and_fails_remaining_rollouts(
 ):
     env = nemo_gym_env.load_environment(nemo_env=ENV)
     tasks = list(env.taskset)
-    ctx = context(policy)
+    ctx = model_context(policy)
     async with env.serving():
         stack = env._stack
         marker = f"{MARKER_ENV_VAR}={stack.marker}"
@@ -196,7 +158,7 @@ async def test_killed_server_is_reported_and_fails_remaining_rollouts(
         assert live.failure is not None and name in live.failure, live.failure
         later = await run_all(env, ctx, tasks, concurrency=5)
     assert len(later) == len(tasks) and not any(e.ok for e in later)
-    assert all(live.failure in errors(e) for e in later), [errors(e) for e in later]
+    assert all(live.failure in error_text(e) for e in later), [error_text(e) for e in later]
     assert await gone(marker) == []
 
 
@@ -225,10 +187,10 @@ async def test_thousand_rollouts_256_in_flight(policy: ScriptedPolicy):
     tasks = list(env.taskset)
     async with env.serving():
         marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
-        eps = await run_all(env, context(policy), tasks * 200, concurrency=256)
+        eps = await run_all(env, model_context(policy), tasks * 200, concurrency=256)
         assert env.taskset.config.task._live.proxy.open_routes == 0
     assert len(eps) == 1000
-    failed = [errors(e) for e in eps if not e.ok]
+    failed = [error_text(e) for e in eps if not e.ok]
     assert failed == [], failed[:3]
     traces = [t for e in eps for t in e.traces]
     assert len({t.id for t in traces}) == 1000
@@ -247,14 +209,16 @@ async def test_fifty_megabyte_model_call_and_answer(policy: ScriptedPolicy, tmp_
     )
     async with env.serving():
         marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
-        eps = await run_all(env, context(policy), list(env.taskset), concurrency=3)
+        eps = await run_all(env, model_context(policy), list(env.taskset), concurrency=3)
     assert len(eps) == 3
-    for episode in eps:  # each ends ok with NeMo Gym's reward, or as an error of its own
-        assert episode.ok or errors(episode), "a failed rollout must say why"
-        if episode.ok:
-            assert episode.traces[0].rewards["nemo_gym"] is not None
-    assert eps[2].ok and eps[2].traces[0].reward == 1.0
-    assert eps[0].ok, errors(eps[0])  # 50 MB through agent, proxy, interception, policy
+    # 50 MB each way through agent, proxy, interception and policy; every rollout ends ok with
+    # NeMo Gym's reward (its verifier gives example_single_tool_call rollouts 1.0).
+    for episode in eps:
+        assert episode.ok, error_text(episode)
+        assert episode.traces[0].reward == 1.0
+        assert episode.traces[0].info["nemo_gym"]["reward"] == 1.0
+    for episode in eps[:2]:  # the big prompt and the big answer are on the recorded trajectory
+        assert len(episode.traces[0].model_dump_json()) > 50 * 1024 * 1024
     assert await gone(marker) == []
 
 
@@ -278,10 +242,9 @@ _EVAL_OWNER = textwrap.dedent(
 
 
 async def test_exception_inside_start_leaves_nothing():
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    tag, env = run_tag()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _EVAL_OWNER,
-        env={**os.environ, tag.split("=")[0]: tag.split("=")[1]},
+        sys.executable, "-c", _EVAL_OWNER, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=300)
@@ -296,15 +259,15 @@ async def test_signal_to_vf_eval_mid_run_leaves_nothing(
     policy: ScriptedPolicy, tmp_path: Path, sig: signal.Signals
 ):
     rows = write_rows(tmp_path / "rows.jsonl", [f"[fault:hang] {i}" for i in range(4)])
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    tag, env = run_tag()
     cmd = [
-        str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "scripted",
+        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "-n", "4", "-r", "2", "-c", "8", "--no-push",
         "-o", str(tmp_path / "out"), "--env.taskset.jsonl-path", str(rows),
     ]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *cmd,
-        env={**os.environ, tag.split("=")[0]: tag.split("=")[1]},
+        env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )

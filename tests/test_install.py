@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import read_episodes
 
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import processes_with_env
@@ -136,8 +137,7 @@ async def test_vf_eval_from_the_installed_wheel(install: Install, tmp_path: Path
         ]  # fmt: skip
         code, out, err = await _run_tagged(cmd, tmp_path, tag, timeout=900)
     assert code == 0, (out + err)[-5000:]
-    (traces_file,) = (tmp_path / "out").glob("*/traces.jsonl")
-    episodes = [json.loads(line) for line in traces_file.read_text().splitlines() if line.strip()]
+    episodes = read_episodes(tmp_path / "out")
     traces = [t for e in episodes for t in e["traces"]]
     assert len(episodes) == 2 and len(traces) == 2
     assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes]

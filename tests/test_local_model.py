@@ -10,17 +10,15 @@ the evaluation is tried at most twice.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import read_episodes, run_tag, script, wait_gone
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.supervisor import processes_with_env
@@ -32,24 +30,6 @@ from verifiers_nemogym.policies.local_model import (
 
 ENV = "example_single_tool_call"
 ATTEMPTS = 2
-
-
-def wait_gone(pids: list[int] | int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    pids = [pids] if isinstance(pids, int) else pids
-    while time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-            except OSError:
-                continue
-            if state != "Z":
-                alive.append(pid)
-        if not alive:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def tool_use_problems(trace: dict[str, Any]) -> list[str]:
@@ -76,14 +56,11 @@ def tool_use_problems(trace: dict[str, Any]) -> list[str]:
     return []
 
 
-def run_eval_local(outdir: Path, tag: str) -> tuple[int, str]:
-    cmd = [
-        str(Path(sys.executable).with_name("nemo-gym-env")), "eval-local", ENV,
-        "-n", "2", "-o", str(outdir),
-    ]  # fmt: skip
+def run_eval_local(outdir: Path, env: dict[str, str]) -> tuple[int, str]:
+    cmd = [script("nemo-gym-env"), "eval-local", ENV, "-n", "2", "-o", str(outdir)]
     proc = subprocess.run(
         cmd,
-        env={**os.environ, "VF_NEMOGYM_TEST_RUN": tag},  # inherited by every descendant
+        env=env,  # its tag is inherited by every descendant
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         timeout=1100,
@@ -92,20 +69,20 @@ def run_eval_local(outdir: Path, tag: str) -> tuple[int, str]:
     return proc.returncode, proc.stdout.decode(errors="replace")
 
 
+@pytest.mark.stack
 @pytest.mark.timeout(ATTEMPTS * 1200)
 def test_eval_local_runs_the_real_model_through_nemo_gym(tmp_path: Path) -> None:
     problems: list[str] = []
     for attempt in range(ATTEMPTS):
-        tag = uuid.uuid4().hex
+        tag, env = run_tag()
         outdir = tmp_path / f"attempt{attempt}"
-        status, log = run_eval_local(outdir, tag)
+        status, log = run_eval_local(outdir, env)
         # Whatever the model did, nothing the command started may survive it.
-        survivors = processes_with_env(f"VF_NEMOGYM_TEST_RUN={tag}")
+        survivors = processes_with_env(tag)
         assert wait_gone(survivors, 10), f"processes left behind: {survivors}"
         assert status == 0, log[-6000:]
         assert "ready at http://127.0.0.1:" in log  # the local server, on loopback
-        (traces_file,) = outdir.glob("*/traces.jsonl")
-        episodes = [json.loads(line) for line in traces_file.read_text().splitlines() if line]
+        episodes = read_episodes(outdir)
         assert len(episodes) == 2
         traces = [t for e in episodes for t in e["traces"]]
         assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes]
@@ -120,6 +97,7 @@ def test_eval_local_runs_the_real_model_through_nemo_gym(tmp_path: Path) -> None
     pytest.fail(f"the local model did not call the tool properly in {ATTEMPTS} runs: {problems}")
 
 
+@pytest.mark.stack
 def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
     """The model server of a SIGKILLed owner exits by itself (its stdin pipe closes)."""
     owner_code = textwrap.dedent(
@@ -153,6 +131,7 @@ def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
         owner.wait()
 
 
+@pytest.mark.stack
 def test_stop_leaves_nothing_and_the_packaged_model_is_cached() -> None:
     path = packaged_model_path()
     assert path == packaged_model_path()  # assembled once, then reused as is
@@ -177,7 +156,7 @@ def test_bad_gguf_is_a_clear_error_and_starts_nothing(tmp_path: Path, content: b
 
 
 def test_eval_local_rejects_bad_input_before_starting_anything(tmp_path: Path) -> None:
-    cli = str(Path(sys.executable).with_name("nemo-gym-env"))
+    cli = script("nemo-gym-env")
     missing = tmp_path / "absent.gguf"
     out = subprocess.run(
         [cli, "eval-local", "--gguf", str(missing)], capture_output=True, text=True, timeout=300

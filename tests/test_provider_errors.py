@@ -15,58 +15,23 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import verifiers.v1 as vf
+from helpers import error_text, gone, write_rows
 from verifiers.v1.configs.client import EvalClientConfig
 
 import nemo_gym_env
-from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
-from verifiers_nemogym.nemo.venv import ensure_venv
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
+pytestmark = pytest.mark.stack
 STATUSES = [400, 401, 403, 404, 409, 422, 429, 500]
 RUN_TIMEOUT = 20
-
-
-def rows_file(path: Path, texts: list[str]) -> str:
-    """NeMo Gym rows of ENV (its own tool) asking `texts`."""
-    first = Catalog(ensure_venv()).env(ENV).dataset().read_text().splitlines()[0]
-    tools = json.loads(first)["responses_create_params"]["tools"]
-    agent_ref = {"type": "responses_api_agents", "name": AGENT}
-    lines = [
-        {"responses_create_params": {"input": [{"role": "user", "content": t}], "tools": tools},
-         "agent_ref": agent_ref}
-        for t in texts
-    ]  # fmt: skip
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return str(path)
-
-
-async def gone(entry: str, seconds: float = 30) -> list[int]:
-    """Wait (bounded) until no process carries `entry`; return the survivors."""
-    deadline = time.monotonic() + seconds
-    while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    return alive
-
-
-def error_text(episode: vf.Episode) -> str:
-    messages = [e.message for e in episode.errors]
-    messages += [e.message for t in episode.traces for e in t.errors]
-    return " | ".join(messages)
-
-
-@pytest.fixture
-async def policy() -> AsyncIterator[ScriptedPolicy]:
-    async with ScriptedPolicy(hang_seconds=120) as p:
-        yield p
 
 
 async def test_every_provider_status_is_an_error_naming_it(
@@ -76,7 +41,8 @@ async def test_every_provider_status_is_an_error_naming_it(
     faults = {status: f"[fault:{status}] weather {status}?" for status in STATUSES}
     texts = [*faults.values(), "[fault:hang] weather?", "weather in Rome?", "weather in Oslo?"]
     env = nemo_gym_env.load_environment(
-        jsonl_path=rows_file(tmp_path / "rows.jsonl", texts), task={"run_timeout": RUN_TIMEOUT}
+        jsonl_path=str(write_rows(tmp_path / "rows.jsonl", texts)),
+        task={"run_timeout": RUN_TIMEOUT},
     )
     tasks = list(env.taskset)
     client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")

@@ -28,11 +28,6 @@ ENVS = ("example_single_tool_call", "example_multi_step", "example_multi_turn_gy
 
 
 @pytest.fixture(scope="module")
-def catalog(nemo_venv) -> Catalog:
-    return Catalog(nemo_venv)
-
-
-@pytest.fixture(scope="module")
 def recordings(catalog: Catalog) -> list[Recording]:
     found: list[Recording] = []
     for name in ENVS:

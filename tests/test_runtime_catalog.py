@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -25,16 +24,6 @@ from verifiers_nemogym.nemo.venv import (
 )
 
 
-@pytest.fixture(scope="module")
-def catalog_runtime() -> NeMoGymVenv:
-    return ensure_venv()
-
-
-@pytest.fixture(scope="module")
-def catalog(catalog_runtime: NeMoGymVenv) -> Catalog:
-    return Catalog(catalog_runtime)
-
-
 def test_find_python_accepts_a_named_interpreter() -> None:
     found = find_python()
     assert find_python(str(found)) == found
@@ -45,11 +34,14 @@ def test_find_python_rejects_a_missing_interpreter(tmp_path: Path) -> None:
         find_python(str(tmp_path / "no-such-python"))
 
 
-def test_find_python_rejects_an_old_interpreter() -> None:
-    if sys.version_info >= (3, 12):
-        pytest.fail("this test expects the verifiers side to run on Python < 3.12")
-    with pytest.raises(VenvSetupError, match=r"needs CPython >= 3\.12"):
-        find_python(sys.executable)
+def test_find_python_rejects_an_old_interpreter(tmp_path: Path) -> None:
+    # An interpreter that answers the version probe as CPython 3.11 does, whatever Python runs
+    # the tests (the package supports 3.11-3.13 itself, so sys.executable may be new enough).
+    old = tmp_path / "python3.11"
+    old.write_text("#!/bin/sh\necho CPython 3.11.9\n")
+    old.chmod(0o755)
+    with pytest.raises(VenvSetupError, match=r"is 3\.11\.9; NeMo Gym needs CPython >= 3\.12"):
+        find_python(str(old))
 
 
 def test_find_python_env_var_is_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -58,21 +50,26 @@ def test_find_python_env_var_is_honoured(monkeypatch: pytest.MonkeyPatch, tmp_pa
         find_python()
 
 
-def test_ensure_runtime_is_reused_quickly(catalog_runtime: NeMoGymVenv) -> None:
+def test_ensure_runtime_is_reused_quickly(nemo_venv: NeMoGymVenv) -> None:
     started = time.perf_counter()
-    again = ensure_venv()
+    again = ensure_venv(DEFAULT_NEMO_GYM_VERSION)
     assert time.perf_counter() - started < 0.5
-    assert again == catalog_runtime
+    assert again == nemo_venv
     assert again.nemo_gym_version == DEFAULT_NEMO_GYM_VERSION
     assert again.bin("ng_run").exists()
     assert (again.site_packages / "nemo_gym").is_dir()
     # The same interpreter named explicitly hits the same cache entry.
     assert ensure_venv(python=str(again.python)) == again
+    assert again.info == {
+        "nemo_gym": DEFAULT_NEMO_GYM_VERSION,
+        "python": again.python_version,
+        "below_floor": False,
+    }
 
 
-def test_runtime_env_puts_its_interpreter_first(catalog_runtime: NeMoGymVenv) -> None:
-    env = catalog_runtime.env(Path("/tmp/vfng-x"))
-    assert env["PATH"].split(":")[0] == str(catalog_runtime.python.parent)
+def test_runtime_env_puts_its_interpreter_first(nemo_venv: NeMoGymVenv) -> None:
+    env = nemo_venv.env(Path("/tmp/vfng-x"))
+    assert env["PATH"].split(":")[0] == str(nemo_venv.python.parent)
     assert env["UV_PYTHON_DOWNLOADS"] == "never"
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     assert env["RAY_TMPDIR"] == "/tmp/vfng-x"
@@ -140,7 +137,7 @@ def test_catalog_unknown_config(catalog: Catalog) -> None:
         catalog.env("equivalence_rule", config="nope")
 
 
-def test_catalog_reports_unparsable_yaml(tmp_path: Path, catalog_runtime: NeMoGymVenv) -> None:
+def test_catalog_reports_unparsable_yaml(tmp_path: Path, nemo_venv: NeMoGymVenv) -> None:
     # A fake runtime layout, so the real site-packages stays untouched.
     site = tmp_path / "lib" / "python3.12" / "site-packages"
     configs = site / "resources_servers" / "broken" / "configs"
@@ -148,9 +145,9 @@ def test_catalog_reports_unparsable_yaml(tmp_path: Path, catalog_runtime: NeMoGy
     (configs / "broken.yaml").write_text("broken: [unclosed\n")
     fake = NeMoGymVenv(
         venv=tmp_path,
-        python=catalog_runtime.python,
+        python=nemo_venv.python,
         python_version="3.12.1",
-        nemo_gym_version=catalog_runtime.nemo_gym_version,
+        nemo_gym_version=nemo_venv.nemo_gym_version,
     )
     with pytest.raises(ConfigError, match=str(configs / "broken.yaml")):
         Catalog(fake).env("broken")

@@ -10,57 +10,36 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+from helpers import gone
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
-from verifiers_nemogym.nemo.stack import NeMoGymStack, processes_with_marker
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
+from verifiers_nemogym.nemo.stack import MARKER_ENV_VAR, NeMoGymStack, processes_with_marker
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+pytestmark = pytest.mark.stack
 
 ENV_NAME = "example_single_tool_call"
 
 
 @pytest.fixture(scope="module")
-def stack_venv() -> NeMoGymVenv:
-    return ensure_venv()
-
-
-@pytest.fixture(scope="module")
-def single_tool_env(stack_venv: NeMoGymVenv) -> EnvSpec:
-    return Catalog(stack_venv).env(ENV_NAME)
-
-
-@pytest.fixture
-async def scripted_policy() -> AsyncIterator[ScriptedPolicy]:
-    policy = ScriptedPolicy()
-    await policy.start()
-    try:
-        yield policy
-    finally:
-        await policy.stop()
-
-
-async def _wait_no_marker(marker: str, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while (alive := processes_with_marker(marker)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    return alive
+def single_tool_env(catalog: Catalog) -> EnvSpec:
+    return catalog.env(ENV_NAME)
 
 
 async def test_stack_runs_a_rollout_and_stops_clean(
-    stack_venv: NeMoGymVenv, single_tool_env: EnvSpec, scripted_policy: ScriptedPolicy
+    nemo_venv: NeMoGymVenv, single_tool_env: EnvSpec, policy: ScriptedPolicy
 ) -> None:
     stack = NeMoGymStack(
-        stack_venv,
+        nemo_venv,
         single_tool_env.config_paths,
-        policy_host=scripted_policy.host,
-        policy_port=scripted_policy.port,
+        policy_host=policy.host,
+        policy_port=policy.port,
         start_timeout=300,
     )
     try:
@@ -77,11 +56,11 @@ async def test_stack_runs_a_rollout_and_stops_clean(
             assert response.status == 200, await response.text()
             result = await response.json()
         assert result["reward"] == 1.0
-        assert len(scripted_policy.calls) == 2
+        assert len(policy.calls) == 2
         await stack.check_alive()
     finally:
         await stack.stop()
-    assert await _wait_no_marker(stack.marker, 10) == []
+    assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
     await stack.stop()  # idempotent
 
 
@@ -106,14 +85,14 @@ _OWNER_SCRIPT = textwrap.dedent(
 
 
 async def test_sigkill_of_owner_leaves_no_process(
-    single_tool_env: EnvSpec, scripted_policy: ScriptedPolicy
+    single_tool_env: EnvSpec, policy: ScriptedPolicy
 ) -> None:
     owner = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
         _OWNER_SCRIPT,
         str(single_tool_env.config_paths[0]),
-        str(scripted_policy.port),
+        str(policy.port),
         stdout=subprocess.PIPE,
         cwd=Path(__file__).parent.parent,
     )
@@ -131,7 +110,7 @@ async def test_sigkill_of_owner_leaves_no_process(
         assert marker and processes_with_marker(marker)
         os.kill(owner.pid, signal.SIGKILL)
         await owner.wait()
-        assert await _wait_no_marker(marker, 60) == []
+        assert await gone(f"{MARKER_ENV_VAR}={marker}", 60) == []
     finally:
         if owner.returncode is None:
             owner.kill()
@@ -142,9 +121,9 @@ async def test_sigkill_of_owner_leaves_no_process(
 
 
 async def test_server_dying_during_start_raises_and_leaves_nothing(
-    stack_venv: NeMoGymVenv,
+    nemo_venv: NeMoGymVenv,
     single_tool_env: EnvSpec,
-    scripted_policy: ScriptedPolicy,
+    policy: ScriptedPolicy,
     tmp_path: Path,
 ) -> None:
     # A resources server in ng_run's cwd (the stack workdir) that crashes on start-up, next to
@@ -159,20 +138,20 @@ async def test_server_dying_during_start_raises_and_leaves_nothing(
         "      entrypoint: app.py\n      domain: other\n"
     )
     # Stdlib-only server: reuse the runtime venv instead of installing one into the cache.
-    venv_link = stack_venv.server_venvs_dir / "resources_servers" / "vf_test_broken" / ".venv"
+    venv_link = nemo_venv.server_venvs_dir / "resources_servers" / "vf_test_broken" / ".venv"
     venv_link.parent.mkdir(parents=True, exist_ok=True)
     if not venv_link.exists():
-        venv_link.symlink_to(stack_venv.venv)
+        venv_link.symlink_to(nemo_venv.venv)
     stack = NeMoGymStack(
-        stack_venv,
+        nemo_venv,
         [*single_tool_env.config_paths, config],
-        policy_host=scripted_policy.host,
-        policy_port=scripted_policy.port,
+        policy_host=policy.host,
+        policy_port=policy.port,
         workdir=tmp_path / "workdir",
         start_timeout=300,
     )
     with pytest.raises(StackError, match="vf_test_broken") as caught:
         await stack.start()
     assert "boom" in str(caught.value)
-    assert await _wait_no_marker(stack.marker, 10) == []
+    assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
     await stack.stop()

@@ -35,12 +35,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verifiers_nemogym.bridge.redact import redact
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
-from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
+from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.replay import (
     REPLAY_KEY,
     Recording,
@@ -49,6 +49,11 @@ from verifiers_nemogym.policies.replay import (
     input_keys,
     load_recordings,
 )
+
+if TYPE_CHECKING:  # annotations only: this module imports verifiers inside run_conformance
+    import verifiers.v1 as vf
+
+    from verifiers_nemogym.env import NeMoGymEnv
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +120,50 @@ DEFAULT_ENVS: tuple[str, ...] = (
 )
 """What `nemo-gym-env conformance` runs without names: the environments verified to run offline
 here (docs/conformance.md), run `STACK_ENVS` at a time."""
+
+NOT_OFFLINE: dict[str, str] = {
+    "wordle": "downloads its word list at run time",
+    "iheval": "downloads nltk data at run time",
+    "rolemrc": "downloads a bert-score model at run time",
+    "wmt_translation": "downloads torch and a COMET model from Hugging Face at run time",
+    "competitive_coding_challenges": "pre-loads a ~27 GB test-metadata file not in the wheel",
+    "scicode": "needs SciCode's test_data.h5 (not in the wheel); its agent's calls cannot be "
+    "routed",
+    "bigcodebench": "fetches evaluation requirements at start",
+    "evalplus": "downloads the HumanEval+ release file at start",
+    "ether0": "clones its repository from GitHub at import",
+    "newton_bench": "clones NewtonBench from GitHub at start",
+    "vlm_eval_kit": "clones VLMEvalKit from GitHub at start",
+    "bird_sql": "downloads the BIRD dev databases",
+    "spider2_lite": "downloads SQLite databases from Google Drive",
+    "critpt": "scored by the Artificial Analysis web API (needs its key)",
+    "gymnasium": "a base class, not a standalone server",
+    "code_fim": "its requirement does not provide the module the server imports",
+    "gdpval": "external agent runtime (stirrup); its config defines no agent",
+    "cvdp": "runs Docker",
+    "example_mcp_weather": "external agent runtime (Claude Code CLI and key)",
+    "math_formal_lean": "compiles Lean in a sandbox server",
+}
+"""Environments that do not run offline for a reason their config does not show (found by
+runs and source reading, docs/conformance.md and the 0.7.0 survey)."""
+
+
+def offline_status(name: str, problem: str | None, facts: dict[str, str]) -> tuple[bool, str]:
+    """Whether the catalog entry `name` (bare folder name) runs offline on a CPU machine and
+    why: `DEFAULT_ENVS` are verified by conformance runs (NeMo Gym 0.4.0); `NOT_OFFLINE` holds
+    known reasons; otherwise a heuristic on the entry's `facts` (`CatalogEntry.facts`: judge
+    model, API key, sandbox, URL requirements, `${policy_base_url}`)."""
+    if problem:
+        return False, problem
+    if name in DEFAULT_ENVS:
+        return True, "verified by conformance runs (NeMo Gym 0.4.0)"
+    if name in NOT_OFFLINE:
+        return False, NOT_OFFLINE[name]
+    for key in ("judge", "api_key", "sandbox", "url_requirement", "policy_base_url"):
+        if key in facts:
+            return False, facts[key]
+    return True, "heuristic: no judge, key, sandbox or URL requirement in its files"
+
 
 STACK_ENVS = 10
 """At most this many environments share one stack in `command`; longer lists run as successive
@@ -343,7 +392,7 @@ def _error_line(text: str) -> str:
 async def run_conformance(
     envs: Sequence[str],
     *,
-    nemo_gym_version: str = DEFAULT_NEMO_GYM_VERSION,
+    nemo_gym_version: str | None = None,
     python: str | None = None,
     concurrency: int = 8,
     start_timeout: float = 1800.0,
@@ -368,7 +417,7 @@ async def run_conformance(
         env = nemo_gym_env.load_environment(
             nemo_env=plan.runnable,
             jsonl_path=str(rows_file),
-            nemo_gym_version=nemo_gym_version,
+            nemo_gym_version=runtime.nemo_gym_version,
             python=python,
             start_timeout=start_timeout,
             task={"run_timeout": run_timeout},
@@ -391,7 +440,12 @@ async def run_conformance(
 
 
 async def _replay_all(
-    env: Any, tasks: list[Any], ctx: Any, plan: _Plan, policy: ReplayPolicy, concurrency: int
+    env: NeMoGymEnv,
+    tasks: list[Any],
+    ctx: vf.ModelContext,
+    plan: _Plan,
+    policy: ReplayPolicy,
+    concurrency: int,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
     done = 0

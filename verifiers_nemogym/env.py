@@ -85,7 +85,11 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             timeout=aiohttp.ClientTimeout(total=None),
         )
         live = LiveStack(
-            proxy=self._proxy, agents=agents, http=self._http, run_timeout=config.task.run_timeout
+            proxy=self._proxy,
+            agents=agents,
+            http=self._http,
+            run_timeout=config.task.run_timeout,
+            runtime=taskset.nemo_venv.info,
         )
         config.task._live = live
         self._watchdog = asyncio.create_task(_watch(self._stack, live))

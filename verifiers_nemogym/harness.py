@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import aiohttp
 import verifiers.v1 as vf
 from verifiers.v1.configs.client import TrainClientConfig
-from verifiers.v1.runtimes import ProgramResult
+from verifiers.v1.runtimes import ProgramResult, Runtime
 
 from verifiers_nemogym.bridge.proxy import Route
 from verifiers_nemogym.bridge.redact import redact
@@ -46,9 +46,9 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
 
     async def launch(
         self,
-        ctx: Any,
+        ctx: vf.ModelContext,
         trace: vf.Trace,
-        runtime: Any,
+        runtime: Runtime,
         endpoint: str,
         secret: str,
         mcp_urls: dict[str, str],
@@ -56,7 +56,8 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
     ) -> ProgramResult:
         if not isinstance(data, NeMoGymData):
             raise TypeError(f"NeMoGymHarness runs NeMo Gym rows, got {type(data).__name__}")
-        live = trace.state.live
+        # verifiers types `trace.state` as its base State; NeMoGymTask's state is a NeMoGymState.
+        live = getattr(trace.state, "live", None)
         if not isinstance(live, LiveStack):
             raise StackError("no NeMo Gym stack is running: use NeMoGymEnv (nemo-gym-env)")
         agent_url = live.agents.get(data.agent or "")
@@ -68,9 +69,10 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
         if sampling := row_sampling(data.row):
             trace.info["nemo_gym_row_sampling"] = sampling
             _warn_once(live, "sampling", sampling)
+        trace.info["nemo_gym_runtime"] = dict(live.runtime)
         # verifiers' train client records token ids but accepts only Chat Completions: the
         # route then carries the agent's Responses calls as chat (see `bridge.proxy`).
-        train = isinstance(getattr(ctx, "client", None), TrainClientConfig)
+        train = isinstance(ctx.client, TrainClientConfig)
         async with live.proxy.route(
             endpoint, secret, stop_condition=lambda: _stop_condition(trace), train=train
         ) as route:

@@ -27,6 +27,9 @@ class LiveStack:
     http: aiohttp.ClientSession
     run_timeout: float
     """Seconds one `/run` may take (`--env.taskset.task.run-timeout`)."""
+    runtime: dict[str, Any] = field(default_factory=dict)
+    """`NeMoGymVenv.info` of the stack's runtime: release, Python, below-floor opt-in; each
+    rollout copies it to `trace.info["nemo_gym_runtime"]`."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
     failure: str | None = None

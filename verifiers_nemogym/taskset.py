@@ -11,16 +11,17 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import verifiers.v1 as vf
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from verifiers.v1.dialects.responses import ResponsesDialect
+from verifiers.v1.runtimes import Runtime
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.catalog import Catalog, load_config
-from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +53,17 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """Agent instance for rows without `agent_ref` (needed only if the stack has several)."""
     config_paths: list[str] = Field(default_factory=list)
     """Extra NeMo Gym config YAMLs (paths, or relative to the NeMo Gym install) to start."""
-    nemo_gym_version: str = DEFAULT_NEMO_GYM_VERSION
-    """nemo-gym release installed in the runtime venv (0.4.0 is the newest that runs on
-    Python 3.12; later ones need Python >= 3.13.14)."""
+    nemo_gym_version: str | None = None
+    """nemo-gym release installed in the runtime venv. Default: the newest known release
+    whose declared Python floor an interpreter here meets (0.4.0: >= 3.12; 0.5.0-0.7.0:
+    >= 3.13.14)."""
     python: str | None = None
-    """Python (>= 3.12) for the NeMo Gym runtime: a path or a version such as `3.12`.
+    """Python for the NeMo Gym runtime: a path or a version such as `3.12`.
     Default: `$VF_NEMOGYM_PYTHON`, else the first suitable interpreter found."""
+    allow_python_below_floor: bool = False
+    """Explicit opt-in to a Python below the release's declared floor (0.5-0.7 declare
+    >= 3.13.14, a CPython security-fix floor): uv then installs as for the floor version.
+    `$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1` opts in too. Recorded in every trace."""
     proxy_port: int = Field(0, ge=0, le=65535)
     """Port of the model proxy on 127.0.0.1 that NeMo Gym's agents call (0 picks a free one)."""
     start_timeout: float = Field(900.0, gt=0)
@@ -91,17 +97,20 @@ class NeMoGymState(vf.State):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    live: Any = None
+    live: LiveStack | None = None
 
 
 class NeMoGymTask(vf.Task[NeMoGymData, NeMoGymState, NeMoGymTaskConfig]):
     """A NeMo Gym row; scoring happens inside NeMo Gym (`/run` verifies), see the harness."""
 
-    async def setup(self, trace: vf.Trace, runtime: Any) -> None:
-        trace.state.live = self.config._live
+    async def setup(self, trace: vf.Trace, runtime: Runtime) -> None:
+        # verifiers builds the state from this task's StateT but types it as its base State.
+        cast(NeMoGymState, trace.state).live = self.config._live
 
 
-class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
+# type-var: verifiers bounds Taskset's task type by Task[Any, State, TaskConfig] with invariant
+# parameters, so no task with its own State or TaskConfig subclass satisfies it statically.
+class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ignore[type-var]
     """NeMo Gym rows by environment name or JSONL path (see `NeMoGymTasksetConfig`)."""
 
     def __init__(self, config: NeMoGymTasksetConfig) -> None:
@@ -118,7 +127,12 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
     def nemo_venv(self) -> NeMoGymVenv:
         """The NeMo Gym runtime venv (created on first use, then cached on disk)."""
         if self._nemo_venv is None:
-            self._nemo_venv = ensure_venv(self.config.nemo_gym_version, self.config.python)
+            self._nemo_venv = ensure_venv(
+                self.config.nemo_gym_version,
+                self.config.python,
+                # False here defers to $VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR.
+                allow_below_floor=True if self.config.allow_python_below_floor else None,
+            )
         return self._nemo_venv
 
     @property
@@ -138,7 +152,8 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):
             paths.extend(catalog.env(name).config_paths)
         if self.config.jsonl_path is not None:
             known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
-            for agent in {t.data.agent for t in self.load()} - known - {None}:
+            wanted = {t.data.agent for t in self.load() if t.data.agent is not None}
+            for agent in wanted - known:
                 paths.extend(catalog.agent_env(agent).config_paths)
         paths.extend(catalog.config_path(extra) for extra in self.config.config_paths)
         missing = [str(p) for p in paths if not p.is_file()]

@@ -434,7 +434,7 @@ def overlong_response(request: JSON) -> JSON:
 
 def is_length_finish(reply: JSON) -> bool:
     """Whether the chat completion `reply` stopped at the output token limit."""
-    choices = reply.get("choices") if isinstance(reply, dict) else None
+    choices: Any = reply.get("choices") if isinstance(reply, dict) else None
     return (
         bool(choices)
         and isinstance(choices[0], dict)

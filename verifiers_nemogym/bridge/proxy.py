@@ -307,7 +307,7 @@ class NeMoGymModelProxy:
             return _error(400, f"body is not JSON: {e}", "invalid_request_error")
         if not isinstance(body, dict):
             return _error(400, "body must be a JSON object", "invalid_request_error")
-        metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        metadata = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
         secret = metadata.pop(SECRET_KEY, None) or _bearer(request)
         if not isinstance(secret, str) or not hmac.compare_digest(secret, self.secret):
             return _error(401, "missing or wrong proxy secret", "unauthorized")

@@ -1,7 +1,8 @@
 """`nemo-gym-env`: the project's own commands (evaluation itself is `vf-eval nemo-gym-env`).
 
 nemo-gym-env setup [--nemo-gym-version V] [--python P]   create the NeMo Gym runtime venv
-nemo-gym-env list                                         environments the runtime ships
+nemo-gym-env list                                         environments the runtime ships (both
+                                                          layouts, which run offline)
 nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's recorded rollouts
 nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with a local CPU model
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,13 +25,23 @@ from pathlib import Path
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.errors import NeMoGymError
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, ensure_venv
+from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, ensure_venv
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nemo-gym-env", description=__doc__.splitlines()[0])
-    parser.add_argument("--nemo-gym-version", default=DEFAULT_NEMO_GYM_VERSION)
-    parser.add_argument("--python", default=None, help="Python >= 3.12 for NeMo Gym (path/X.Y)")
+    parser.add_argument(
+        "--nemo-gym-version",
+        default=None,
+        help="nemo-gym release (default: the newest whose Python floor an interpreter here meets)",
+    )
+    parser.add_argument("--python", default=None, help="Python for NeMo Gym (path or X.Y)")
+    parser.add_argument(
+        "--allow-python-below-floor",
+        action="store_true",
+        help="accept a Python below the release's declared floor (0.5-0.7: >=3.13.14, a "
+        f"CPython security floor); same as {BELOW_FLOOR_ENV_VAR}=1",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("setup", help="create (or show) the cached NeMo Gym runtime venv")
     commands.add_parser("list", help="list the NeMo Gym environments the runtime ships")
@@ -105,6 +117,29 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _list_table(runtime: object) -> str:
+    """A Markdown table of both layouts: name, layout, agents, offline (yes/no) and why."""
+    from verifiers_nemogym.conformance import offline_status
+    from verifiers_nemogym.nemo.venv import NeMoGymVenv
+
+    assert isinstance(runtime, NeMoGymVenv)
+    entries = Catalog(runtime).entries()
+    lines = [
+        f"NeMo Gym {runtime.nemo_gym_version} (Python {runtime.python_version}): "
+        f"{len(entries)} environments",
+        "",
+        "| name | layout | agents | offline | why |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in entries:
+        offline, why = offline_status(entry.root.name, entry.problem, entry.facts)
+        agents = ", ".join(entry.agents) or ("(merged by NeMo Gym)" if entry.merged else "-")
+        lines.append(
+            f"| {entry.name} | {entry.layout} | {agents} | {'yes' if offline else 'no'} | {why} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # eval-local passes everything after `--` to vf-eval untouched.
@@ -113,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     configure_cli_logging(timestamps=args.command == "conformance")
+    if args.allow_python_below_floor:
+        # Through the environment, so vf-eval (eval-local) and every library call see it.
+        os.environ[BELOW_FLOOR_ENV_VAR] = "1"
     try:
         if args.command == "serve":
             return _serve(args, parser)
@@ -126,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{runtime.venv}"
             )
         elif args.command == "list":
-            print("\n".join(Catalog(runtime).names()))
+            print(_list_table(runtime))
         elif args.command == "eval-local":
             from verifiers_nemogym.cli.local_eval import (
                 LocalEvalOptions,

@@ -1,17 +1,28 @@
 """What NeMo Gym environments a runtime ships, read from its files (no `nemo_gym` import).
 
-Contract: the only module that knows NeMo Gym's on-disk layout (`resources_servers/<env>/
-configs/*.yaml`, `data/*.jsonl`, `responses_api_models/<impl>/`, relative config paths) and its
-server-config shape (`<instance>: {<server type>: {<impl>: {...}}}`), and the only one that
-reads NeMo Gym's config YAML (`load_config` for files, with `file:line:col` errors;
-`parse_config` for the running stack's merged config). Everything else asks a `Catalog` for an
-`EnvSpec` and gets absolute paths back, reads server blocks through `server_blocks`, and
-registers the external policy model with `write_policy_placeholder`.
+Contract: the only module that knows NeMo Gym's on-disk layout and reads its files. Two layouts
+of environments: `resources_servers/<env>/configs/*.yaml` (every release) and, since 0.7,
+top-level `environments/<name>/config.yaml` (or a `manifest.yaml` naming its config; a
+`.nemo_gym_tombstone` marks a "moved" stub naming the new name). Plus `data/*.jsonl`,
+`responses_api_models/<impl>/`, relative config paths and the server-config shape
+(`<instance>: {<server type>: {<impl>: {...}}}`). It reads NeMo Gym's config YAML
+(`load_config` for files, with `file:line:col` errors; `parse_config` for the running stack's
+merged config). Configs that include others (a top-level `config_paths:` list) or inherit
+(`_inherit_from:`) are merged by NeMo Gym itself (`gym env resolve`, run once per config file
+and cached on disk per runtime and file content); plain configs are read directly. Everything
+else asks a `Catalog` for an `EnvSpec` (absolute paths back), or for `entries()` (a cheap scan
+of both layouts for listing), reads server blocks through `server_blocks`, and registers the
+external policy model with `write_policy_placeholder`.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import os
+import re
+import subprocess
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,11 +30,18 @@ from typing import Any
 import yaml
 
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, cache_root
 
 RESOURCES_SERVERS = "resources_servers"
+ENVIRONMENTS = "environments"
 AGENTS = "responses_api_agents"
 MODELS = "responses_api_models"
+LAYOUTS = (RESOURCES_SERVERS, ENVIRONMENTS)
+"""The two places environments live; a name prefixed `<layout>/` picks one explicitly."""
+_TOMBSTONE = ".nemo_gym_tombstone"
+_MANIFEST = "manifest.yaml"
+RESOLVE_TIMEOUT = 300.0
+"""Seconds one `gym env resolve` may take (~10 s on a loaded 2-core machine)."""
 POLICY_INSTANCE = "policy_model"
 """The instance name NeMo Gym's agent configs reference as their model server."""
 PLACEHOLDER_IMPL = "vf_external_model"
@@ -97,13 +115,17 @@ class EnvSpec:
     """A NeMo Gym environment: a resources server folder and the config chosen to run it."""
 
     name: str
-    """Folder name under resources_servers/, e.g. "example_single_tool_call"."""
+    """The folder name, e.g. "example_single_tool_call" (under `layout`)."""
     root: Path
     config_paths: list[Path]
     """The config(s) to hand to `ng_run` for this environment (see `Catalog.env`)."""
     agents: list[AgentSpec]
     available_configs: list[Path] = field(default_factory=list)
-    """Every YAML in configs/, for error messages and for picking another one."""
+    """Every YAML of the environment, for error messages and for picking another one."""
+    layout: str = RESOURCES_SERVERS
+    """`resources_servers` or `environments`."""
+    server_datasets: list[DatasetSpec] = field(default_factory=list)
+    """Datasets declared on resources servers instead of agents (a few configs do that)."""
 
     @property
     def agent(self) -> AgentSpec:
@@ -124,7 +146,8 @@ class EnvSpec:
         """
         if kind not in DATASET_KINDS:
             raise ConfigError(f"unknown dataset kind {kind!r}; expected one of {DATASET_KINDS}")
-        specs = [d for a in self.agents for d in a.datasets if d.type == kind]
+        declared = [d for a in self.agents for d in a.datasets] + self.server_datasets
+        specs = [d for d in declared if d.type == kind]
         for spec in specs:
             if spec.jsonl_path.is_file():
                 return spec.jsonl_path
@@ -231,8 +254,37 @@ def _as_str_dict(value: Any) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in value.items()}
 
 
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One environment as a cheap scan of the files sees it (for listing; no resolver run)."""
+
+    name: str
+    """The name `Catalog.env` takes: the bare folder name, or `environments/<name>` when a
+    resources server folder of the same name exists (bare names pick that one)."""
+    layout: str
+    """`resources_servers` or `environments`."""
+    root: Path
+    config: Path | None
+    """The config `Catalog.env` starts by default (None: nothing to start, see `problem`)."""
+    agents: list[str]
+    """Agent instances the config file itself defines (included files not followed)."""
+    merged: bool
+    """The config includes (`config_paths:`) or inherits (`_inherit_from:`): NeMo Gym merges it."""
+    problem: str | None = None
+    """Why it does not resolve (a moved stub, no config), else None."""
+    facts: dict[str, str] = field(default_factory=dict)
+    """What the files show about running offline: `judge`, `api_key`, `sandbox`,
+    `policy_base_url`, `url_requirement` (each with the evidence), for `conformance`'s
+    offline classification."""
+
+
+_SANDBOX = re.compile(r"sandbox|docker|singularity|apptainer", re.IGNORECASE)
+_API_KEY = re.compile(r"^\s*[\w.]*api_key\s*:", re.IGNORECASE | re.MULTILINE)
+_URL_REQUIREMENT = re.compile(r"^[^#\n]*(git\+|https?://)[^\s]*", re.MULTILINE)
+
+
 class Catalog:
-    """The environments shipped in one runtime's site-packages."""
+    """The environments shipped in one runtime's site-packages (both layouts)."""
 
     def __init__(self, venv: NeMoGymVenv) -> None:
         self.venv = venv
@@ -251,22 +303,58 @@ class Catalog:
             p.name for p in folder.iterdir() if p.is_dir() and any((p / "configs").glob("*.yaml"))
         )
 
+    def environment_names(self) -> list[str]:
+        """Every folder of the top-level `environments/` layout (moved stubs included), sorted;
+        empty before NeMo Gym 0.4."""
+        folder = self.root / ENVIRONMENTS
+        if not folder.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in folder.iterdir()
+            if p.is_dir()
+            and not p.name.startswith(("_", "."))
+            and any(p.iterdir())
+            and ((p / _TOMBSTONE).is_file() or any(p.glob("*.yaml")))
+        )
+
+    def all_names(self) -> list[str]:
+        """Every name `env` takes without a prefix: resources servers, then environments."""
+        return sorted(set(self.names()) | set(self.environment_names()))
+
+    def entries(self) -> list[CatalogEntry]:
+        """Both layouts, cheaply (no resolver run): resources servers, then environments."""
+        found = [self._entry(RESOURCES_SERVERS, name) for name in self.names()]
+        taken = {e.name for e in found}
+        for name in self.environment_names():
+            shown = f"{ENVIRONMENTS}/{name}" if name in taken else name
+            found.append(self._entry(ENVIRONMENTS, name, shown))
+        return found
+
     def env(self, name: str, config: str | None = None) -> EnvSpec:
-        """The environment `name`, run with `config` (a file name in its configs/, with or
-        without ".yaml"; default: see `_default_config`). Unknown names raise ConfigError
-        listing close matches."""
-        root = self.root / RESOURCES_SERVERS / name
-        configs = sorted((root / "configs").glob("*.yaml")) if root.is_dir() else []
+        """The environment `name`, run with `config` (a file name among its YAMLs, with or
+        without ".yaml"; default: see `_default_config`). A bare name is a resources server
+        folder if one exists, else an `environments/` folder; `resources_servers/<name>` and
+        `environments/<name>` pick the layout. Unknown names raise ConfigError listing close
+        matches; a moved stub names its new name."""
+        layout, folder = self._locate(name)
+        root = self.root / layout / folder
+        configs = self._configs(layout, root)
+        if layout == ENVIRONMENTS and (moved := self._moved_to(root)):
+            raise ConfigError(
+                f"NeMo Gym environment {name!r} moved to {moved!r} (a stub in NeMo Gym "
+                f"{self.venv.nemo_gym_version}); use {moved!r}"
+            )
         if not configs:
-            known = self.names()
-            close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+            known = self.all_names()
+            close = difflib.get_close_matches(folder, known, n=5, cutoff=0.5)
             hint = f" Did you mean: {', '.join(close)}?" if close else ""
             raise ConfigError(
                 f"unknown NeMo Gym environment {name!r} (NeMo Gym "
                 f"{self.venv.nemo_gym_version} ships {len(known)}).{hint}"
             )
         if config is None:
-            chosen = self._default_config(name, configs)
+            chosen = self._default_config(folder, configs, layout, root)
         else:
             wanted = config if config.endswith(".yaml") else f"{config}.yaml"
             matching = [c for c in configs if c.name == wanted]
@@ -276,29 +364,31 @@ class Catalog:
                     f"{', '.join(c.name for c in configs)}"
                 )
             chosen = matching[0]
-        agents = self._agents(chosen)
+        merged = self.merged_config(chosen)
+        agents = self._agents(chosen, merged)
         if not agents:
             raise ConfigError(
                 f"config {chosen} of environment {name!r} defines no agent server "
                 f"({AGENTS}); available configs: {', '.join(c.name for c in configs)}"
             )
         return EnvSpec(
-            name=name,
+            name=folder,
             root=root,
             config_paths=[chosen],
             agents=agents,
             available_configs=configs,
+            layout=layout,
+            server_datasets=self._server_datasets(chosen, merged),
         )
 
     def agent_env(self, agent: str) -> EnvSpec:
         """The environment whose default config defines the agent instance `agent` (as rows
-        name it in `agent_ref`). Unknown agents raise ConfigError listing close matches."""
+        name it in `agent_ref`). Unknown agents raise ConfigError listing close matches.
+        Scans the config files themselves (no resolver run per environment)."""
         owners: dict[str, str] = {}
-        for name in self.names():
-            root = self.root / RESOURCES_SERVERS / name
-            path = root / "configs" / f"{name}.yaml"
-            for spec in self._agents(path) if path.is_file() else []:
-                owners.setdefault(spec.name, name)
+        for entry in self.entries():
+            for spec in entry.agents:
+                owners.setdefault(spec, entry.name)
         if agent in owners:
             return self.env(owners[agent])
         close = difflib.get_close_matches(agent, list(owners), n=5, cutoff=0.5)
@@ -308,32 +398,133 @@ class Catalog:
             f"with --env.taskset.nemo-env (or its config with --env.taskset.config-paths).{hint}"
         )
 
-    def _default_config(self, name: str, configs: list[Path]) -> Path:
-        """`configs/<name>.yaml` if present (the NeMo Gym convention); otherwise the first YAML,
-        alphabetically, that defines an agent (e.g. equivalence_rule -> lc.yaml). Some folders
-        also hold helper YAMLs (judge models, prompt templates) that define no agent."""
+    def merged_config(self, config_path: Path) -> dict[str, Any]:
+        """`config_path` as NeMo Gym merges it: the file itself when it neither includes nor
+        inherits, else `gym env resolve`'s output (cached on disk, see `_resolve`)."""
+        raw = load_config(config_path)
+        return self._resolve(config_path) if _needs_merge(raw) else raw
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _locate(self, name: str) -> tuple[str, str]:
+        for layout in LAYOUTS:
+            if name.startswith(layout + "/"):
+                return layout, name[len(layout) + 1 :].strip("/")
+        if (self.root / RESOURCES_SERVERS / name / "configs").is_dir():
+            return RESOURCES_SERVERS, name
+        if (self.root / ENVIRONMENTS / name).is_dir():
+            return ENVIRONMENTS, name
+        return RESOURCES_SERVERS, name
+
+    def _configs(self, layout: str, root: Path) -> list[Path]:
+        if not root.is_dir():
+            return []
+        if layout == RESOURCES_SERVERS:
+            return sorted((root / "configs").glob("*.yaml"))
+        return sorted(p for p in root.glob("*.yaml") if p.name != _MANIFEST)
+
+    def _moved_to(self, root: Path) -> str | None:
+        try:
+            return (root / _TOMBSTONE).read_text(encoding="utf-8").strip() or "another name"
+        except OSError:
+            return None
+
+    def _manifest_config(self, root: Path) -> Path | None:
+        """The config a `manifest.yaml` names (`config_path`, default `config.yaml`)."""
+        manifest = root / _MANIFEST
+        if not manifest.is_file():
+            return None
+        data = load_config(manifest)
+        relative = str(data.get("config_path") or "config.yaml")
+        return (root / relative).resolve()
+
+    def _default_config(self, name: str, configs: list[Path], layout: str, root: Path) -> Path:
+        """resources_servers: `configs/<name>.yaml` if present (the NeMo Gym convention),
+        otherwise the first YAML, alphabetically, that defines an agent (e.g. equivalence_rule
+        -> lc.yaml; some folders also hold helper YAMLs). environments: the manifest's config,
+        else `config.yaml`, else the first YAML that defines an agent."""
+        if layout == ENVIRONMENTS:
+            named = self._manifest_config(root) or root / "config.yaml"
+            if named in configs:
+                return named
         for path in configs:
             if path.stem == name:
                 return path
         for path in configs:
-            if self._agents(path):
+            if server_blocks(load_config(path), AGENTS):
                 return path
         return configs[0]
 
-    def _agents(self, config_path: Path) -> list[AgentSpec]:
+    def _entry(self, layout: str, folder: str, shown: str | None = None) -> CatalogEntry:
+        root = self.root / layout / folder
+        name = shown or folder
+        if layout == ENVIRONMENTS and (moved := self._moved_to(root)):
+            return CatalogEntry(name, layout, root, None, [], False, f"moved to {moved}")
+        configs = self._configs(layout, root)
+        if not configs:
+            return CatalogEntry(name, layout, root, None, [], False, "no config YAML")
+        try:
+            config = self._default_config(folder, configs, layout, root)
+            raw = load_config(config)
+        except ConfigError as e:
+            return CatalogEntry(name, layout, root, None, [], False, str(e))
+        agents = list(server_blocks(raw, AGENTS))
+        merged = _needs_merge(raw)
+        problem = None if agents or merged else f"{config.name} defines no agent server"
+        facts = self._facts(config, raw)
+        return CatalogEntry(name, layout, root, config, agents, merged, problem, facts)
+
+    def _facts(self, config: Path, raw: dict[str, Any]) -> dict[str, str]:
+        """Evidence in the config text and its servers' requirements about offline use."""
+        text = config.read_text(encoding="utf-8")
+        facts: dict[str, str] = {}
+        if "judge_model_server" in text and "should_use_judge: false" not in text:
+            facts["judge"] = "an LLM judge model server in its config"
+        if _API_KEY.search(text):
+            facts["api_key"] = "an API key in its config"
+        if "${policy_base_url}" in text:
+            facts["policy_base_url"] = "reads ${policy_base_url}, which this stack does not set"
+        folders = [self.root / RESOURCES_SERVERS / i for i, _ in server_blocks(
+            raw, RESOURCES_SERVERS).values()] + [self.root / AGENTS / i for i, _ in server_blocks(
+            raw, AGENTS).values()]  # fmt: skip
+        for folder in folders:
+            req = folder / "requirements.txt"
+            req_text = req.read_text(encoding="utf-8") if req.is_file() else ""
+            if m := _URL_REQUIREMENT.search(req_text):
+                facts.setdefault("url_requirement", f"requirement {m.group(0).strip()[:80]}")
+            if _SANDBOX.search(req_text) or (
+                _SANDBOX.search(text) and "sandbox" not in folder.name.lower()
+            ):
+                facts.setdefault("sandbox", "a sandbox or container in its config/requirements")
+        return facts
+
+    def _agents(self, config_path: Path, merged: dict[str, Any]) -> list[AgentSpec]:
         agents: list[AgentSpec] = []
-        for key, (impl, settings) in server_blocks(load_config(config_path), AGENTS).items():
-            datasets = [
-                self._dataset(d, config_path)
-                for d in settings.get("datasets") or []
-                if isinstance(d, dict) and d.get("jsonl_fpath")
-            ]
+        for key, (impl, settings) in server_blocks(merged, AGENTS).items():
             agents.append(
-                AgentSpec(name=str(key), impl=impl, config_path=config_path, datasets=datasets)
+                AgentSpec(
+                    name=str(key),
+                    impl=impl,
+                    config_path=config_path,
+                    datasets=self._datasets(settings),
+                )
             )
         return agents
 
-    def _dataset(self, entry: dict[str, Any], config_path: Path) -> DatasetSpec:
+    def _server_datasets(self, config_path: Path, merged: dict[str, Any]) -> list[DatasetSpec]:
+        found: list[DatasetSpec] = []
+        for _impl, settings in server_blocks(merged, RESOURCES_SERVERS).values():
+            found.extend(self._datasets(settings))
+        return found
+
+    def _datasets(self, settings: dict[str, Any]) -> list[DatasetSpec]:
+        return [
+            self._dataset(d)
+            for d in settings.get("datasets") or []
+            if isinstance(d, dict) and d.get("jsonl_fpath")
+        ]
+
+    def _dataset(self, entry: dict[str, Any]) -> DatasetSpec:
         path = Path(str(entry["jsonl_fpath"]))
         # NeMo Gym resolves these against its cwd, then its install root; for the packaged
         # environments the install root (site-packages) is the one that holds the files.
@@ -348,3 +539,56 @@ class Catalog:
             or _source(entry, "huggingface"),
             license=str(entry["license"]) if entry.get("license") else None,
         )
+
+    def _resolve(self, config_path: Path) -> dict[str, Any]:
+        """NeMo Gym's own merge of `config_path` (`gym env resolve`, with the placeholder
+        policy model it requires), cached under the runtime's name and the file's path and
+        content: one run (~10 s) per config file, ever."""
+        content = config_path.read_bytes()
+        key = hashlib.sha256(str(config_path).encode() + b"\0" + content).hexdigest()[:24]
+        runtime = self.venv.server_venvs_dir.name
+        folder = cache_root() / "resolved" / runtime
+        cached = folder / f"{key}.yaml"
+        if cached.is_file():
+            return parse_config(cached.read_text(encoding="utf-8"), str(cached))
+        work = folder / "work"
+        placeholder = write_policy_placeholder(work, "127.0.0.1", 1)
+        try:
+            out = subprocess.run(
+                [str(self.venv.bin("gym")), "env", "resolve", "--config", str(config_path),
+                 "--config", str(placeholder)],
+                cwd=work,
+                env=self.venv.env(),
+                capture_output=True,
+                text=True,
+                timeout=RESOLVE_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise ConfigError(
+                f"NeMo Gym could not merge {config_path} within {RESOLVE_TIMEOUT:.0f} s "
+                "(`gym env resolve`)"
+            ) from None
+        if out.returncode != 0:
+            # NeMo Gym prints some errors on stdout; the merged config never reached it here.
+            text = out.stderr.strip() or out.stdout.strip()
+            lines = [line for line in text.splitlines() if line.strip()]
+            last = lines[-1] if lines else f"exit {out.returncode}"
+            raise ConfigError(f"NeMo Gym cannot merge {config_path}: {last[:300]}")
+        merged = parse_config(out.stdout, f"`gym env resolve` of {config_path}")
+        tmp = folder / f".{key}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.write_text(out.stdout, encoding="utf-8")
+        os.replace(tmp, cached)
+        return merged
+
+
+def _needs_merge(raw: dict[str, Any]) -> bool:
+    """A config NeMo Gym must merge: it includes others or a block inherits from another."""
+    if raw.get("config_paths"):
+        return True
+    return any(
+        isinstance(block, dict) and "_inherit_from" in block
+        for value in raw.values()
+        if isinstance(value, dict)
+        for block in [value, *value.values()]
+    )

@@ -1,8 +1,13 @@
 """The NeMo Gym runtime: a cached uv venv holding `nemo-gym`, used only through subprocesses.
 
 Contract: `ensure_venv()` returns a `NeMoGymVenv` whose venv has `nemo-gym==<version>`
-installed for a CPython >= 3.12; it builds it once per (nemo-gym version, Python version) under
-`cache_root()` and afterwards returns it without starting any subprocess. This process never
+installed for a CPython that meets the release's declared Python floor (`python_floor`), or,
+only with the explicit opt-in `allow_python_below_floor` (or
+`$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1`), a CPython of the floor's minor version below its
+patch level (NeMo Gym 0.5-0.7 declare `>=3.13.14`, a CPython security-fix floor no code needs).
+It builds it once per (nemo-gym version, Python version, opt-in) under `cache_root()` and
+afterwards returns it without starting any subprocess. Without a version, `default_version()`
+picks the newest known release an interpreter on this machine satisfies. This process never
 imports `nemo_gym`.
 """
 
@@ -27,10 +32,24 @@ from verifiers_nemogym.errors import VenvSetupError
 logger = logging.getLogger(__name__)
 
 DEFAULT_NEMO_GYM_VERSION = "0.4.0"
+"""The fallback release: the newest one whose floor (3.12) needs no recent patch release."""
 PYTHON_ENV_VAR = "VF_NEMOGYM_PYTHON"
 CACHE_ENV_VAR = "VF_NEMOGYM_CACHE"
-# NeMo Gym >= 0.2 requires Python >= 3.12 (0.5+ even 3.13); older interpreters are never candidates.
+BELOW_FLOOR_ENV_VAR = "VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR"
+# NeMo Gym >= 0.2 requires Python >= 3.12; older interpreters are never candidates.
 MIN_PYTHON = (3, 12)
+KNOWN_RELEASES: dict[str, tuple[int, ...]] = {
+    "0.4.0": (3, 12),
+    "0.5.0": (3, 13, 14),
+    "0.6.0": (3, 13, 14),
+    "0.7.0": (3, 13, 14),
+}
+"""nemo-gym release -> its declared `Requires-Python` floor (from each release's metadata).
+The newest entry that an interpreter here satisfies is the default release."""
+BELOW_FLOOR_HOW = (
+    "--env.taskset.allow-python-below-floor, $VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1 or "
+    "`nemo-gym-env --allow-python-below-floor`"
+)
 # Written inside the venv before it is renamed into place, so "marker present" means "complete".
 _MARKER_NAME = "vf-nemogym-runtime.json"
 _VERSION_SPEC = re.compile(r"^3\.\d+(\.\d+)?$")
@@ -84,16 +103,69 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
 
 
-def _acceptable(version: str, wanted: str | None) -> bool:
+def _floor_text(floor: tuple[int, ...]) -> str:
+    return ".".join(map(str, floor))
+
+
+def python_floor(version: str, venv: Path | None = None) -> tuple[int, ...]:
+    """The Python floor nemo-gym `version` declares: read from the installed package's metadata
+    when `venv` holds it (cheap, exact), else `KNOWN_RELEASES`; an unknown release gets the
+    floor of the newest known release not newer than it."""
+    if venv is not None:
+        for meta in venv.glob(f"lib/python3*/site-packages/nemo_gym-{version}.dist-info/METADATA"):
+            if floor := _metadata_floor(meta):
+                return floor
+    if version in KNOWN_RELEASES:
+        return KNOWN_RELEASES[version]
+    older = [v for v in KNOWN_RELEASES if _version_tuple(v) <= _version_tuple(version)]
+    older.sort(key=_version_tuple)
+    return KNOWN_RELEASES[older[-1]] if older else MIN_PYTHON
+
+
+def _metadata_floor(meta: Path) -> tuple[int, ...] | None:
+    """`Requires-Python: >=X.Y[.Z]` of a dist-info METADATA file, as a tuple."""
+    try:
+        with meta.open(encoding="utf-8") as lines:
+            for line in lines:
+                if not line.strip():
+                    break  # the headers end at the first blank line
+                if line.lower().startswith("requires-python:"):
+                    found = re.search(r">=\s*(3\.\d+(?:\.\d+)?)", line)
+                    return _version_tuple(found.group(1)) if found else None
+    except OSError:
+        return None
+    return None
+
+
+def _satisfies(version: str, floor: tuple[int, ...]) -> bool:
+    have = _version_tuple(version)
+    return have >= floor and have[:2] >= MIN_PYTHON
+
+
+def _below_floor_ok(version: str, floor: tuple[int, ...]) -> bool:
+    """An interpreter the opt-in accepts: the floor's minor version, below its patch level
+    (wheels are built per minor version; an older minor could not load them)."""
+    return _version_tuple(version)[:2] == floor[:2] and not _satisfies(version, floor)
+
+
+def allow_below_floor_default() -> bool:
+    """The opt-in from `$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR` (1/true/yes)."""
+    return os.environ.get(BELOW_FLOOR_ENV_VAR, "").strip().lower() in ("1", "true", "yes")
+
+
+def _acceptable(version: str, wanted: str | None, floor: tuple[int, ...] = MIN_PYTHON) -> bool:
     if _version_tuple(version)[:2] < MIN_PYTHON:
+        return False
+    if not (_satisfies(version, floor) or _below_floor_ok(version, floor)):
         return False
     return wanted is None or version == wanted or version.startswith(wanted + ".")
 
 
-def _candidates(wanted: str | None) -> Iterator[Path]:
-    """Interpreters to try, most specific first. Versions are checked by running each one."""
+def _candidates(wanted: str | None, *, ask_uv: bool = True) -> Iterator[Path]:
+    """Interpreters to try, most specific first. Versions are checked by running each one.
+    `ask_uv=False` skips `uv python find` (seconds where pyenv shims trip it up)."""
     minors = [wanted.rsplit(".", 1)[0] if wanted.count(".") == 2 else wanted] if wanted else []
-    minors = minors or ["3.12", "3.13", "3.14"]
+    minors = minors or ["3.12", "3.13", "3.14", "3.15"]
     for minor in minors:
         if found := shutil.which(f"python{minor}"):
             yield Path(found)
@@ -103,7 +175,14 @@ def _candidates(wanted: str | None) -> Iterator[Path]:
         exe = folder / "bin" / "python3"
         if exe.is_file() and any(folder.name.startswith(m) for m in minors):
             yield exe
-    uv = find_uv(required=False)
+    # uv-managed interpreters (`uv python install`), found without running uv.
+    xdg_data = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    managed = Path(os.environ.get("UV_PYTHON_INSTALL_DIR") or xdg_data / "uv" / "python")
+    for folder in sorted(managed.expanduser().glob("cpython-3.1[2-9]*"), key=lambda p: p.name):
+        exe = folder / "bin" / "python3"
+        if exe.is_file() and any(folder.name.startswith(f"cpython-{m}") for m in minors):
+            yield exe
+    uv = find_uv(required=False) if ask_uv else None
     if uv is not None:
         for minor in minors:
             try:
@@ -120,21 +199,47 @@ def _candidates(wanted: str | None) -> Iterator[Path]:
                 yield Path(out.stdout.strip())
 
 
-def find_python(spec: str | None = None) -> Path:
-    """Find a CPython >= 3.12 for the runtime venv.
+def find_python(
+    spec: str | None = None,
+    *,
+    floor: tuple[int, ...] = MIN_PYTHON,
+    allow_below_floor: bool = False,
+) -> Path:
+    """Find a CPython >= `floor` (default 3.12) for the runtime venv.
 
     `spec` (else $VF_NEMOGYM_PYTHON) is a path to an interpreter or a version such as "3.12" or
-    "3.12.1". A named interpreter that is unusable is an error (never silently replaced).
+    "3.12.1". A named interpreter that is unusable is an error (never silently replaced). With
+    `allow_below_floor`, an interpreter of the floor's minor version below its patch level is
+    accepted when none meets the floor.
     """
-    return _find_python_with_version(spec)[0]
+    return find_python_for(spec, floor=floor, allow_below_floor=allow_below_floor)[0]
 
 
-def _find_python_with_version(spec: str | None) -> tuple[Path, str]:
+def find_python_for(
+    spec: str | None,
+    *,
+    floor: tuple[int, ...] = MIN_PYTHON,
+    allow_below_floor: bool = False,
+    what: str = "NeMo Gym",
+) -> tuple[Path, str, bool]:
+    """(interpreter, its version, whether it is below `floor`) as for `find_python`; `what`
+    names the release in errors (e.g. "NeMo Gym 0.7.0")."""
     spec = spec or os.environ.get(PYTHON_ENV_VAR) or None
+    floor_text = _floor_text(floor)
     how_to_name = (
-        f"Name one with ${PYTHON_ENV_VAR}=/path/to/python3.12 (or a version like 3.12), "
-        "or the `python` field of the environment config."
+        f"Name one with ${PYTHON_ENV_VAR}=/path/to/python{'.'.join(map(str, floor[:2]))} "
+        "(or a version like "
+        f"{'.'.join(map(str, floor[:2]))}), or the `python` field of the environment config."
     )
+
+    def below_floor_error(found: str) -> VenvSetupError:
+        return VenvSetupError(
+            f"{what} declares Python >= {floor_text} but the best interpreter found is "
+            f"{found}; install Python >= {floor_text} (uv python install {floor_text}), or opt "
+            f"in to run below the declared floor with {BELOW_FLOOR_HOW} (uv then installs as "
+            f"for Python {floor_text})."
+        )
+
     if spec is not None and not _VERSION_SPEC.match(spec):
         exe = Path(spec).expanduser()
         if not exe.is_absolute():
@@ -142,30 +247,76 @@ def _find_python_with_version(spec: str | None) -> tuple[Path, str]:
         version = _probe_python(exe) if exe.exists() else None
         if version is None:
             raise VenvSetupError(f"Python interpreter {spec!r} does not exist or does not run.")
-        if not _acceptable(version, None):
-            raise VenvSetupError(
-                f"Python interpreter {spec!r} is {version}; NeMo Gym needs CPython >= "
-                f"{'.'.join(map(str, MIN_PYTHON))}. {how_to_name}"
-            )
-        return exe, version
+        if _satisfies(version, floor):
+            return exe, version, False
+        if _below_floor_ok(version, floor):
+            if allow_below_floor:
+                return exe, version, True
+            raise below_floor_error(f"{exe} ({version})")
+        raise VenvSetupError(
+            f"Python interpreter {spec!r} is {version}; {what} needs CPython >= "
+            f"{floor_text}. {how_to_name}"
+        )
     tried: list[str] = []
+    below: list[tuple[Path, str]] = []
     for exe in _candidates(spec):
         version = _probe_python(exe)
         tried.append(f"{exe} ({version or 'does not run'})")
-        if version is not None and _acceptable(version, spec):
-            return exe.absolute(), version
-    wanted = f"Python {spec}" if spec else "a CPython >= 3.12"
+        if version is None or not _acceptable(version, spec, floor):
+            continue
+        if _satisfies(version, floor):
+            return exe.absolute(), version, False
+        below.append((exe.absolute(), version))
+    if below:
+        # The newest patch release below the floor: the one with the most security fixes.
+        exe, version = max(below, key=lambda item: _version_tuple(item[1]))
+        if allow_below_floor:
+            return exe, version, True
+        raise below_floor_error(f"{exe} ({version})")
+    wanted = f"Python {spec}" if spec else f"a CPython >= {floor_text}"
     raise VenvSetupError(
-        f"Could not find {wanted} for the NeMo Gym runtime. Tried: "
-        f"{'; '.join(tried) or 'python3.12/python3.13 on PATH, pyenv versions, uv python find'}. "
+        f"Could not find {wanted} for {what}. Tried: "
+        f"{'; '.join(tried) or 'python3.X on PATH, pyenv versions, uv python find'}. "
         f"{how_to_name}"
     )
+
+
+def interpreters_available() -> list[str]:
+    """Versions of the CPython interpreters on PATH, in pyenv's and uv's interpreter folders
+    (each probed once; `uv python find` is not asked: it adds seconds and finds the same)."""
+    seen: set[Path] = set()
+    versions: list[str] = []
+    for exe in _candidates(None, ask_uv=False):
+        if exe.resolve() in seen:
+            continue
+        seen.add(exe.resolve())
+        if (version := _probe_python(exe)) is not None:
+            versions.append(version)
+    return versions
+
+
+def default_version(python: str | None = None) -> str:
+    """The newest release of `KNOWN_RELEASES` whose declared floor an interpreter here meets
+    (`python`, else $VF_NEMOGYM_PYTHON, else every interpreter `find_python` can see). The
+    below-floor opt-in permits a release the user names; it never picks one. Falls back to
+    `DEFAULT_NEMO_GYM_VERSION` when nothing fits (its own error then names the problem)."""
+    python = python or os.environ.get(PYTHON_ENV_VAR) or None
+    if python is not None and not _VERSION_SPEC.match(python):
+        exe = Path(python).expanduser()
+        found = _probe_python(Path(shutil.which(python) or exe).absolute())
+        versions = [found] if found else []
+    else:
+        versions = [v for v in interpreters_available() if python is None or _acceptable(v, python)]
+    for release in sorted(KNOWN_RELEASES, key=_version_tuple, reverse=True):
+        if any(_satisfies(v, KNOWN_RELEASES[release]) for v in versions):
+            return release
+    return DEFAULT_NEMO_GYM_VERSION
 
 
 def find_uv(*, required: bool = True) -> Path | None:
     """The `uv` binary: the `uv` Python package's one if installed, else the one on PATH."""
     try:
-        from uv import find_uv_bin  # type: ignore[import-not-found]
+        from uv import find_uv_bin
 
         return Path(find_uv_bin())
     except (ImportError, FileNotFoundError):
@@ -200,6 +351,26 @@ class NeMoGymVenv:
     """Full version of `python`, e.g. "3.12.1" (NeMo Gym pins per-server venvs to it)."""
     nemo_gym_version: str
     """Installed nemo-gym version, e.g. "0.4.0"."""
+    below_floor: bool = False
+    """True when `python` is below the release's declared floor (built with the opt-in: uv
+    installs as for the floor version, here and in NeMo Gym's per-server installs)."""
+    python_floor: str = ""
+    """The release's declared floor, e.g. "3.13.14" (from its metadata)."""
+
+    @property
+    def info(self) -> dict[str, object]:
+        """What traces record as `trace.info["nemo_gym_runtime"]`."""
+        return {
+            "nemo_gym": self.nemo_gym_version,
+            "python": self.python_version,
+            "below_floor": self.below_floor,
+        }
+
+    @property
+    def uv_config(self) -> Path:
+        """A uv.toml pinning uv's `python-version` to the floor (written for below-floor
+        runtimes; exported as UV_CONFIG_FILE so NeMo Gym's own `uv pip install`s accept it)."""
+        return self.venv / "vf-nemogym-uv.toml"
 
     @property
     def site_packages(self) -> Path:
@@ -215,7 +386,7 @@ class NeMoGymVenv:
         return (
             cache_root()
             / "server-venvs"
-            / _runtime_name(self.nemo_gym_version, self.python_version)
+            / _runtime_name(self.nemo_gym_version, self.python_version, self.below_floor)
         )
 
     def env(self, ray_tmpdir: Path | None = None) -> dict[str, str]:
@@ -241,11 +412,16 @@ class NeMoGymVenv:
         env["HF_HUB_OFFLINE"] = "1"
         env["WANDB_MODE"] = "disabled"
         env["PYTHONUNBUFFERED"] = "1"
+        if self.below_floor:
+            # The explicit opt-in: NeMo Gym's per-server `uv pip install nemo-gym==<v>` would
+            # refuse this interpreter; uv reads `[pip] python-version` from this file instead.
+            env["UV_CONFIG_FILE"] = str(self.uv_config)
         return env
 
 
-def _runtime_name(nemo_gym_version: str, python_version: str) -> str:
-    return f"nemo-gym-{nemo_gym_version}-py{python_version}"
+def _runtime_name(nemo_gym_version: str, python_version: str, below_floor: bool = False) -> str:
+    suffix = "-below-floor" if below_floor else ""
+    return f"nemo-gym-{nemo_gym_version}-py{python_version}{suffix}"
 
 
 def _load_complete(venv: Path) -> NeMoGymVenv | None:
@@ -257,21 +433,33 @@ def _load_complete(venv: Path) -> NeMoGymVenv | None:
             python=Path(data["python"]),
             python_version=str(data["python_version"]),
             nemo_gym_version=str(data["nemo_gym_version"]),
+            below_floor=bool(data.get("below_floor", False)),
+            python_floor=_floor_text(python_floor(str(data["nemo_gym_version"]), venv)),
         )
     except (OSError, ValueError, KeyError):
         return None
     if not (runtime.python.exists() and runtime.bin("ng_run").exists()):
         return None
+    if runtime.below_floor and not runtime.uv_config.is_file():
+        return None
     return runtime
 
 
-def _find_cached(root: Path, version: str, spec: str | None) -> NeMoGymVenv | None:
-    """A complete cached runtime matching `spec`, found without running any interpreter."""
+def _find_cached(
+    root: Path, version: str, spec: str | None, allow_below_floor: bool
+) -> NeMoGymVenv | None:
+    """A complete cached runtime matching `spec`, found without running any interpreter. A
+    below-floor runtime is a match only with the opt-in, and only if no other one matches."""
     matches: list[NeMoGymVenv] = []
-    for venv in root.glob(f"{_runtime_name(version, '3.*')}"):
+    for venv in root.glob(f"nemo-gym-{version}-py3.*"):
         runtime = _load_complete(venv)
         if runtime is None or runtime.nemo_gym_version != version:
             continue
+        if runtime.below_floor and not allow_below_floor:
+            continue
+        floor = _version_tuple(runtime.python_floor) if runtime.python_floor else MIN_PYTHON
+        if not runtime.below_floor and not _satisfies(runtime.python_version, floor):
+            continue  # below the floor but not built with the opt-in: not ours to trust
         if spec is None:
             matches.append(runtime)
         elif _VERSION_SPEC.match(spec):
@@ -279,8 +467,8 @@ def _find_cached(root: Path, version: str, spec: str | None) -> NeMoGymVenv | No
                 matches.append(runtime)
         elif Path(spec).expanduser().absolute() == runtime.python:
             matches.append(runtime)
-    # With several candidates prefer the oldest Python: the one most likely to satisfy pins.
-    matches.sort(key=lambda r: _version_tuple(r.python_version))
+    # Prefer a runtime that meets the floor; then the oldest Python, most likely to satisfy pins.
+    matches.sort(key=lambda r: (r.below_floor, _version_tuple(r.python_version)))
     return matches[0] if matches else None
 
 
@@ -309,23 +497,60 @@ def _run_uv(args: list[str], env: dict[str, str], what: str) -> None:
 
 
 def ensure_venv(
-    version: str = DEFAULT_NEMO_GYM_VERSION,
+    version: str | None = None,
     python: str | None = None,
     *,
+    allow_below_floor: bool | None = None,
     log: logging.Logger = logger,
 ) -> NeMoGymVenv:
     """Return the cached NeMo Gym runtime for `version`, creating it on first use.
 
-    `python` is as for `find_python`. Creation is atomic (built in a temporary folder, then
-    renamed) and serialised between processes by a file lock.
+    `version` None means `default_version(python)`. `python` is as for `find_python`.
+    `allow_below_floor` (None: $VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR) is the explicit opt-in to
+    an interpreter below the release's declared floor; without it such an interpreter is a
+    one-line `VenvSetupError` saying how to opt in. Creation is atomic (built in a temporary
+    folder, then renamed) and serialised between processes by a file lock. The chosen release
+    and Python are logged (a warning when below the floor).
     """
     python = python or os.environ.get(PYTHON_ENV_VAR) or None
+    allow = allow_below_floor_default() if allow_below_floor is None else allow_below_floor
+    version = version or default_version(python)
     root = cache_root() / "runtimes"
-    if (cached := _find_cached(root, version, python)) is not None:
-        return cached
+    runtime = _find_cached(root, version, python, allow)
+    if runtime is None:
+        runtime = _create(root, version, python, allow, log)
+    _log_choice(runtime, log)
+    return runtime
 
-    exe, python_version = _find_python_with_version(python)
-    name = _runtime_name(version, python_version)
+
+def _log_choice(runtime: NeMoGymVenv, log: logging.Logger) -> None:
+    if runtime.below_floor:
+        log.warning(
+            "NeMo Gym %s runtime on Python %s, BELOW its declared floor >= %s (opted in; uv "
+            "installs as for %s): %s",
+            runtime.nemo_gym_version,
+            runtime.python_version,
+            runtime.python_floor,
+            runtime.python_floor,
+            runtime.venv,
+        )
+    else:
+        log.info(
+            "NeMo Gym %s runtime on Python %s: %s",
+            runtime.nemo_gym_version,
+            runtime.python_version,
+            runtime.venv,
+        )
+
+
+def _create(
+    root: Path, version: str, python: str | None, allow: bool, log: logging.Logger
+) -> NeMoGymVenv:
+    floor = python_floor(version)
+    exe, python_version, below = find_python_for(
+        python, floor=floor, allow_below_floor=allow, what=f"NeMo Gym {version}"
+    )
+    name = _runtime_name(version, python_version, below)
     target = root / name
     with _file_lock(root / f".{name}.lock"):
         # Another process may have finished it while we waited for the lock.
@@ -340,6 +565,9 @@ def ensure_venv(
         log.info("creating NeMo Gym %s runtime with Python %s ...", version, python_version)
         tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
         env = _clean_env() | {"UV_PYTHON_DOWNLOADS": "never"}
+        # Below the floor (opted in): uv resolves as for the floor version, which it would
+        # otherwise refuse (`Requires-Python`); nothing else changes.
+        override = ["--python-version", _floor_text(floor)] if below else []
         try:
             # --relocatable: scripts and activation resolve paths at run time, so the rename
             # below does not break bin/ng_run's shebang.
@@ -349,17 +577,22 @@ def ensure_venv(
                 f"`uv venv` with {exe}",
             )
             _run_uv(
-                [str(uv), "pip", "install", "--python", str(tmp / "bin" / "python"),
+                [str(uv), "pip", "install", "--python", str(tmp / "bin" / "python"), *override,
                  f"nemo-gym=={version}"],
                 env,
                 f"installing nemo-gym=={version}",
             )  # fmt: skip
             if not (tmp / "bin" / "ng_run").exists():
                 raise VenvSetupError(f"nemo-gym=={version} installed no `ng_run` command")
+            if below:
+                (tmp / "vf-nemogym-uv.toml").write_text(
+                    f'[pip]\npython-version = "{_floor_text(floor)}"\n'
+                )
             marker = {
                 "python": str(exe),
                 "python_version": python_version,
                 "nemo_gym_version": version,
+                "below_floor": below,
                 "created": time.time(),
             }
             (tmp / _MARKER_NAME).write_text(json.dumps(marker, indent=2))

@@ -19,7 +19,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -60,9 +60,8 @@ def _argument(schema: dict[str, Any]) -> Any:
     kind = schema.get("type")
     if "enum" in schema:
         return schema["enum"][0]
-    return {"integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(
-        kind, "San Francisco"
-    )
+    by_type: dict[Any, Any] = {"integer": 1, "number": 1.0, "boolean": True, "array": []}
+    return {**by_type, "object": {}}.get(kind, "San Francisco")
 
 
 def tool_arguments(tool: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +110,7 @@ class ScriptedPolicy:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
-    async def __aenter__(self) -> ScriptedPolicy:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

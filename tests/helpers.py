@@ -1,0 +1,146 @@
+"""Helpers shared by the tests (imported by conftest.py and by test modules as `helpers`).
+
+Process checks read /proc through `verifiers_nemogym.nemo.supervisor.processes_with_env`, the
+scan the stack itself uses: every process a stack or a local model server starts carries a
+marker variable in its environment, and so does every descendant of a tagged process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR as STACK_MARKER_VAR
+from verifiers_nemogym.nemo.supervisor import processes_with_env
+from verifiers_nemogym.nemo.venv import ensure_venv
+from verifiers_nemogym.policies.local_model import MARKER_ENV_VAR as MODEL_MARKER_VAR
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+if TYPE_CHECKING:
+    import verifiers.v1 as vf
+
+TEST_RUN_VAR = "VF_NEMOGYM_TEST_RUN"
+"""Tag a test puts on a subprocess it starts; every descendant inherits it."""
+SESSION_VAR = "VF_NEMOGYM_TEST_SESSION"
+"""Tag of the whole pytest session, set in conftest: it finds what this session started among
+the stacks other people run on the same machine."""
+
+
+@dataclass
+class Launches:
+    """Markers of the stacks and model servers the current test started in this process
+    (recorded by conftest's `launches` fixture)."""
+
+    stacks: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+
+
+def run_tag() -> tuple[str, dict[str, str]]:
+    """A fresh `VF_NEMOGYM_TEST_RUN=<hex>` entry, and this process's environment plus it."""
+    value = uuid.uuid4().hex
+    return f"{TEST_RUN_VAR}={value}", {**os.environ, TEST_RUN_VAR: value}
+
+
+def launched_processes(entry: str) -> list[int]:
+    """PIDs of live processes carrying `entry` that belong to a NeMo Gym stack or a local model
+    server (their environment has the stack's or the model server's marker variable)."""
+    keys = (f"{STACK_MARKER_VAR}=".encode(), f"{MODEL_MARKER_VAR}=".encode())
+    found = []
+    for pid in processes_with_env(entry):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # exited meanwhile
+            continue
+        if any(item.startswith(keys) for item in environ):
+            found.append(pid)
+    return found
+
+
+async def gone(entry: str, seconds: float = 30) -> list[int]:
+    """Wait (bounded) until no process carries `entry`; return the survivors."""
+    deadline = time.monotonic() + seconds
+    while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    return alive
+
+
+def wait_gone(pids: list[int] | int, seconds: float) -> bool:
+    """Block (bounded) until every PID in `pids` has exited (zombies count as exited)."""
+    deadline = time.monotonic() + seconds
+    pids = [pids] if isinstance(pids, int) else pids
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+def script(name: str) -> str:
+    """Path of a console script (`vf-eval`, `nemo-gym-env`) of the test interpreter's venv."""
+    return str(Path(sys.executable).with_name(name))
+
+
+def read_episodes(outdir: Path) -> list[dict[str, Any]]:
+    """The episodes of the one run `vf-eval -o outdir` wrote (`<run>/traces.jsonl`)."""
+    (traces_file,) = outdir.glob("*/traces.jsonl")
+    return [json.loads(line) for line in traces_file.read_text().splitlines() if line.strip()]
+
+
+def model_context(policy: ScriptedPolicy) -> vf.ModelContext:
+    """The verifiers model context that sends a rollout's model calls to `policy`."""
+    # Imported here: verifiers takes seconds to import, and the fast tier's inner sessions
+    # (tests/test_tiers.py) load this module without needing it.
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import EvalClientConfig
+
+    client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
+    return vf.ModelContext(model="scripted", client=client)
+
+
+SINGLE_TOOL_ENV = "example_single_tool_call"
+SINGLE_TOOL_AGENT = "example_single_tool_call_simple_agent"
+
+
+@functools.cache
+def example_tools() -> list[dict[str, Any]]:
+    """The tool exactly as NeMo Gym's example rows of SINGLE_TOOL_ENV define it."""
+    first = Catalog(ensure_venv()).env(SINGLE_TOOL_ENV).dataset().read_text().splitlines()[0]
+    return json.loads(first)["responses_create_params"]["tools"]
+
+
+def row(text: str) -> dict[str, Any]:
+    params = {"input": [{"role": "user", "content": text}], "tools": example_tools()}
+    return {
+        "responses_create_params": params,
+        "agent_ref": {"type": "responses_api_agents", "name": SINGLE_TOOL_AGENT},
+    }
+
+
+def write_rows(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps(row(t)) + "\n" for t in texts))
+    return path
+
+
+def error_text(episode: vf.Episode) -> str:
+    """Every error message of `episode` and its traces, joined."""
+    messages = [e.message for e in episode.errors]
+    messages += [e.message for t in episode.traces for e in t.errors]
+    return " | ".join(messages)

@@ -1,0 +1,69 @@
+"""The fast tier's guard (tests/conftest.py), run on inner pytest sessions with this conftest:
+a test not marked `stack` that starts a stack fails before anything is spawned; marked, the
+same start goes ahead; a model server refusing bad input is allowed in the fast tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verifiers_nemogym.nemo.venv import CACHE_ENV_VAR, PYTHON_ENV_VAR, NeMoGymVenv, cache_root
+
+CACHE = cache_root()  # read before pytester points HOME at a temporary folder
+TESTS = Path(__file__).parent
+
+INNER = """
+import pytest
+
+from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.venv import ensure_venv
+from verifiers_nemogym.policies.local_model import LocalModelServer
+
+
+def stack():
+    config = [ensure_venv().site_packages / "resources_servers/example_single_tool_call"]
+    return NeMoGymStack(ensure_venv(), config, policy_host="127.0.0.1", policy_port=9)
+
+
+async def test_unmarked_starts_a_stack():
+    await stack().start()
+
+
+@pytest.mark.stack
+async def test_marked_starts_a_stack(launches):
+    started = stack()
+    started._proc = object()  # the real start() then refuses at once: nothing is spawned
+    with pytest.raises(StackError, match="already started"):
+        await started.start()
+    assert launches.stacks == [started.marker]
+
+
+def test_unmarked_model_server_refuses_bad_input(tmp_path, launches):
+    with pytest.raises(ConfigError):
+        LocalModelServer(gguf=tmp_path / "absent.gguf").start()
+    assert len(launches.models) == 1
+"""
+
+
+def test_guard_fails_unmarked_stack_starts_only(
+    pytester: pytest.Pytester, nemo_venv: NeMoGymVenv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The inner session must find this runtime venv, not build one under pytester's HOME.
+    monkeypatch.setenv(CACHE_ENV_VAR, str(CACHE))
+    monkeypatch.setenv(PYTHON_ENV_VAR, str(nemo_venv.python))
+    pytester.makeini(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = session\n"
+        "markers =\n    stack: starts a NeMo Gym stack, a model or an install\n"
+    )
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    pytester.makepyfile(helpers=(TESTS / "helpers.py").read_text(), test_inner=INNER)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=600)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E*Failed: this test starts a NeMo Gym stack: mark it @pytest.mark.stack",
+            "FAILED test_inner.py::test_unmarked_starts_a_stack*",
+        ]
+    )

@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import verifiers.v1 as vf
+from helpers import error_text, gone, model_context, read_episodes, run_tag, script
 from renderers.configs import DefaultRendererConfig
-from verifiers.v1.configs.client import EvalClientConfig, TrainClientConfig
+from verifiers.v1.configs.client import TrainClientConfig
 
 import nemo_gym_env
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
-from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
 from verifiers_nemogym.policies.local_model import packaged_model_path
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
@@ -52,10 +49,9 @@ OVERLONG = "overlong"
 RUN_TIMEOUT = 120
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
+def _rows(path: Path, catalog: Catalog) -> list[dict[str, Any]]:
     """Every packaged row of ENVS, then variants of single_tool_call's first row; written to
     `path` as JSONL (each row names its agent)."""
-    catalog = Catalog(ensure_venv())
     rows: list[dict[str, Any]] = []
     for name in ENVS:
         env = catalog.env(name)
@@ -83,11 +79,6 @@ def _question(episode: vf.Episode) -> str:
 def _label(episode: vf.Episode) -> str | None:
     text = _question(episode)
     return next((label for label in [*EXTRA, OVERLONG] if f"<{label}>" in text), None)
-
-
-def _errors(episode: vf.Episode) -> str:
-    messages = [e.message for e in episode.errors]
-    return " | ".join(messages + [e.message for t in episode.traces for e in t.errors])
 
 
 def _check_tokens(trace: vf.Trace) -> int:
@@ -127,10 +118,10 @@ def _train_ctx(server: TokenServer) -> vf.ModelContext:
 
 
 async def test_train_mode_records_tokens_on_every_call(
-    servers: tuple[TokenServer, TokenServer], tmp_path: Path, secret_watch: Any
+    servers: tuple[TokenServer, TokenServer], tmp_path: Path, secret_watch: Any, catalog: Catalog
 ) -> None:
     normal, short = servers
-    rows = _rows(tmp_path / "rows.jsonl")
+    rows = _rows(tmp_path / "rows.jsonl", catalog)
     env = nemo_gym_env.load_environment(
         nemo_env=",".join(ENVS),
         jsonl_path=str(tmp_path / "rows.jsonl"),
@@ -143,10 +134,7 @@ async def test_train_mode_records_tokens_on_every_call(
         secret_watch.watch(env)
         marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
         live = env.taskset.config.task._live
-        eval_ctx = vf.ModelContext(
-            model="scripted",
-            client=EvalClientConfig(base_url=scripted.base_url, api_key_var="SCRIPTED_KEY"),
-        )
+        eval_ctx = model_context(scripted)
         timings: dict[str, float] = {}
 
         async def timed(task: vf.Task, ctx: vf.ModelContext, key: str) -> vf.Episode:
@@ -167,10 +155,10 @@ async def test_train_mode_records_tokens_on_every_call(
         plain = [t for t in tasks if not any(f"<{k}>" in t.data.prompt_text for k in EXTRA)]
         evaluated = await asyncio.gather(*(env.run_episode(t, eval_ctx) for t in plain))
         assert live.proxy.open_routes == 0
-    assert await _gone(marker) == []
+    assert await gone(marker) == []
 
     eval_reward = {_question(e): e.traces[0].reward for e in evaluated}
-    assert all(e.ok for e in evaluated), [_errors(e) for e in evaluated if not e.ok]
+    assert all(e.ok for e in evaluated), [error_text(e) for e in evaluated if not e.ok]
     calls = tokens = 0
     branches: list[int] = []
     for episode in trained:
@@ -179,11 +167,11 @@ async def test_train_mode_records_tokens_on_every_call(
             # A provider error is the rollout's error, in train mode as in eval mode.
             assert not episode.ok and trace.rewards.get("nemo_gym") is None, label
             if label == "fault500":  # verifiers re-raises the provider's own error
-                assert [e.status_code for e in trace.errors] == [500], _errors(episode)
+                assert [e.status_code for e in trace.errors] == [500], error_text(episode)
             else:  # verifiers' 502 for an unreadable reply, relayed; our error names it
-                assert "provider answered 502" in _errors(episode), _errors(episode)
+                assert "provider answered 502" in error_text(episode), error_text(episode)
             continue
-        assert episode.ok, f"{_question(episode)[:60]}: {_errors(episode)}"
+        assert episode.ok, f"{_question(episode)[:60]}: {error_text(episode)}"
         if label == OVERLONG:
             # Refused before sampling (a 400 on the call); the agent got NeMo Gym's empty
             # `length` answer, ended its loop, and NeMo Gym verified: a reward, no error.
@@ -217,15 +205,8 @@ async def test_train_mode_records_tokens_on_every_call(
         f"branches per rollout {sorted(branches)}"
     )
     texts = {f"trace {e.traces[0].id}": json.dumps(e.traces[0].to_record()) for e in trained}
-    texts |= {f"errors {i}": _errors(e) for i, e in enumerate(trained)}
+    texts |= {f"errors {i}": error_text(e) for i, e in enumerate(trained)}
     secret_watch.assert_absent(texts)
-
-
-async def _gone(entry: str, seconds: float = 30) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    return alive
 
 
 def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> None:
@@ -233,16 +214,16 @@ def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> No
     adapter, verifiers' train client, one rollout. The model's wording is never asserted: only
     that every call recorded real ids and real (finite, varying) logprobs, that the rollout is
     one branch whose prompts extend each other, and that NeMo Gym's reward is on the trace."""
-    tag = uuid.uuid4().hex
+    tag, env = run_tag()  # inherited by every process the command starts
     outdir = tmp_path / "out"
     cmd = [
-        str(Path(sys.executable).with_name("nemo-gym-env")), "eval-local", ENVS[0],
+        script("nemo-gym-env"), "eval-local", ENVS[0],
         "--train", "-n", "1", "-c", "1", "-o", str(outdir),
     ]  # fmt: skip
     began = time.monotonic()
     proc = subprocess.run(
         cmd,
-        env={**os.environ, "VF_NEMOGYM_TEST_RUN": tag},
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         timeout=900,
@@ -250,10 +231,9 @@ def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> No
     )
     seconds = time.monotonic() - began
     log = proc.stdout.decode(errors="replace")
-    assert processes_with_env(f"VF_NEMOGYM_TEST_RUN={tag}") == []
+    assert processes_with_env(tag) == []
     assert proc.returncode == 0, log[-6000:]
-    (traces_file,) = outdir.glob("*/traces.jsonl")
-    (episode,) = [json.loads(line) for line in traces_file.read_text().splitlines() if line]
+    (episode,) = read_episodes(outdir)
     assert episode["ok"], episode["errors"]
     (trace,) = episode["traces"]
     assert trace["rewards"]["nemo_gym"]["score"] == trace["info"]["nemo_gym"]["reward"]
@@ -283,11 +263,11 @@ async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path
     vLLM-compatible server (the token server). With `--env.agent.max-turns 1` verifiers refuses
     the second call as in eval mode: the rollout stops, NeMo Gym verifies, the reward stays, and
     the one call made recorded its tokens."""
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    tag, env = run_tag()
     out = tmp_path / "out"
     async with TokenServer(tokenizer) as server:
         cmd = [
-            str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "token-server",
+            script("vf-eval"), "nemo-gym-env", "-m", "token-server",
             "--client.type", "train", "--client.base-url", server.base_url,
             "--client.api-key-var", "VF_NEMOGYM_TEST_NO_KEY",
             "--client.renderer-model-name", str(tokenizer_dir(packaged_model_path())),
@@ -298,16 +278,15 @@ async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path
         ]  # fmt: skip
         proc = await asyncio.create_subprocess_exec(
             *cmd,
-            env={**os.environ, tag.split("=")[0]: tag.split("=")[1]},
+            env=env,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
         output, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
     log = output.decode(errors="replace")
     assert proc.returncode == 0, log[-3000:]
-    assert await _gone(tag) == []
-    (traces_file,) = out.rglob("traces.jsonl")
-    episodes = [json.loads(line) for line in traces_file.read_text().splitlines() if line]
+    assert await gone(tag) == []
+    episodes = read_episodes(out)
     traces = [t for e in episodes for t in e["traces"]]
     assert len(traces) == 3 and all(e["ok"] for e in episodes), [e["errors"] for e in episodes]
     for trace in traces:

@@ -171,15 +171,18 @@ def generate_choice(payload: Any) -> dict[str, Any]:
     logprobs = [p.get("logprob") for p in probs if isinstance(p, dict)]
     if tokens != payload.get("tokens"):
         raise ValueError("token ids and their probabilities disagree")
-    if not all(isinstance(lp, int | float) and math.isfinite(lp) for lp in logprobs):
-        raise ValueError("a logprob is missing or not finite")
+    finite: list[float] = []
+    for lp in logprobs:
+        if not isinstance(lp, int | float) or not math.isfinite(lp):
+            raise ValueError("a logprob is missing or not finite")
+        finite.append(float(lp))
     return {
         "index": 0,
         "token_ids": tokens,
         "logprobs": {
             "content": [
-                {"token": f"token_id:{t}", "logprob": float(lp)}
-                for t, lp in zip(tokens, logprobs, strict=True)
+                {"token": f"token_id:{t}", "logprob": lp}
+                for t, lp in zip(tokens, finite, strict=True)
             ]
         },
         "finish_reason": "length" if payload.get("stop_type") == "limit" else "stop",

@@ -139,6 +139,13 @@ def write_rows(path: Path, texts: list[str]) -> Path:
     return path
 
 
+def error_text(episode: vf.Episode) -> str:
+    """Every error message of `episode` and its traces, joined."""
+    messages = [e.message for e in episode.errors]
+    messages += [e.message for t in episode.traces for e in t.errors]
+    return " | ".join(messages)
+
+
 VERSIONS = ["0.4.0", "0.7.0-below-floor"]
 """Test ids of the NeMo Gym releases the end-to-end and conformance tests run on: 0.7.0 on a
 Python below its declared floor (3.13.14; none here), with the package's explicit opt-in."""

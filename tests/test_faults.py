@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import gone, model_context, run_tag, script, write_rows
+from helpers import error_text, gone, model_context, run_tag, script, write_rows
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
@@ -65,12 +65,6 @@ async def run_all(
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 
 
-def errors(episode: vf.Episode) -> str:
-    messages = [e.message for e in episode.errors]
-    messages += [e.message for t in episode.traces for e in t.errors]
-    return " | ".join(messages)
-
-
 async def test_model_faults_fail_only_their_own_rollouts(
     policy: ScriptedPolicy, tmp_path: Path, secret_watch: Any, caplog: pytest.LogCaptureFixture
 ):
@@ -96,11 +90,11 @@ async def test_model_faults_fail_only_their_own_rollouts(
         episode = by_text[text]
         assert not episode.ok, f"{text} should be an error"
         assert episode.traces[0].rewards.get("nemo_gym") is None  # an error, not reward 0
-        assert reason in errors(episode), errors(episode)
+        assert reason in error_text(episode), error_text(episode)
     no_cross_routing(policy, [t for e in eps for t in e.traces])
     # Neither the proxy's secret nor any rollout's reached a trace, an error or the log.
     seen = {f"trace {t.id}": json.dumps(t.to_record()) for e in eps for t in e.traces}
-    seen |= {f"errors of {e.task.data.prompt_text}": errors(e) for e in eps}
+    seen |= {f"errors of {e.task.data.prompt_text}": error_text(e) for e in eps}
     secret_watch.assert_absent({**seen, "log": caplog.text})
     assert await gone(marker) == []
 
@@ -164,7 +158,7 @@ async def test_killed_server_is_reported_and_fails_remaining_rollouts(
         assert live.failure is not None and name in live.failure, live.failure
         later = await run_all(env, ctx, tasks, concurrency=5)
     assert len(later) == len(tasks) and not any(e.ok for e in later)
-    assert all(live.failure in errors(e) for e in later), [errors(e) for e in later]
+    assert all(live.failure in error_text(e) for e in later), [error_text(e) for e in later]
     assert await gone(marker) == []
 
 
@@ -196,7 +190,7 @@ async def test_thousand_rollouts_256_in_flight(policy: ScriptedPolicy):
         eps = await run_all(env, model_context(policy), tasks * 200, concurrency=256)
         assert env.taskset.config.task._live.proxy.open_routes == 0
     assert len(eps) == 1000
-    failed = [errors(e) for e in eps if not e.ok]
+    failed = [error_text(e) for e in eps if not e.ok]
     assert failed == [], failed[:3]
     traces = [t for e in eps for t in e.traces]
     assert len({t.id for t in traces}) == 1000
@@ -220,7 +214,7 @@ async def test_fifty_megabyte_model_call_and_answer(policy: ScriptedPolicy, tmp_
     # 50 MB each way through agent, proxy, interception and policy; every rollout ends ok with
     # NeMo Gym's reward (its verifier gives example_single_tool_call rollouts 1.0).
     for episode in eps:
-        assert episode.ok, errors(episode)
+        assert episode.ok, error_text(episode)
         assert episode.traces[0].reward == 1.0
         assert episode.traces[0].info["nemo_gym"]["reward"] == 1.0
     for episode in eps[:2]:  # the big prompt and the big answer are on the recorded trajectory

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import gone, write_rows
+from helpers import error_text, gone, write_rows
 from verifiers.v1.configs.client import EvalClientConfig
 
 import nemo_gym_env
@@ -32,12 +32,6 @@ AGENT = "example_single_tool_call_simple_agent"
 pytestmark = pytest.mark.stack
 STATUSES = [400, 401, 403, 404, 409, 422, 429, 500]
 RUN_TIMEOUT = 20
-
-
-def error_text(episode: vf.Episode) -> str:
-    messages = [e.message for e in episode.errors]
-    messages += [e.message for t in episode.traces for e in t.errors]
-    return " | ".join(messages)
 
 
 async def test_every_provider_status_is_an_error_naming_it(

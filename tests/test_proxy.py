@@ -328,3 +328,56 @@ async def test_malformed_json_is_400(proxy, http):
     async with http.post(f"{proxy.url}/v1/responses", data=b"{not json") as r:
         assert r.status == 400
         assert "not JSON" in json.loads(await r.text())["error"]["message"]
+
+
+async def test_train_route_carries_responses_calls_as_chat(proxy, upstream, http):
+    """A train route (verifiers' train client) posts Chat Completions and answers Responses;
+    an overlong prompt's 400 and a stop become `incomplete`; other errors stay failures."""
+    up, endpoint = upstream
+    call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    up.answer = {
+        "id": "chatcmpl-1",
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                "finish_reason": "tool_calls",
+            }
+        ],
+    }
+    stopped: list[str] = []
+    route = proxy.open_route(
+        endpoint, "s", stop_condition=lambda: stopped[0] if stopped else None, train=True
+    )
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    got, reply = await post(http, proxy, body(proxy, route, tools=tools))
+    assert got == 200
+    assert [(i["type"], i["call_id"]) for i in reply["output"]] == [("function_call", "call_0")]
+    Response.model_validate(reply)
+    (seen,) = up.seen
+    assert seen["path"] == "/v1/chat/completions"
+    assert seen["body"]["messages"] == [{"role": "user", "content": "hi"}]
+    assert "metadata" not in seen["body"]  # the route and secret reach no model call
+
+    up.answer, up.status = (
+        {"error": {"message": "Prompt length (9) exceeds maximum context length (5)."}},
+        400,
+    )
+    got, reply = await post(http, proxy, body(proxy, route))
+    assert got == 200 and reply["status"] == "incomplete"
+    assert reply["incomplete_details"] == {"reason": "max_output_tokens"}
+    stopped.append("max_turns")
+    up.answer = {"error": {"message": "rollout stopped: max_turns"}}
+    got, reply = await post(http, proxy, body(proxy, route))
+    assert got == 200 and reply["status"] == "incomplete"
+    assert route.failure is None
+
+    got, reply = await post(http, proxy, body(proxy, route, tools=[{"type": "web_search"}]))
+    assert got == 400 and "request.tools[0]" in reply["error"]["message"]
+    assert len(up.seen) == 3  # refused before anything went upstream
+    assert route.failure is not None and route.failure.status == 400
+
+    other = proxy.open_route(endpoint, "t", stop_condition=lambda: None, train=True)
+    up.answer, up.status = {"error": {"message": "boom"}}, 500
+    got, reply = await post(http, proxy, body(proxy, other))
+    assert (got, reply["error"]["message"]) == (500, "boom")
+    assert other.failure == ProviderFailure(500, "boom")

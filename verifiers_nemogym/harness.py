@@ -6,6 +6,8 @@ numeric verify fields and the rest of its result land on the trace. A failed `/r
 rollout is an error, never reward 0. So does a provider error on any of the rollout's model calls
 (recorded on its route), without waiting for what the agent makes of it. Only verifiers stopping
 the rollout (turn limit, `@vf.stop`) lets `/run` end normally and keep NeMo Gym's reward.
+With verifiers' train client (`--client.type train`) the route is a train route: the agent's
+Responses calls reach verifiers as Chat Completions, so every call records token ids.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 import verifiers.v1 as vf
+from verifiers.v1.configs.client import TrainClientConfig
 from verifiers.v1.runtimes import ProgramResult, Runtime
 
 from verifiers_nemogym.bridge.proxy import Route
@@ -71,8 +74,11 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             trace.info["nemo_gym_row_sampling"] = sampling
             _warn_once(live, "sampling", sampling)
         trace.info["nemo_gym_runtime"] = dict(live.runtime)
+        # verifiers' train client records token ids but accepts only Chat Completions: the
+        # route then carries the agent's Responses calls as chat (see `bridge.proxy`).
+        train = isinstance(ctx.client, TrainClientConfig)
         async with live.proxy.route(
-            endpoint, secret, stop_condition=lambda: _stop_condition(trace)
+            endpoint, secret, stop_condition=lambda: _stop_condition(trace), train=train
         ) as route:
             result = await _post_run(live, data, agent_url, route)
         record(trace, result, keep_ng_trajectory=live.keep_ng_trajectory)

@@ -10,6 +10,13 @@ A route (`Route`, from `route()`) records the first provider error its calls got
 can fail with the provider's own status instead of whatever NeMo Gym's agent makes of it. Only
 verifiers refusing a call of a rollout it stopped becomes an `incomplete` reply, decided by the
 rollout's stop condition (`Route.stop_condition`), not by the answer's status.
+
+A route opened with `train=True` (the rollout uses verifiers' train client, which accepts only
+Chat Completions) carries each Responses call as a Chat Completions call to
+`<endpoint>/chat/completions` and turns the reply back into a Responses object
+(`bridge.chat`). There, besides a stop, a prompt refused as too long becomes the `incomplete`
+reply NeMo Gym's own `vllm_model` gives (so the agent stops and NeMo Gym verifies); every other
+error stays an error, as in eval mode. Eval routes forward the body unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import aiohttp
 import pydantic_core
 from aiohttp import web
 
-from verifiers_nemogym.bridge import redact
+from verifiers_nemogym.bridge import chat, redact
 from verifiers_nemogym.bridge.responses import complete_response, incomplete_response
 from verifiers_nemogym.net import serve_app
 
@@ -105,7 +112,8 @@ class Route:
     `tag(row)` marks a row's calls as this route's. `failure` is the first provider error any
     of its calls got (`failed` is set with it): the rollout is then an error, whatever the agent
     does next. `stop_condition`, if given, returns verifiers' stop condition for the rollout (or
-    None while it runs); it is consulted only when the endpoint answered an error.
+    None while it runs); it is consulted only when the endpoint answered an error. `train`: carry
+    Responses calls as Chat Completions (see module doc).
     """
 
     def __init__(
@@ -116,6 +124,7 @@ class Route:
         session: aiohttp.ClientSession,
         proxy_secret: str,
         stop_condition: Callable[[], str | None] | None,
+        train: bool = False,
     ) -> None:
         self.id = route_id
         self.endpoint = endpoint
@@ -123,6 +132,7 @@ class Route:
         self.session = session
         self.route_tag = RouteTag(route_id, proxy_secret)
         self.stop_condition = stop_condition
+        self.train = train
         self.calls = 0
         """Model calls this route forwarded (any outcome)."""
         self.failure: ProviderFailure | None = None
@@ -226,10 +236,12 @@ class NeMoGymModelProxy:
         route_id: str | None = None,
         *,
         stop_condition: Callable[[], str | None] | None = None,
+        train: bool = False,
     ) -> Route:
         """Route calls tagged with the returned route's id to `endpoint` (a base URL ending in
         `/v1`) with `Authorization: Bearer <secret>`. Each route keeps its own cookies.
-        `stop_condition`: see `Route`; without it every error answer is a provider failure."""
+        `stop_condition`: see `Route`; without it every error answer is a provider failure.
+        `train`: Responses calls go to the endpoint as Chat Completions (see module doc)."""
         if self._connector is None:
             raise RuntimeError("NeMoGymModelProxy.open_route() before start()")
         # Hex: a route id is also NeMo Gym's rollout id, a path segment (ROLLOUT_ID_PATTERN).
@@ -247,7 +259,9 @@ class NeMoGymModelProxy:
                 total=self.limits.call_timeout, connect=self.limits.connect_timeout
             ),
         )
-        route = Route(route_id, endpoint.rstrip("/"), secret, session, self.secret, stop_condition)
+        route = Route(
+            route_id, endpoint.rstrip("/"), secret, session, self.secret, stop_condition, train
+        )
         self._routes[route_id] = route
         redact.protect(secret)
         return route
@@ -272,9 +286,10 @@ class NeMoGymModelProxy:
         secret: str,
         *,
         stop_condition: Callable[[], str | None] | None = None,
+        train: bool = False,
     ) -> AsyncIterator[Route]:
         """A route open for the duration of the block (closed even on cancellation)."""
-        route = self.open_route(endpoint, secret, stop_condition=stop_condition)
+        route = self.open_route(endpoint, secret, stop_condition=stop_condition, train=train)
         try:
             yield route
         finally:
@@ -329,6 +344,20 @@ class NeMoGymModelProxy:
         return await self._call(route, request.match_info["tail"], body)
 
     async def _call(self, route: Route, tail: str, body: dict[str, Any]) -> web.Response:
+        if route.train and tail == "responses":
+            return await self._train_call(route, body)
+        status, raw, failure = await self._post(route, tail, body)
+        if failure is not None:
+            return failure
+        if status == 200:
+            return _reply_ok(route, raw, body, is_responses=tail == "responses")
+        return _reply_error(route, status, raw, body, is_responses=tail == "responses")
+
+    async def _post(
+        self, route: Route, tail: str, body: dict[str, Any]
+    ) -> tuple[int, bytes, web.Response | None]:
+        """POST `body` to the route's `endpoint/tail`: its status and body, or (when it could
+        not be reached or timed out) the error reply for the agent, the route failed with it."""
         url = f"{route.endpoint}/{tail}"
         headers = {
             # Built from scratch on purpose: nothing the agent sent (cookies, auth, hop headers)
@@ -340,20 +369,46 @@ class NeMoGymModelProxy:
             async with route.session.post(
                 url, data=pydantic_core.to_json(body), headers=headers
             ) as upstream:
-                raw = await upstream.read()
-                status = upstream.status
+                return upstream.status, await upstream.read(), None
         except TimeoutError:
             message = f"model endpoint {url} did not answer within {self.limits.call_timeout:g} s"
             route.fail(ProviderFailure(504, message))
-            return _error(504, message, "upstream_timeout")
+            return 0, b"", _error(504, message, "upstream_timeout")
         except (aiohttp.ClientError, RuntimeError) as e:
             # RuntimeError: the route's session was closed under an in-flight call.
             message = redact.redact(f"model endpoint {url} failed: {e!r}")
             route.fail(ProviderFailure(502, message))
-            return _error(502, message, "upstream_error")
-        if status == 200:
-            return _reply_ok(route, raw, body, is_responses=tail == "responses")
-        return _reply_error(route, status, raw, body, is_responses=tail == "responses")
+            return 0, b"", _error(502, message, "upstream_error")
+
+    async def _train_call(self, route: Route, request: dict[str, Any]) -> web.Response:
+        """One Responses call of a train route, carried as Chat Completions."""
+        try:
+            chat_body = chat.responses_to_chat(request)
+        except chat.ChatConversionError as e:
+            # Nothing verifiers could record: the agent's request itself has no chat form.
+            message = f"train mode cannot carry this Responses request: {e}"
+            route.fail(ProviderFailure(400, message))
+            return _error(400, message, "invalid_request_error")
+        status, raw, failure = await self._post(route, "chat/completions", chat_body)
+        if failure is not None:
+            return failure
+        if status != 200:
+            try:
+                payload = pydantic_core.from_json(raw)
+            except ValueError:
+                payload = raw[:2000].decode(errors="replace")
+            # verifiers' stop first, as in eval mode; then the one error NeMo Gym's own
+            # training server turns into an answer: a prompt over the model's context.
+            if route.stopped() is None and chat.is_overlong_prompt(status, payload):
+                return _json(chat.overlong_response(request))
+            return _reply_error(route, status, raw, request, is_responses=True)
+        try:
+            reply = pydantic_core.from_json(raw)
+            return _json(chat.chat_to_responses(reply, request))
+        except (ValueError, chat.ChatConversionError) as e:
+            message = redact.redact(f"model endpoint answered 200 with no chat completion: {e}")
+            route.fail(ProviderFailure(502, message[:2000]))
+            return _error(502, message[:2000], "upstream_error")
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -4,7 +4,7 @@ nemo-gym-env setup [--nemo-gym-version V] [--python P]   create the NeMo Gym run
 nemo-gym-env list                                         environments the runtime ships (both
                                                           layouts, which run offline)
 nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's recorded rollouts
-nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [-- ...]    vf-eval with a local CPU model
+nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with a local CPU model
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
 
@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from verifiers_nemogym.cli.logs import configure_cli_logging
@@ -64,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
         "--chat-template", default="fenced-json", help="fenced-json (default), model, or a file"
     )
     local.add_argument("-o", "--output-dir", type=Path, default=Path("outputs"))
+    local.add_argument(
+        "--train", action="store_true", help="verifiers' train client: token ids on every call"
+    )
     serve = commands.add_parser("serve", help="run one of the package's model servers alone")
     servers = serve.add_subparsers(dest="server", required=True)
     scripted = servers.add_parser("scripted", help="calls the first tool once, then answers")
@@ -162,10 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "list":
             print(_list_table(runtime))
         elif args.command == "eval-local":
-            from verifiers_nemogym.cli.local_eval import LocalEvalOptions, run_local_eval
+            from verifiers_nemogym.cli.local_eval import (
+                LocalEvalOptions,
+                run_local_eval,
+                token_counts,
+            )
             from verifiers_nemogym.policies.local_model import chat_template_choice
 
-            return run_local_eval(
+            began = time.time()
+            status = run_local_eval(
                 LocalEvalOptions(
                     nemo_env=args.env,
                     num_tasks=args.n,
@@ -178,8 +187,16 @@ def main(argv: list[str] | None = None) -> int:
                     nemo_gym_version=args.nemo_gym_version,
                     python=args.python,
                     vf_eval_args=passthrough,
+                    train=args.train,
                 )
             )
+            if args.train:
+                tokens, calls, rollouts = token_counts(args.output_dir, began)
+                print(
+                    f"train mode: {tokens}/{calls} model calls recorded token ids and logprobs "
+                    f"({rollouts} rollouts)"
+                )
+            return status
     except NeMoGymError as e:
         print(f"nemo-gym-env: {e}", file=sys.stderr)
         return 2

@@ -4,21 +4,35 @@ Contract: `run_local_eval(options)` starts a `LocalModelServer`, runs `vf-eval n
 child process pointed at it (no API key, nothing pushed), stops the server when vf-eval ends (or
 fails, or Ctrl-C), and returns vf-eval's exit status. vf-eval prints its own progress and summary;
 arguments after `--` go to vf-eval unchanged (and win over the defaults set here).
+
+With `train`, vf-eval runs with verifiers' train client (`--client.type train`): the server is
+reached through `GenerateAdapter` (vLLM's `/inference/v1/generate` on llama.cpp's `/completion`),
+prompts are rendered with the tokenizer built offline from the same GGUF, and every model call
+records real token ids and logprobs; `token_counts` reads back how many did.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.policies.local_model import ChatTemplate, LocalModelServer
+from verifiers_nemogym.policies.local_model import (
+    ChatTemplate,
+    LocalModelServer,
+    packaged_model_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +68,17 @@ class LocalEvalOptions:
     """Passed on as `--env.taskset.python` when set."""
     vf_eval_args: list[str] = field(default_factory=list)
     """Further vf-eval arguments, appended last."""
+    train: bool = False
+    """Run with verifiers' train client: token ids and logprobs on every call (see module doc).
+    The renderer uses the GGUF's own chat template (`chat_template` is not used then)."""
+
+
+# How verifiers' renderer reads the packaged Qwen2.5 model: its own chat template (loaded with
+# the tokenizer), tool calls as <tool_call> JSON (Hermes, the `qwen3` parser), <think> reasoning.
+TRAIN_RENDERER_ARGS = [
+    "--client.renderer.name", "default", "--client.renderer.tool-parser", "qwen3",
+    "--client.renderer.reasoning-parser", "think",
+]  # fmt: skip
 
 
 def _die_with_parent() -> None:
@@ -63,8 +88,11 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def vf_eval_command(options: LocalEvalOptions, model: str, base_url: str) -> list[str]:
-    """The vf-eval command line for a server at `base_url` serving `model`."""
+def vf_eval_command(
+    options: LocalEvalOptions, model: str, base_url: str, tokenizer: Path | None = None
+) -> list[str]:
+    """The vf-eval command line for a server at `base_url` serving `model`; with `tokenizer`
+    (a tokenizer folder), for verifiers' train client."""
     vf_eval = Path(sys.executable).with_name("vf-eval")
     if not vf_eval.exists():
         raise ConfigError(f"vf-eval not found beside {sys.executable}; is verifiers installed?")
@@ -80,6 +108,11 @@ def vf_eval_command(options: LocalEvalOptions, model: str, base_url: str) -> lis
         cmd += ["--env.taskset.nemo-gym-version", options.nemo_gym_version]
     if options.python:
         cmd += ["--env.taskset.python", options.python]
+    if tokenizer is not None:
+        cmd += [
+            "--client.type", "train", "--client.renderer-model-name", str(tokenizer),
+            *TRAIN_RENDERER_ARGS,
+        ]  # fmt: skip
     return cmd + list(options.vf_eval_args)
 
 
@@ -88,15 +121,22 @@ def run_local_eval(options: LocalEvalOptions) -> int:
     for name in ("num_tasks", "rollouts", "concurrency", "max_turns"):
         if getattr(options, name) < 1:
             raise ConfigError(f"eval-local: {name} must be >= 1, got {getattr(options, name)}")
-    server = LocalModelServer(gguf=options.gguf, chat_template=options.chat_template)
-    with server:
+    tokenizer = None
+    if options.train:
+        from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
+
+        logger.info("preparing the tokenizer from the GGUF (built once, then cached) ...")
+        tokenizer = tokenizer_dir(options.gguf or packaged_model_path())
+    chat_template = "model" if options.train else options.chat_template
+    server = LocalModelServer(gguf=options.gguf, chat_template=chat_template)
+    with server, _generate_adapter(server, options.train) as base_url:
         logger.info(
             "local model %s at %s (%d MB resident)",
             server.model_name,
-            server.base_url,
+            base_url,
             server.rss_bytes() // 2**20,
         )
-        cmd = vf_eval_command(options, server.model_name, server.base_url)
+        cmd = vf_eval_command(options, server.model_name, base_url, tokenizer)
         logger.info("running: %s", " ".join(cmd[1:]))
         # Same process group: a Ctrl-C reaches vf-eval (which stops its NeMo Gym stack) and us
         # (which stops the model server once vf-eval has exited).
@@ -111,3 +151,53 @@ def run_local_eval(options: LocalEvalOptions) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 return proc.wait()
+
+
+@contextlib.contextmanager
+def _generate_adapter(server: LocalModelServer, train: bool) -> Iterator[str]:
+    """The base URL vf-eval is given: the server's own, or (train) a `GenerateAdapter` in front
+    of it, served from a thread of this process until the block ends."""
+    if not train:
+        yield server.base_url
+        return
+    from verifiers_nemogym.policies.llama_generate import GenerateAdapter
+
+    adapter = GenerateAdapter(server.base_url, server.model_name, server.context)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="generate-adapter", daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(adapter.start(), loop).result(timeout=60)
+        yield adapter.base_url
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(adapter.stop(), loop).result(timeout=60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=60)
+        loop.close()
+
+
+def token_counts(output_dir: Path, since: float) -> tuple[int, int, int]:
+    """(model calls whose assistant node holds token ids and one logprob per sampled token,
+    model calls, rollouts) over the `traces.jsonl` files under `output_dir` written after
+    `since` (a `time.time()`)."""
+    with_tokens = calls = rollouts = 0
+    for path in output_dir.rglob("traces.jsonl"):
+        if path.stat().st_mtime < since:
+            continue
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            for trace in json.loads(line).get("traces", []):
+                rollouts += 1
+                nodes = trace.get("nodes") or []
+                for call in trace.get("calls") or []:
+                    calls += 1
+                    node = call.get("node")
+                    if not isinstance(node, int) or node >= len(nodes):
+                        continue
+                    mask = nodes[node].get("mask") or []
+                    logprobs = nodes[node].get("logprobs") or []
+                    if nodes[node].get("token_ids") and len(logprobs) == sum(mask) > 0:
+                        with_tokens += 1
+    return with_tokens, calls, rollouts

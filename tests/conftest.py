@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
 
+from verifiers_nemogym.nemo.supervisor import processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
+
+SHARED_STACK_GONE_S = 60.0
+"""Bound on a shared stack's exit after its last user left: the idle grace (5 s by default)
+plus the stack's teardown (NeMo Gym's own shutdown, then the supervisor's SIGTERM/SIGKILL)."""
+
+
+async def wait_gone(entry: str, seconds: float = SHARED_STACK_GONE_S) -> list[int]:
+    """Wait (bounded) until no process carries `entry` (`NAME=value` in its environment);
+    return the survivors."""
+    deadline = time.monotonic() + seconds
+    while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+    return alive
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
+from conftest import wait_gone
 from verifiers.v1.configs.client import EvalClientConfig
 
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
@@ -78,7 +79,8 @@ async def test_vf_eval_runs_rollouts_on_a_real_stack(policy: ScriptedPolicy, tmp
     (eval_log,) = (tmp_path / "out").glob("*/logs/latest/eval.log")
     assert "starting NeMo Gym stack" in eval_log.read_text()
     assert "NeMo Gym stack ready in" in eval_log.read_text()
-    assert processes_with_env(tag) == []
+    # The shared stack's host outlives vf-eval by its idle grace, then stops everything.
+    assert await wait_gone(tag) == []
 
 
 async def test_python_api_runs_episodes_and_stops_cleanly(policy: ScriptedPolicy):
@@ -89,11 +91,11 @@ async def test_python_api_runs_episodes_and_stops_cleanly(policy: ScriptedPolicy
     client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
     ctx = vf.ModelContext(model="scripted", client=client)
     async with env.serving():
-        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         assert processes_with_env(marker) != []
         eps = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
     assert [e.ok for e in eps] == [True] * len(tasks)
     traces = [t for e in eps for t in e.traces]
     assert [t.reward for t in traces] == [1.0] * len(tasks)
     check_calls(policy, [t.model_dump() for t in traces])
-    assert processes_with_env(marker) == []
+    assert await wait_gone(marker) == []

@@ -62,6 +62,13 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """Port of the model proxy on 127.0.0.1 that NeMo Gym's agents call (0 picks a free one)."""
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
+    shared_stack: bool = True
+    """Share one NeMo Gym stack with every env process on this machine that asks for the same
+    one (same nemo-gym version, Python and configs): attach to it, or start it for all. False
+    starts a private stack owned by this process (the behaviour before shared stacks)."""
+    stack_idle_grace: float = Field(5.0, ge=0)
+    """Seconds a shared stack this process starts stays up after its last user left (a stack
+    started with `nemo-gym-env stack up` keeps its own idle timeout)."""
     task: NeMoGymTaskConfig = NeMoGymTaskConfig()
 
     @field_validator("nemo_env", mode="before")

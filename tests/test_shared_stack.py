@@ -1,0 +1,265 @@
+"""One NeMo Gym stack for many env processes, through verifiers' real env servers.
+
+Everything is real (NeMo Gym, Ray, verifiers' `serve_env` pool and `EnvClient`, the proxies, the
+stack host) except the model: the scripted policy. Rows carry a unique tag each, so the policy's
+record shows whether any model call reached another rollout's session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import verifiers.v1 as vf
+from conftest import wait_gone
+from verifiers.v1.configs.client import EvalClientConfig
+from verifiers.v1.serve.client import EnvClient
+from verifiers.v1.serve.pool import env_config_data
+
+from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.net import free_port
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+pytestmark = pytest.mark.stack
+
+ENV = "example_single_tool_call"
+GRACE = 8.0
+"""Idle grace of the stacks these tests start (seconds)."""
+TEARDOWN_S = 45.0
+"""Bound on a stack's own teardown after the grace (NeMo Gym shutdown + supervisor sweep)."""
+
+_SERVE = (
+    "import json, sys\n"
+    "from verifiers.v1.serve.pool import serve_env\n"
+    "serve_env(**json.loads(sys.argv[1]))\n"
+)
+
+
+@pytest.fixture
+async def policy() -> AsyncIterator[ScriptedPolicy]:
+    async with ScriptedPolicy() as p:
+        yield p
+
+
+def tagged_rows(nemo_venv: NeMoGymVenv, path: Path, n: int) -> Path:
+    """`n` rows of ENV's example data, each user prompt ending in its own `[#i]` tag."""
+    source = Catalog(nemo_venv).env(ENV).dataset().read_text().splitlines()
+    rows = [json.loads(line) for line in source if line.strip()]
+    with path.open("w") as out:
+        for i in range(n):
+            row = json.loads(json.dumps(rows[i % len(rows)]))
+            for item in row["responses_create_params"]["input"]:
+                if item.get("role") == "user":
+                    item["content"] = f"{item['content']} [#{i}]"
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
+def env_config(rows: Path, grace: float = GRACE) -> dict[str, Any]:
+    config = vf.resolve_env_config(
+        {
+            "taskset": {
+                "id": "nemo-gym-env",
+                "nemo_env": [ENV],
+                "jsonl_path": str(rows),
+                "stack_idle_grace": grace,
+                "start_timeout": 600,
+            }
+        }
+    )
+    return env_config_data(config)
+
+
+def stack_directory(nemo_venv: NeMoGymVenv) -> Path:
+    paths = Catalog(nemo_venv).env(ENV).config_paths
+    return shared.stack_dir(shared.stack_key(nemo_venv, paths))
+
+
+async def status(nemo_venv: NeMoGymVenv) -> dict[str, Any] | None:
+    try:
+        return await shared.request(stack_directory(nemo_venv), {"op": "status"})
+    except StackError:
+        return None
+
+
+async def assert_no_stack(nemo_venv: NeMoGymVenv) -> None:
+    """These tests count the processes of the stack they start: a stack left running by
+    something else (`stack up` elsewhere) would be attached to instead."""
+    found = await status(nemo_venv)
+    assert found is None, f"a shared stack for {ENV} is already running: {found}"
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def count_programs(entry: str) -> dict[str, int]:
+    """How many `ng_run` orchestrators and Ray GCS servers carry `entry` in their environment."""
+    counts = {"ng_run": 0, "gcs_server": 0}
+    for pid in processes_with_env(entry):
+        head = _argv(pid)[:2]
+        if any(a.endswith("/ng_run") for a in head):
+            counts["ng_run"] += 1
+        if head and head[0].endswith("gcs_server"):
+            counts["gcs_server"] += 1
+    return counts
+
+
+class ProgramWatch:
+    """Samples `count_programs` for a tag and a stack marker until stopped; keeps the maxima."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.marker = ""
+        self.max_tagged = {"ng_run": 0, "gcs_server": 0}
+        self.max_marked = {"ng_run": 0, "gcs_server": 0}
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            for counts, entry in ((self.max_tagged, self.tag), (self.max_marked, self.marker)):
+                if entry:
+                    for name, n in (await asyncio.to_thread(count_programs, entry)).items():
+                        counts[name] = max(counts[name], n)
+            await asyncio.sleep(0.5)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def spawn_server(args: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _SERVE, json.dumps(args)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # serve_env's graceful teardown stops every env
+    try:
+        await asyncio.to_thread(proc.wait, 120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        await asyncio.to_thread(proc.wait)
+
+
+async def run_rollouts(
+    clients: list[EnvClient], tasks: list[Any], policy: ScriptedPolicy, in_flight: int
+) -> list[Any]:
+    """Every task once, `in_flight` at a time, spread round-robin over `clients`."""
+    gate = asyncio.Semaphore(in_flight)
+    client_config = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
+
+    async def one(i: int) -> Any:
+        async with gate:
+            return await clients[i % len(clients)].run(
+                client_config, "scripted", vf.SamplingConfig(), tasks[i].data.model_dump()
+            )
+
+    return await asyncio.gather(*(one(i) for i in range(len(tasks))))
+
+
+def assert_no_crossing(policy: ScriptedPolicy, n: int) -> None:
+    """Each rollout (verifiers session) made its two calls, both for its own row's tag, and
+    every tag belongs to exactly one session."""
+    by_session: dict[str | None, set[str]] = defaultdict(set)
+    calls: dict[str | None, int] = defaultdict(int)
+    for call in policy.calls:
+        tag = call.prompt.rsplit("[#", 1)[-1]
+        by_session[call.session_id].add(tag)
+        calls[call.session_id] += 1
+    assert None not in by_session
+    assert len(by_session) == n, f"{len(by_session)} sessions for {n} rollouts"
+    assert all(len(tags) == 1 for tags in by_session.values()), "a call crossed rollouts"
+    assert len({next(iter(t)) for t in by_session.values()}) == n
+    assert set(calls.values()) == {2}
+
+
+def load_tasks(rows: Path) -> list[Any]:
+    import nemo_gym_env
+
+    return list(nemo_gym_env.load_environment(nemo_env=ENV, jsonl_path=str(rows)).taskset)
+
+
+async def test_env_server_pools_share_one_stack(
+    nemo_venv: NeMoGymVenv, policy: ScriptedPolicy, tmp_path: Path
+) -> None:
+    """A static pool of 3 workers, then an elastic pool forced to scale up, each running 300
+    rollouts at 128 in flight: one `ng_run` and one Ray GCS throughout, reused by the second
+    pool within the idle grace; nothing left after the grace."""
+    await assert_no_stack(nemo_venv)
+    rows = tagged_rows(nemo_venv, tmp_path / "rows.jsonl", 300)
+    tasks = load_tasks(rows)
+    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
+    watch = ProgramWatch(tag)
+    watch.start()
+    markers: list[str] = []
+    timings: dict[str, float] = {}
+    try:
+        for name, pool in (
+            ("static", {"max_workers": 3, "elastic": False}),
+            ("elastic", {"max_workers": 3, "elastic": True, "multiplex": 16}),
+        ):
+            address = f"tcp://127.0.0.1:{free_port()}"
+            args = {"address": address, "config_data": env_config(rows), **pool}
+            server = await spawn_server(args, env)
+            client = EnvClient(address)
+            try:
+                began = time.monotonic()
+                policy.calls.clear()
+                episodes = await asyncio.wait_for(
+                    run_rollouts([client], tasks, policy, 128), timeout=900
+                )
+                timings[name] = time.monotonic() - began
+                assert [e.ok for e in episodes] == [True] * len(tasks), [
+                    e.errors for e in episodes if not e.ok
+                ][:2]
+                assert all(t.reward == 1.0 for e in episodes for t in e.traces)
+                assert_no_crossing(policy, len(tasks))
+                info = await status(nemo_venv)
+                assert info is not None and info["users"] == 3, info
+                markers.append(info["marker"])
+                watch.marker = info["marker"]
+                assert len(set(info["user_pids"])) == 3
+            finally:
+                await client.close()
+                await stop_server(server)
+        assert markers[0] == markers[1], "the second pool started its own stack"
+        await watch.stop()
+        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
+        assert watch.max_marked == {"ng_run": 1, "gcs_server": 1}, watch.max_marked
+        print(f"\nshared-stack pools: {timings}")
+    finally:
+        if not watch._task or not watch._task.done():
+            await watch.stop()
+    assert await wait_gone(tag, GRACE + TEARDOWN_S) == []
+    assert await wait_gone(f"{MARKER_ENV_VAR}={markers[0]}", 1) == []

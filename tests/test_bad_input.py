@@ -27,7 +27,7 @@ async def start_fails(expected: type[NeMoGymError], match: str, **fields) -> str
         list(env.taskset)
         async with env.serving():
             pass
-    assert env._stack is None and env._proxy is None  # nothing left started
+    assert env._stack is None and env._lease is None and env._proxy is None  # nothing left
     message = str(info.value)
     assert message and "\n" not in message.strip(), message
     return message

@@ -49,8 +49,9 @@ def rows_file(path: Path, texts: list[str]) -> str:
     return str(path)
 
 
-async def gone(entry: str, seconds: float = 30) -> list[int]:
-    """Wait (bounded) until no process carries `entry`; return the survivors."""
+async def gone(entry: str, seconds: float = 60) -> list[int]:
+    """Wait (bounded) until no process carries `entry`; return the survivors. The default
+    bound covers a shared stack's idle grace and teardown after its last user left."""
     deadline = time.monotonic() + seconds
     while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
@@ -83,7 +84,7 @@ async def test_every_provider_status_is_an_error_naming_it(
     ctx = vf.ModelContext(model="scripted", client=client)
     async with env.serving():
         secret_watch.watch(env)
-        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         live = env.taskset.config.task._live
         durations: dict[str, float] = {}
 

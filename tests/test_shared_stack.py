@@ -263,3 +263,181 @@ async def test_env_server_pools_share_one_stack(
             await watch.stop()
     assert await wait_gone(tag, GRACE + TEARDOWN_S) == []
     assert await wait_gone(f"{MARKER_ENV_VAR}={markers[0]}", 1) == []
+
+
+async def wait_for(predicate: Any, seconds: float, what: str) -> None:
+    """Poll async `predicate` until true; fail naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out after {seconds:g} s waiting for {what}"
+        await asyncio.sleep(0.25)
+
+
+async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
+    nemo_venv: NeMoGymVenv, policy: ScriptedPolicy, tmp_path: Path
+) -> None:
+    """Three single-process env servers start at once (one stack comes up, the others wait on
+    the lock and attach); SIGKILL one mid-run and the other two finish on the same stack;
+    SIGKILL the other two and the stack is gone within the grace (plus its teardown)."""
+    await assert_no_stack(nemo_venv)
+    rows = tagged_rows(nemo_venv, tmp_path / "rows.jsonl", 60)
+    tasks = load_tasks(rows)
+    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
+    watch = ProgramWatch(tag)
+    watch.start()
+    servers: list[subprocess.Popen[bytes]] = []
+    clients: list[EnvClient] = []
+    marker = ""
+    try:
+        for _ in range(3):
+            address = f"tcp://127.0.0.1:{free_port()}"
+            args = {"max_workers": 1, "address": address, "config_data": env_config(rows)}
+            servers.append(await spawn_server(args, env))
+            clients.append(EnvClient(address))
+
+        async def three_users() -> bool:
+            info = await status(nemo_venv)
+            return info is not None and info["users"] == 3
+
+        await wait_for(three_users, 900, "three env servers to attach")
+        info = await status(nemo_venv)
+        assert info is not None
+        marker = watch.marker = info["marker"]
+        victim = asyncio.ensure_future(run_rollouts(clients[:1], tasks[:20], policy, 20))
+        survivors = asyncio.ensure_future(run_rollouts(clients[1:], tasks[20:], policy, 40))
+        await wait_for(lambda: _true_after(len(policy.calls) >= 20), 300, "rollouts in flight")
+        servers[0].kill()  # SIGKILL: its lease closes with the process
+        servers[0].wait()
+        victim.cancel()
+        await asyncio.gather(victim, return_exceptions=True)
+
+        async def two_users() -> bool:
+            info = await status(nemo_venv)
+            return info is not None and info["users"] == 2
+
+        await wait_for(two_users, 30, "the host to see the killed worker's lease close")
+        episodes = await asyncio.wait_for(survivors, timeout=600)
+        assert [e.ok for e in episodes] == [True] * 40, [e.errors for e in episodes if not e.ok]
+        assert all(t.reward == 1.0 for e in episodes for t in e.traces)
+        info = await status(nemo_venv)
+        assert info is not None and info["marker"] == marker and info["users"] == 2
+        await watch.stop()
+        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
+        for server in servers[1:]:
+            server.kill()
+            server.wait()
+        killed = time.monotonic()
+        assert await wait_gone(f"{MARKER_ENV_VAR}={marker}", GRACE + TEARDOWN_S) == []
+        gone_after = time.monotonic() - killed
+        assert gone_after >= GRACE - 1, "the stack stopped before its idle grace"
+        assert await wait_gone(tag, 10) == []
+        print(f"\nstack gone {gone_after:.1f} s after the last worker was SIGKILLed")
+    finally:
+        if watch._task is not None and not watch._task.done():
+            await watch.stop()
+        for client in clients:
+            await client.close()
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+
+
+async def _true_after(value: bool) -> bool:
+    return value
+
+
+def _eval_cmd(policy: ScriptedPolicy, out: Path, *extra: str) -> list[str]:
+    return [
+        str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "scripted",
+        "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
+        "-n", "5", "-r", "2", "-c", "8", "--no-push", "-o", str(out),
+        "--env.taskset.nemo-env", ENV, *extra,
+    ]  # fmt: skip
+
+
+async def _run(cmd: list[str], env: dict[str, str], timeout: float = 900) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, output.decode(errors="replace")
+
+
+def _eval_log(out: Path) -> str:
+    (log,) = out.glob("*/logs/latest/eval.log")
+    return log.read_text()
+
+
+def _eval_ok(out: Path, n: int) -> None:
+    (traces_file,) = out.glob("*/traces.jsonl")
+    episodes = [json.loads(line) for line in traces_file.read_text().splitlines() if line]
+    assert len(episodes) == n and all(e["ok"] for e in episodes)
+
+
+async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
+    nemo_venv: NeMoGymVenv, policy: ScriptedPolicy, tmp_path: Path
+) -> None:
+    """Two `vf-eval`s at once start one stack between them; `stack up` within the grace adopts
+    it as persistent; a third `vf-eval` attaches (and says how long that took); `stack down`
+    stops it."""
+    await assert_no_stack(nemo_venv)
+    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
+    cli = str(Path(sys.executable).with_name("nemo-gym-env"))
+    watch = ProgramWatch(tag)
+    watch.start()
+    marker = ""
+    try:
+        grace = ("--env.taskset.stack-idle-grace", "60")
+        outs = [tmp_path / "a", tmp_path / "b"]
+        results = await asyncio.gather(*(_run(_eval_cmd(policy, o, *grace), env) for o in outs))
+        for code, output in results:
+            assert code == 0, output[-5000:]
+        for out in outs:
+            _eval_ok(out, 10)
+        logs = [_eval_log(o) for o in outs]
+        started = [log for log in logs if "NeMo Gym stack ready: started shared" in log]
+        attached = [log for log in logs if "attached to shared NeMo Gym stack in" in log]
+        assert len(started) == 1 and len(attached) == 1, logs
+        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
+
+        code, output = await _run([cli, "stack", "up", ENV, "--idle-timeout", "300"], env)
+        assert code == 0 and "shared stack" in output, output
+        info = await status(nemo_venv)
+        assert info is not None and info["persistent"] and info["idle_timeout"] == 300
+        marker = watch.marker = info["marker"]
+
+        code, output = await _run(_eval_cmd(policy, tmp_path / "c"), env)
+        assert code == 0, output[-5000:]
+        _eval_ok(tmp_path / "c", 10)
+        line = next(x for x in _eval_log(tmp_path / "c").splitlines() if "attached to shared" in x)
+        attach_s = float(line.split("stack in ", 1)[1].split(" s", 1)[0])
+        assert attach_s < 5, line
+        print(f"\nvf-eval attached to the running stack in {attach_s:.3f} s")
+        info = await status(nemo_venv)
+        assert info is not None and info["marker"] == marker and info["users"] == 0
+
+        code, output = await _run([cli, "stack", "status", "--json"], env)
+        assert code == 0 and json.loads(output)[0]["marker"] == marker, output
+        code, output = await _run([cli, "stack", "down", ENV], env)
+        assert code == 0 and "stopped shared stack" in output, output
+        assert await wait_gone(f"{MARKER_ENV_VAR}={marker}", 10) == []
+        assert await status(nemo_venv) is None
+        code, output = await _run([cli, "stack", "down"], env)
+        assert code == 1 and "no matching shared NeMo Gym stack" in output, output
+        await watch.stop()
+        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
+        assert await wait_gone(tag, 30) == []
+    finally:
+        if watch._task is not None and not watch._task.done():
+            await watch.stop()
+        if await status(nemo_venv) is not None:
+            await shared.take_down(stack_directory(nemo_venv))

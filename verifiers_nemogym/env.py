@@ -20,6 +20,7 @@ import verifiers.v1 as vf
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote, watch_remote
 from verifiers_nemogym.nemo.shared import Lease, attach_or_start
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.taskset import NeMoGymTaskset
@@ -67,15 +68,32 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
                 "some rows have no agent_ref and the environments define several agents; "
                 "set agent_ref in the rows or --env.taskset.agent"
             )
-        self._proxy = NeMoGymModelProxy(port=config.proxy_port)
+        remote: RemoteStack | None = None
+        proxy_port = config.proxy_port
+        if config.stack_url is not None:
+            remote = await describe_remote(config.stack_url, config.proxy_host, proxy_port)
+            proxy_port = remote.policy_address[1]
+        self._proxy = NeMoGymModelProxy(host=config.proxy_host, port=proxy_port)
         try:
             await self._proxy.start()
         except OSError as e:
             raise ConfigError(
-                f"model proxy cannot listen on 127.0.0.1:{config.proxy_port} ({e.strerror}); "
-                "choose another --env.taskset.proxy-port (0 picks a free one)"
+                f"model proxy cannot listen on {config.proxy_host}:{proxy_port} "
+                f"({e.strerror}); choose another --env.taskset.proxy-port (0 picks a free one)"
             ) from None
-        if config.shared_stack:
+        if remote is not None:
+            logger.info(
+                "attached to the NeMo Gym stack at %s (model proxy on %s)",
+                remote.head_url,
+                self._proxy.url,
+            )
+            agents = dict(remote.agents)
+        elif config.shared_stack:
+            if config.proxy_host != "127.0.0.1":
+                raise ConfigError(
+                    "--env.taskset.proxy-host is for --env.taskset.stack-url; a shared stack on "
+                    "this machine reaches the proxy on 127.0.0.1"
+                )
             attach_began = time.monotonic()
             self._lease = await attach_or_start(
                 taskset.nemo_venv,
@@ -121,7 +139,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             proxy=self._proxy, agents=agents, http=self._http, run_timeout=config.task.run_timeout
         )
         config.task._live = live
-        if self._lease is not None:
+        if remote is not None:
+            self._watchdog = asyncio.create_task(watch_remote(remote, live))
+        elif self._lease is not None:
             self._watchdog = asyncio.create_task(_watch_lease(self._lease, live))
         else:
             assert self._stack is not None

@@ -59,7 +59,15 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """Python (>= 3.12) for the NeMo Gym runtime: a path or a version such as `3.12`.
     Default: `$VF_NEMOGYM_PYTHON`, else the first suitable interpreter found."""
     proxy_port: int = Field(0, ge=0, le=65535)
-    """Port of the model proxy on 127.0.0.1 that NeMo Gym's agents call (0 picks a free one)."""
+    """Port of the model proxy that NeMo Gym's agents call (0 picks a free one; with
+    `stack_url`, 0 takes the port the stack's `policy_model` names)."""
+    proxy_host: str = "127.0.0.1"
+    """Address the model proxy binds. Loopback unless NeMo Gym runs on another machine
+    (`stack_url`); the proxy's secret is required on every call whatever the address."""
+    stack_url: str | None = None
+    """Head server URL of a NeMo Gym stack started elsewhere (e.g. `http://gpu-node:11000`):
+    attach to it instead of starting one. Its `policy_model` must be this env's proxy address
+    (`proxy_host`:`proxy_port`); its agents come from its running config."""
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
     shared_stack: bool = True

@@ -210,7 +210,10 @@ def load_tasks(rows: Path) -> list[Any]:
 
 
 async def test_env_server_pools_share_one_stack(
-    nemo_venv: NeMoGymVenv, policy: ScriptedPolicy, tmp_path: Path
+    nemo_venv: NeMoGymVenv,
+    policy: ScriptedPolicy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A static pool of 3 workers, then an elastic pool forced to scale up, each running 300
     rollouts at 128 in flight: one `ng_run` and one Ray GCS throughout, reused by the second
@@ -224,6 +227,18 @@ async def test_env_server_pools_share_one_stack(
     watch.start()
     markers: list[str] = []
     timings: dict[str, float] = {}
+    monkeypatch.setenv(*tag.split("="))  # the host this process starts carries the tag too
+    # The test holds a lease of its own between the two pools (a pool takes longer than the
+    # grace to spawn its workers on a loaded machine), as a persistent `stack up` would.
+    paths = Catalog(nemo_venv).env(ENV).config_paths
+    holder = await shared.attach_or_start(
+        nemo_venv,
+        paths,
+        proxy_url="http://127.0.0.1:9",  # never called: no rollout carries its secret
+        proxy_secret=uuid.uuid4().hex,
+        idle_timeout=GRACE,
+        start_timeout=600,
+    )
     try:
         for name, pool in (
             ("static", {"max_workers": 3, "elastic": False}),
@@ -246,19 +261,20 @@ async def test_env_server_pools_share_one_stack(
                 assert all(t.reward == 1.0 for e in episodes for t in e.traces)
                 assert_no_crossing(policy, len(tasks))
                 info = await status(nemo_venv)
-                assert info is not None and info["users"] == 3, info
+                assert info is not None and info["users"] == 4, info  # 3 workers + the holder
                 markers.append(info["marker"])
                 watch.marker = info["marker"]
-                assert len(set(info["user_pids"])) == 3
+                assert len(set(info["user_pids"]) - {os.getpid()}) == 3
             finally:
                 await client.close()
                 await stop_server(server)
-        assert markers[0] == markers[1], "the second pool started its own stack"
+        assert markers[0] == markers[1] == holder.marker, "a pool started its own stack"
         await watch.stop()
         assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
         assert watch.max_marked == {"ng_run": 1, "gcs_server": 1}, watch.max_marked
         print(f"\nshared-stack pools: {timings}")
     finally:
+        await holder.close()
         if not watch._task or not watch._task.done():
             await watch.stop()
     assert await wait_gone(tag, GRACE + TEARDOWN_S) == []

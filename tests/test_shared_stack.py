@@ -260,8 +260,11 @@ async def test_env_server_pools_share_one_stack(
                 ][:2]
                 assert all(t.reward == 1.0 for e in episodes for t in e.traces)
                 assert_no_crossing(policy, len(tasks))
+                # All 3 workers attach (an elastic pool's late ones may attach after the
+                # rollouts are done): 3 workers + the holder.
+                await wait_for(lambda: _users_are(nemo_venv, 4), 600, f"{name} pool: 4 users")
                 info = await status(nemo_venv)
-                assert info is not None and info["users"] == 4, info  # 3 workers + the holder
+                assert info is not None and info["users"] == 4, info
                 markers.append(info["marker"])
                 watch.marker = info["marker"]
                 assert len(set(info["user_pids"]) - {os.getpid()}) == 3
@@ -358,6 +361,11 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
             if server.poll() is None:
                 server.kill()
                 server.wait()
+
+
+async def _users_are(nemo_venv: NeMoGymVenv, n: int) -> bool:
+    info = await status(nemo_venv)
+    return info is not None and info["users"] == n
 
 
 async def _true_after(value: bool) -> bool:

@@ -132,6 +132,7 @@ class ProgramWatch:
         self.marker = ""
         self.max_tagged = {"ng_run": 0, "gcs_server": 0}
         self.max_marked = {"ng_run": 0, "gcs_server": 0}
+        self.samples = 0
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -140,15 +141,22 @@ class ProgramWatch:
                 if entry:
                     for name, n in (await asyncio.to_thread(count_programs, entry)).items():
                         counts[name] = max(counts[name], n)
+            self.samples += 1
             await asyncio.sleep(0.5)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        """Stop sampling; a sampler that failed is a test failure, not a silent zero."""
         assert self._task is not None
+        if self._task.done() and not self._task.cancelled():
+            self._task.result()
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+
+    def __repr__(self) -> str:
+        return f"tagged {self.max_tagged}, marked {self.max_marked}, {self.samples} samples"
 
 
 async def spawn_server(args: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -273,8 +281,8 @@ async def test_env_server_pools_share_one_stack(
                 await stop_server(server)
         assert markers[0] == markers[1] == holder.marker, "a pool started its own stack"
         await watch.stop()
-        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
-        assert watch.max_marked == {"ng_run": 1, "gcs_server": 1}, watch.max_marked
+        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch
+        assert watch.max_marked == {"ng_run": 1, "gcs_server": 1}, watch
         print(f"\nshared-stack pools: {timings}")
     finally:
         await holder.close()
@@ -342,7 +350,7 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
         info = await status(nemo_venv)
         assert info is not None and info["marker"] == marker and info["users"] == 2
         await watch.stop()
-        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
+        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch
         for server in servers[1:]:
             server.kill()
             server.wait()
@@ -431,7 +439,7 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         started = [log for log in logs if "NeMo Gym stack ready: started shared" in log]
         attached = [log for log in logs if "attached to shared NeMo Gym stack in" in log]
         assert len(started) == 1 and len(attached) == 1, logs
-        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
+        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch
 
         code, output = await _run([cli, "stack", "up", ENV, "--idle-timeout", "300"], env)
         assert code == 0 and "shared stack" in output, output
@@ -458,7 +466,7 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         code, output = await _run([cli, "stack", "down"], env)
         assert code == 1 and "no matching shared NeMo Gym stack" in output, output
         await watch.stop()
-        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch.max_tagged
+        assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch
         assert await wait_gone(tag, 30) == []
     finally:
         if watch._task is not None and not watch._task.done():

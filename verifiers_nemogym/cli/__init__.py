@@ -21,6 +21,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.errors import NeMoGymError
@@ -127,7 +128,7 @@ def _stack(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(info: dict[str, object]) -> str:
+def _describe(info: dict[str, Any]) -> str:
     timeout = info.get("idle_timeout")
     idle = "until `stack down`" if timeout is None else f"idle timeout {timeout} s"
     return (

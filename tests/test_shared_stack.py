@@ -274,7 +274,7 @@ async def test_env_server_pools_share_one_stack(
                 info = await status(nemo_venv)
                 assert info is not None and info["users"] == 4, info
                 markers.append(info["marker"])
-                watch.marker = info["marker"]
+                watch.marker = f"{MARKER_ENV_VAR}={info['marker']}"
                 assert len(set(info["user_pids"]) - {os.getpid()}) == 3
             finally:
                 await client.close()
@@ -330,7 +330,7 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
         await wait_for(three_users, 900, "three env servers to attach")
         info = await status(nemo_venv)
         assert info is not None
-        marker = watch.marker = info["marker"]
+        marker = watch.marker = f"{MARKER_ENV_VAR}={info['marker']}"
         victim = asyncio.ensure_future(run_rollouts(clients[:1], tasks[:20], policy, 20))
         survivors = asyncio.ensure_future(run_rollouts(clients[1:], tasks[20:], policy, 40))
         await wait_for(lambda: _true_after(len(policy.calls) >= 20), 300, "rollouts in flight")
@@ -445,7 +445,7 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         assert code == 0 and "shared stack" in output, output
         info = await status(nemo_venv)
         assert info is not None and info["persistent"] and info["idle_timeout"] == 300
-        marker = watch.marker = info["marker"]
+        marker = watch.marker = f"{MARKER_ENV_VAR}={info['marker']}"
 
         code, output = await _run(_eval_cmd(policy, tmp_path / "c"), env)
         assert code == 0, output[-5000:]

@@ -330,7 +330,8 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
         await wait_for(three_users, 900, "three env servers to attach")
         info = await status(nemo_venv)
         assert info is not None
-        marker = watch.marker = f"{MARKER_ENV_VAR}={info['marker']}"
+        marker = info["marker"]
+        watch.marker = f"{MARKER_ENV_VAR}={marker}"
         victim = asyncio.ensure_future(run_rollouts(clients[:1], tasks[:20], policy, 20))
         survivors = asyncio.ensure_future(run_rollouts(clients[1:], tasks[20:], policy, 40))
         await wait_for(lambda: _true_after(len(policy.calls) >= 20), 300, "rollouts in flight")
@@ -445,7 +446,8 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         assert code == 0 and "shared stack" in output, output
         info = await status(nemo_venv)
         assert info is not None and info["persistent"] and info["idle_timeout"] == 300
-        marker = watch.marker = f"{MARKER_ENV_VAR}={info['marker']}"
+        marker = info["marker"]
+        watch.marker = f"{MARKER_ENV_VAR}={marker}"
 
         code, output = await _run(_eval_cmd(policy, tmp_path / "c"), env)
         assert code == 0, output[-5000:]

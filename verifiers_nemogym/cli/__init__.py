@@ -109,7 +109,8 @@ def _stack(args: argparse.Namespace) -> int:
     if args.stack_command == "status":
         if args.json:
             print(json.dumps([h.status or {"error": h.error} for h in hosts], indent=2))
-        elif not hosts:
+            return 0
+        if not hosts:
             print("no shared NeMo Gym stack is running")
         for host in hosts:
             print(_describe(host.status) if host.status else f"{host.directory}: {host.error}")

@@ -15,15 +15,16 @@ import datetime
 import json
 import os
 import platform
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import end_to_end, proxy_hop, stack_start, steady_state
+from benchmarks import end_to_end, proxy_hop, stack_start, steady_state, warm
 from benchmarks.common import spawn_policy, summary
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, DEFAULT_NEMO_GYM_VERSION, ensure_venv
 
-FIGURES = ("proxy", "steady", "e2e", "start")
+FIGURES = ("proxy", "steady", "e2e", "start", "warm")
 RESULTS = Path(__file__).with_name("results")
 
 # key: (target text, test of the median)
@@ -34,6 +35,8 @@ TARGETS: dict[str, tuple[str, Any]] = {
     "proxy_rps_ratio": (">= 0.5x bare server", lambda v: v >= 0.5),
     "stack_start_warm_ratio": ("<= 0.7x native", lambda v: v <= 0.7),
     "rss_growth_mb": ("flat (< 5 MB)", lambda v: v < 5),
+    "stack_attach_s": ("<= 1 s", lambda v: v <= 1),
+    "end_to_end_warm_ratio": ("<= 0.5x native", lambda v: v <= 0.5),
 }
 
 
@@ -116,6 +119,35 @@ async def run_start(repeats: int, cold_repeats: int, out: dict[str, Any]) -> Non
         out["spread"]["stack_start_cold_s"] = summary(cold)
 
 
+async def run_warm(repeats: int, out: dict[str, Any]) -> None:
+    """Both stacks up (not timed), then `repeats` interleaved 100-rollout runs on each."""
+    runtime = ensure_venv()
+    ours: list[float] = []
+    attach: list[float] = []
+    native: list[float] = []
+    async with await spawn_policy() as policy:
+        stack = warm.native(runtime, int(policy.info["port"]))
+        await warm.bring_up(runtime)
+        try:
+            await stack.start()  # type: ignore[attr-defined]
+            with tempfile.TemporaryDirectory(prefix="vfng-bench-warm-") as tmp:
+                rows = warm.rows_file(runtime, Path(tmp))
+                for r in range(repeats):
+                    for side in ["ours", "native"] if r % 2 == 0 else ["native", "ours"]:
+                        if side == "ours":
+                            wall, attached = await warm.ours_once(policy.info["base_url"])
+                            ours.append(wall)
+                            attach.append(attached)
+                        else:
+                            native.append(await warm.native_once(runtime, stack, rows, Path(tmp)))
+        finally:
+            await stack.stop()  # type: ignore[attr-defined]
+            await warm.take_down(runtime)
+    out["details"]["end_to_end_warm_s"] = {"ours": summary(ours), "native": summary(native)}
+    out["spread"]["stack_attach_s"] = summary(attach)
+    out["spread"]["end_to_end_warm_ratio"] = summary(_ratios(ours, native))
+
+
 def _ratios(a: list[float], b: list[float]) -> list[float]:
     return [x / y for x, y in zip(a, b, strict=True)]
 
@@ -154,6 +186,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "steady": lambda: run_steady(args.repeats, out),
         "e2e": lambda: run_e2e(args.repeats, out),
         "start": lambda: run_start(args.repeats, args.cold_repeats, out),
+        "warm": lambda: run_warm(args.repeats, out),
     }
     for name in FIGURES:
         if name not in figures:

@@ -32,6 +32,9 @@ async def ours_once(policy_url: str) -> float:
             "--client.base-url", policy_url, "--client.api-key-var", "SCRIPTED_KEY",
             "-n", str(ROWS), "-r", str(REPEATS), "-c", str(IN_FLIGHT), "--no-push",
             "-o", f"{tmp}/out", "--env.taskset.nemo-env", ENV,
+            # A private stack: this figure times start + rollouts + stop (see warm.py for a
+            # stack that is already up).
+            "--env.taskset.shared-stack", "False",
         ]  # fmt: skip
         began = time.monotonic()
         proc = await asyncio.create_subprocess_exec(

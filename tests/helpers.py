@@ -65,8 +65,14 @@ def launched_processes(entry: str) -> list[int]:
     return found
 
 
-async def gone(entry: str, seconds: float = 30) -> list[int]:
-    """Wait (bounded) until no process carries `entry`; return the survivors."""
+SHARED_STACK_GONE_S = 60.0
+"""Bound on a shared stack's exit after its last user left: the idle grace (5 s by default)
+plus the stack's teardown (NeMo Gym's own shutdown, then the supervisor's SIGTERM/SIGKILL)."""
+
+
+async def gone(entry: str, seconds: float = SHARED_STACK_GONE_S) -> list[int]:
+    """Wait (bounded) until no process carries `entry` (`NAME=value` in its environment);
+    return the survivors."""
     deadline = time.monotonic() + seconds
     while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)

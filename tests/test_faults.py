@@ -78,7 +78,7 @@ async def test_model_faults_fail_only_their_own_rollouts(
     tasks = list(env.taskset)
     async with env.serving():
         secret_watch.watch(env)
-        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         eps = await run_all(env, model_context(policy), tasks, concurrency=16)
     assert len(eps) == len(texts)  # none lost
     by_text = {e.task.data.prompt_text: e for e in eps}
@@ -140,11 +140,14 @@ async def test_rollout_deadline_cancels_run_and_late_calls_go_nowhere(
 async def test_killed_server_is_reported_and_fails_remaining_rollouts(
     policy: ScriptedPolicy, victim: str
 ):
-    env = nemo_gym_env.load_environment(nemo_env=ENV)
+    # A private stack: the test kills one of its servers (a shared one is covered in
+    # test_shared_stack.py by the host's own death check).
+    env = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=False)
     tasks = list(env.taskset)
     ctx = model_context(policy)
     async with env.serving():
         stack = env._stack
+        assert stack is not None
         marker = f"{MARKER_ENV_VAR}={stack.marker}"
         first = await run_all(env, ctx, tasks, concurrency=5)
         assert all(e.ok for e in first)
@@ -186,7 +189,7 @@ async def test_thousand_rollouts_256_in_flight(policy: ScriptedPolicy):
     env = nemo_gym_env.load_environment(nemo_env=ENV)
     tasks = list(env.taskset)
     async with env.serving():
-        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         eps = await run_all(env, model_context(policy), tasks * 200, concurrency=256)
         assert env.taskset.config.task._live.proxy.open_routes == 0
     assert len(eps) == 1000
@@ -208,7 +211,7 @@ async def test_fifty_megabyte_model_call_and_answer(policy: ScriptedPolicy, tmp_
         jsonl_path=str(write_rows(tmp_path / "big.jsonl", texts)), task={"run_timeout": 300}
     )
     async with env.serving():
-        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         eps = await run_all(env, model_context(policy), list(env.taskset), concurrency=3)
     assert len(eps) == 3
     # 50 MB each way through agent, proxy, interception and policy; every rollout ends ok with

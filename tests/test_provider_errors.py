@@ -49,7 +49,7 @@ async def test_every_provider_status_is_an_error_naming_it(
     ctx = vf.ModelContext(model="scripted", client=client)
     async with env.serving():
         secret_watch.watch(env)
-        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         live = env.taskset.config.task._live
         durations: dict[str, float] = {}
 

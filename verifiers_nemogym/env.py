@@ -1,7 +1,9 @@
-"""NeMoGymEnv: starts one NeMo Gym stack per env process and hands it to every rollout.
+"""NeMoGymEnv: gets a NeMo Gym stack for its env process and hands it to every rollout.
 
-`start()` brings up the model proxy, then the NeMo Gym servers of the taskset's environments
-with the proxy registered as `policy_model`; `stop()` takes both down (also after a failed or
+`start()` brings up the model proxy, then attaches to the machine's shared stack for the
+taskset's environments (starting it if none runs; see nemo/shared.py), or with
+`shared_stack=False` starts a private stack with the proxy registered as `policy_model`.
+`stop()` takes down what this process owns and releases its lease (also after a failed or
 partial start). Everything else is verifiers' single-agent env.
 """
 
@@ -18,6 +20,8 @@ import verifiers.v1 as vf
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote, watch_remote
+from verifiers_nemogym.nemo.shared import Lease, attach_or_start
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.taskset import NeMoGymTaskset
 
@@ -37,8 +41,17 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
 
     _proxy: NeMoGymModelProxy | None = None
     _stack: NeMoGymStack | None = None
+    _lease: Lease | None = None
     _http: aiohttp.ClientSession | None = None
     _watchdog: asyncio.Task[None] | None = None
+
+    @property
+    def stack_marker(self) -> str | None:
+        """The running stack's process marker (`VF_NEMOGYM_STACK=<marker>` in the environment
+        of every NeMo Gym process of it), shared or private; None when not started."""
+        if self._lease is not None:
+            return self._lease.marker
+        return self._stack.marker if self._stack is not None else None
 
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:
         await agents.agent.run(task)
@@ -55,25 +68,71 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
                 "some rows have no agent_ref and the environments define several agents; "
                 "set agent_ref in the rows or --env.taskset.agent"
             )
-        self._proxy = NeMoGymModelProxy(port=config.proxy_port)
+        venv = taskset.nemo_venv
+        logger.info(
+            "NeMo Gym %s on Python %s%s (runtime %s)",
+            venv.nemo_gym_version,
+            venv.python_version,
+            ", below the release's declared Python floor (opted in)" if venv.below_floor else "",
+            venv.venv.name,
+        )
+        remote: RemoteStack | None = None
+        proxy_port = config.proxy_port
+        if config.stack_url is not None:
+            remote = await describe_remote(config.stack_url, config.proxy_host, proxy_port)
+            proxy_port = remote.policy_address[1]
+        self._proxy = NeMoGymModelProxy(host=config.proxy_host, port=proxy_port)
         try:
             await self._proxy.start()
         except OSError as e:
             raise ConfigError(
-                f"model proxy cannot listen on 127.0.0.1:{config.proxy_port} ({e.strerror}); "
-                "choose another --env.taskset.proxy-port (0 picks a free one)"
+                f"model proxy cannot listen on {config.proxy_host}:{proxy_port} "
+                f"({e.strerror}); choose another --env.taskset.proxy-port (0 picks a free one)"
             ) from None
-        self._stack = NeMoGymStack(
-            taskset.nemo_venv,
-            config_paths,
-            policy_host=self._proxy.host,
-            policy_port=self._proxy.port,
-            start_timeout=config.start_timeout,
-        )
-        await self._stack.start()
-        # Rollouts post `/run` where NeMo Gym's own collection does (an environment server
-        # fronting the agent on NeMo Gym >= 0.7, else the agent).
-        agents = dict(self._stack.run_urls)
+        if remote is not None:
+            logger.info(
+                "attached to the NeMo Gym stack at %s (model proxy on %s)",
+                remote.head_url,
+                self._proxy.url,
+            )
+            agents = dict(remote.agents)
+        elif config.shared_stack:
+            if config.proxy_host != "127.0.0.1":
+                raise ConfigError(
+                    "--env.taskset.proxy-host is for --env.taskset.stack-url; a shared stack on "
+                    "this machine reaches the proxy on 127.0.0.1"
+                )
+            attach_began = time.monotonic()
+            self._lease = await attach_or_start(
+                taskset.nemo_venv,
+                config_paths,
+                proxy_url=self._proxy.url,
+                proxy_secret=self._proxy.secret,
+                idle_timeout=config.stack_idle_grace,
+                start_timeout=config.start_timeout,
+                log=logger,
+            )
+            logger.info(
+                "%s shared NeMo Gym stack in %.3f s (host pid %d, head %s, %d agents)",
+                "NeMo Gym stack ready: started" if self._lease.started else "attached to",
+                time.monotonic() - attach_began,
+                self._lease.host_pid,
+                self._lease.head_url,
+                len(self._lease.agents),
+            )
+            agents = dict(self._lease.agents)
+        else:
+            self._stack = NeMoGymStack(
+                taskset.nemo_venv,
+                config_paths,
+                policy_host=self._proxy.host,
+                policy_port=self._proxy.port,
+                start_timeout=config.start_timeout,
+            )
+            await self._stack.start()
+            # Rollouts post `/run` where NeMo Gym's own collection does (an environment server
+            # fronting the agent on NeMo Gym >= 0.7, else the agent).
+            agents = dict(self._stack.run_urls)
         if unknown := sorted(str(a) for a in wanted - agents.keys()):
             raise ConfigError(
                 f"rows name agent(s) {', '.join(unknown)} that the stack does not have "
@@ -95,7 +154,13 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             keep_ng_trajectory=config.keep_ng_trajectory,
         )
         config.task._live = live
-        self._watchdog = asyncio.create_task(_watch(self._stack, live))
+        if remote is not None:
+            self._watchdog = asyncio.create_task(watch_remote(remote, live))
+        elif self._lease is not None:
+            self._watchdog = asyncio.create_task(_watch_lease(self._lease, live))
+        else:
+            assert self._stack is not None
+            self._watchdog = asyncio.create_task(_watch(self._stack, live))
         logger.info(
             "nemo-gym-env ready in %.1f s (rows, proxy, stack): rollouts go to agents %s",
             time.monotonic() - began,
@@ -109,6 +174,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             watchdog.cancel()
             await asyncio.gather(watchdog, return_exceptions=True)
         try:
+            if self._lease is not None:
+                lease, self._lease = self._lease, None
+                await lease.close()
             if self._stack is not None:
                 stack, self._stack = self._stack, None
                 await stack.stop()
@@ -137,3 +205,11 @@ async def _watch(stack: NeMoGymStack, live: LiveStack) -> None:
             logger.error("NeMo Gym stack died; remaining rollouts fail: %s", e)
             live.fail(str(e))
             return
+
+
+async def _watch_lease(lease: Lease, live: LiveStack) -> None:
+    """Fail every rollout once the shared stack's host is gone (the stack died, `stack down`,
+    the host was killed): the lease connection closes, and the host's last word is the reason."""
+    await lease.lost.wait()
+    logger.error("shared NeMo Gym stack lost; remaining rollouts fail: %s", lease.reason)
+    live.fail(lease.reason)

@@ -65,13 +65,28 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     >= 3.13.14, a CPython security-fix floor): uv then installs as for the floor version.
     `$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1` opts in too. Recorded in every trace."""
     proxy_port: int = Field(0, ge=0, le=65535)
-    """Port of the model proxy on 127.0.0.1 that NeMo Gym's agents call (0 picks a free one)."""
+    """Port of the model proxy that NeMo Gym's agents call (0 picks a free one; with
+    `stack_url`, 0 takes the port the stack's `policy_model` names)."""
+    proxy_host: str = "127.0.0.1"
+    """Address the model proxy binds. Loopback unless NeMo Gym runs on another machine
+    (`stack_url`); the proxy's secret is required on every call whatever the address."""
+    stack_url: str | None = None
+    """Head server URL of a NeMo Gym stack started elsewhere (e.g. `http://gpu-node:11000`):
+    attach to it instead of starting one. Its `policy_model` must be this env's proxy address
+    (`proxy_host`:`proxy_port`); its agents come from its running config."""
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
     keep_ng_trajectory: bool = False
     """Keep NeMo Gym's own trajectory records in `trace.info["nemo_gym"]` when a `/run` result
     carries them (`ng_trajectory`, `ng_agent_observations`, `ng_model_call_capture`: NeMo Gym
     >= 0.7 with observability or token capture on); they repeat what verifiers records."""
+    shared_stack: bool = True
+    """Share one NeMo Gym stack with every env process on this machine that asks for the same
+    one (same nemo-gym version, Python and configs): attach to it, or start it for all. False
+    starts a private stack owned by this process (the behaviour before shared stacks)."""
+    stack_idle_grace: float = Field(5.0, ge=0)
+    """Seconds a shared stack this process starts stays up after its last user left (a stack
+    started with `nemo-gym-env stack up` keeps its own idle timeout)."""
     task: NeMoGymTaskConfig = NeMoGymTaskConfig()
 
     @field_validator("nemo_env", mode="before")

@@ -7,6 +7,9 @@ nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's rec
 nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with a local CPU model
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
+nemo-gym-env stack up ENV... [--idle-timeout S]           a persistent shared NeMo Gym stack
+nemo-gym-env stack status [--json]                        the shared stacks running here
+nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
 
 The commands' printing, logging set-up and exit statuses live here (and in `local_eval.py`,
 `serve.py`, `logs.py`); the library below never prints, parses arguments or exits.
@@ -21,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.errors import NeMoGymError
@@ -78,7 +82,78 @@ def _parser() -> argparse.ArgumentParser:
     )
     for server in (scripted, replay):  # always on 127.0.0.1
         server.add_argument("--port", type=int, default=8000, help="0 picks a free one")
+    stack = commands.add_parser("stack", help="shared NeMo Gym stacks that vf-eval attaches to")
+    stack_commands = stack.add_subparsers(dest="stack_command", required=True)
+    up = stack_commands.add_parser("up", help="start (or keep) a stack until `stack down`")
+    up.add_argument("envs", nargs="+", metavar="ENV", help="NeMo Gym environment name(s)")
+    up.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="stop after this many seconds without users (default: only on `stack down`)",
+    )
+    up.add_argument("--start-timeout", type=float, default=900.0)
+    status = stack_commands.add_parser("status", help="list the shared stacks running here")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    down = stack_commands.add_parser("down", help="stop shared stacks and wait for them")
+    down.add_argument("envs", nargs="*", metavar="ENV", help="default: every shared stack")
     return parser
+
+
+def _stack(args: argparse.Namespace) -> int:
+    """`stack up|status|down`: print what happened; exit 1 if `down` found nothing to stop."""
+    from verifiers_nemogym.nemo import shared
+
+    runtime = ensure_venv(args.nemo_gym_version, args.python)
+    catalog = Catalog(runtime)
+
+    def config_paths(envs: list[str]) -> list[Path]:
+        return [p for name in envs for p in catalog.env(name).config_paths]
+
+    if args.stack_command == "up":
+        info = asyncio.run(
+            shared.bring_up(
+                runtime,
+                config_paths(args.envs),
+                idle_timeout=args.idle_timeout,
+                start_timeout=args.start_timeout,
+            )
+        )
+        print(_describe(info))
+        return 0
+    hosts = asyncio.run(shared.list_hosts())
+    if args.stack_command == "status":
+        if args.json:
+            print(json.dumps([h.status or {"error": h.error} for h in hosts], indent=2))
+            return 0
+        if not hosts:
+            print("no shared NeMo Gym stack is running")
+        for host in hosts:
+            print(_describe(host.status) if host.status else f"{host.directory}: {host.error}")
+        return 0
+    wanted = shared.stack_key(runtime, config_paths(args.envs)) if args.envs else None
+    stopped = 0
+    for host in hosts:
+        if host.status is None or (wanted is not None and host.status["key"] != wanted):
+            continue
+        pid = asyncio.run(shared.take_down(host.directory))
+        print(f"stopped shared stack {host.status['key']} (host pid {pid})")
+        stopped += 1
+    if not stopped:
+        print("no matching shared NeMo Gym stack is running", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _describe(info: dict[str, Any]) -> str:
+    timeout = info.get("idle_timeout")
+    idle = "until `stack down`" if timeout is None else f"idle timeout {timeout} s"
+    return (
+        f"shared stack {info['key']}: host pid {info['pid']}, head {info['head_url']}, "
+        f"agents {', '.join(sorted(info['agents']))}, {info['users']} user(s), {idle}, "
+        f"NeMo Gym {info['nemo_gym_version']} (Python {info['python_version']}), "
+        f"log {info['log']}"
+    )
 
 
 def _conformance(args: argparse.Namespace) -> int:
@@ -156,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args, parser)
         if args.command == "conformance":
             return _conformance(args)
+        if args.command == "stack":
+            return _stack(args)
         # Also before eval-local starts its model: an unusable Python fails fast.
         runtime = ensure_venv(args.nemo_gym_version, args.python)
         if args.command == "setup":

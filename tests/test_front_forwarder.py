@@ -1,0 +1,51 @@
+"""The shared stack's front forwarder with real proxies and the scripted policy (no NeMo Gym
+needed): a call reaches only the proxy whose secret it carries, and never gets a status NeMo
+Gym retries forever."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.nemo.shared import FrontForwarder, _digest, _User
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+
+def _body(tag: dict[str, str]) -> dict[str, object]:
+    return {"model": "m", "input": [{"role": "user", "content": "hi"}], "metadata": tag}
+
+
+async def test_front_forwards_by_secret_only() -> None:
+    front = FrontForwarder()
+    await front.start()
+    async with ScriptedPolicy() as policy:
+        proxies = [NeMoGymModelProxy(), NeMoGymModelProxy()]
+        for pid, proxy in enumerate(proxies):
+            await proxy.start()
+            front.add(_User(pid, proxy.url, _digest(proxy.secret)))
+        try:
+            routes = [p.open_route(policy.base_url, "bearer") for p in proxies]
+            url = f"http://{front.host}:{front.port}/v1/responses"
+            async with aiohttp.ClientSession() as http:
+                for route in routes:
+                    async with http.post(url, json=_body(route.metadata())) as response:
+                        assert response.status == 200, await response.text()
+                assert [r.calls for r in routes] == [1, 1]
+                # Route of proxy 0 with the secret of proxy 1: proxy 1 gets it and knows no
+                # such route (404); proxy 0 never sees it.
+                crossed = {**routes[0].metadata(), "vf_nemogym_secret": proxies[1].secret}
+                async with http.post(url, json=_body(crossed)) as response:
+                    assert response.status == 404
+                assert [r.calls for r in routes] == [1, 1]
+                for tag in ({}, {**routes[0].metadata(), "vf_nemogym_secret": "wrong"}):
+                    async with http.post(url, json=_body(tag)) as response:
+                        assert response.status == 401
+                await proxies[1].stop()  # its process "died" before its lease was noticed
+                async with http.post(url, json=_body(routes[1].metadata())) as response:
+                    assert response.status == 410
+                    assert "is gone" in (await response.json())["error"]["message"]
+            assert front.calls == 4  # 2 ok + the crossed one + the gone one
+        finally:
+            for proxy in proxies:
+                await proxy.stop()
+            await front.stop()

@@ -8,10 +8,10 @@ model is the scripted policy.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 import verifiers.v1 as vf
+from aiohttp import web
 from verifiers.v1.configs.client import EvalClientConfig
 
 import nemo_gym_env
@@ -19,7 +19,7 @@ from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-from verifiers_nemogym.net import free_port
+from verifiers_nemogym.net import free_port, serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 pytestmark = pytest.mark.stack
@@ -27,14 +27,11 @@ pytestmark = pytest.mark.stack
 ENV = "example_single_tool_call"
 
 
-@pytest.fixture
-async def policy() -> AsyncIterator[ScriptedPolicy]:
-    async with ScriptedPolicy() as p:
-        yield p
-
-
 async def test_attach_by_stack_url(nemo_venv: NeMoGymVenv, policy: ScriptedPolicy) -> None:
-    policy_port = free_port()
+    # NeMo Gym waits for every server it lists, `policy_model` included, to answer HTTP before
+    # the stack is ready; a user's own stack would have its model there. Hold the port with a
+    # bare server during the start, then free it for the env's proxy.
+    placeholder, policy_port = await serve_app(web.Application())
     stack = NeMoGymStack(
         nemo_venv,
         Catalog(nemo_venv).env(ENV).config_paths,
@@ -42,7 +39,10 @@ async def test_attach_by_stack_url(nemo_venv: NeMoGymVenv, policy: ScriptedPolic
         policy_port=policy_port,
         start_timeout=600,
     )
-    await stack.start()
+    try:
+        await stack.start()
+    finally:
+        await placeholder.cleanup()
     try:
         # Unreachable head server: one line, nothing started.
         env = nemo_gym_env.load_environment(

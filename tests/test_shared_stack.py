@@ -390,9 +390,14 @@ def _eval_cmd(policy: ScriptedPolicy, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-async def _run(cmd: list[str], env: dict[str, str], timeout: float = 900) -> tuple[int, str]:
+async def _run(
+    cmd: list[str], env: dict[str, str], timeout: float = 900, *, stdout_only: bool = False
+) -> tuple[int, str]:
+    """Run `cmd`; its exit code and output (stdout and stderr, or stdout alone: results go to
+    stdout, the CLI's logs to stderr)."""
+    stderr = asyncio.subprocess.DEVNULL if stdout_only else asyncio.subprocess.STDOUT
     proc = await asyncio.create_subprocess_exec(
-        *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=stderr
     )
     try:
         output, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
@@ -459,7 +464,7 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         info = await status(nemo_venv)
         assert info is not None and info["marker"] == marker and info["users"] == 0
 
-        code, output = await _run([cli, "stack", "status", "--json"], env)
+        code, output = await _run([cli, "stack", "status", "--json"], env, stdout_only=True)
         assert code == 0 and json.loads(output)[0]["marker"] == marker, output
         code, output = await _run([cli, "stack", "down", ENV], env)
         assert code == 0 and "stopped shared stack" in output, output

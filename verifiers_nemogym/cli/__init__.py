@@ -7,6 +7,7 @@ nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's rec
 nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with a local CPU model
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
+nemo-gym-env serve tokens [--port P] [--max-model-len N]   the scripted token server (train mode)
 nemo-gym-env stack up ENV... [--idle-timeout S]           a persistent shared NeMo Gym stack
 nemo-gym-env stack status [--json]                        the shared stacks running here
 nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
@@ -80,7 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--rollouts", action="append", default=[], type=Path, help="recorded rollouts JSONL"
     )
-    for server in (scripted, replay):  # always on 127.0.0.1
+    tokens = servers.add_parser(
+        "tokens", help="a scripted vLLM /inference/v1/generate server with a real tokenizer"
+    )
+    tokens.add_argument("--max-model-len", type=int, default=None, help="reported context size")
+    for server in (scripted, replay, tokens):  # always on 127.0.0.1
         server.add_argument("--port", type=int, default=8000, help="0 picks a free one")
     stack = commands.add_parser("stack", help="shared NeMo Gym stacks that vf-eval attaches to")
     stack_commands = stack.add_subparsers(dest="stack_command", required=True)
@@ -183,6 +188,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.server == "scripted":
         serve(ScriptedPolicy(port=args.port, record=False), "scripted policy")
+        return 0
+    if args.server == "tokens":
+        from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+
+        server = TokenServer(packaged_tokenizer(), port=args.port, max_model_len=args.max_model_len)
+        serve(server, f"token server (model {server.model!r})")
         return 0
     if not args.env and not args.rollouts:
         parser.error("serve replay: give at least one --env NAME or --rollouts FILE")

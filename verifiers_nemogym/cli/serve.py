@@ -1,8 +1,9 @@
-"""`nemo-gym-env serve scripted|replay`: one of the package's model servers, alone, until Ctrl-C.
+"""`nemo-gym-env serve scripted|replay|tokens`: one of the package's model servers, until Ctrl-C.
 
-Contract: `serve(policy)` starts `policy` (a `ScriptedPolicy` or `ReplayPolicy`), writes one line
-naming its base URL to stdout, and serves until SIGINT or SIGTERM; then it stops the server and
-returns. `replay_index(...)` loads the recordings a replay server answers from.
+Contract: `serve(policy)` starts `policy` (a `ScriptedPolicy`, `ReplayPolicy` or
+`TokenServer`), writes one line naming its base URL to stdout, and serves until SIGINT or SIGTERM;
+then it stops the server and returns. `replay_index(...)` loads the recordings a replay server
+answers from.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.replay import Recording, ReplayIndex, load_recordings
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.policies.token_server import TokenServer
 
 
 def replay_index(
@@ -34,7 +36,7 @@ def replay_index(
     return ReplayIndex(recordings)
 
 
-async def _serve(policy: ScriptedPolicy, what: str) -> None:
+async def _serve(policy: ScriptedPolicy | TokenServer, what: str) -> None:
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -54,7 +56,7 @@ async def _serve(policy: ScriptedPolicy, what: str) -> None:
         await policy.stop()
 
 
-def serve(policy: ScriptedPolicy, what: str) -> None:
+def serve(policy: ScriptedPolicy | TokenServer, what: str) -> None:
     """Serve `policy` until SIGINT/SIGTERM; `what` names it in the line written to stdout.
     A port that cannot be bound raises ConfigError."""
     asyncio.run(_serve(policy, what))

@@ -19,13 +19,11 @@ still arrives gets vLLM's 400.
 
 The tokenizer is injected (any Hugging Face tokenizer); `packaged_tokenizer()` loads the one built
 from the packaged GGUF without hub access. Run alone:
-`python -m verifiers_nemogym.policies.token_server --port 8000`.
+`nemo-gym-env serve tokens --port 8000`.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 import itertools
 import json
@@ -35,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from verifiers_nemogym.net import serve_app
 from verifiers_nemogym.policies.scripted import ANSWER, tool_arguments
 
 SYNTHETIC_LOGPROB = -0.5
@@ -113,10 +112,7 @@ class TokenServer:
         app = web.Application(client_max_size=1024**3)
         app.router.add_post("/inference/v1/generate", self._generate)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_app(app, self.host, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -203,24 +199,3 @@ class TokenServer:
 def _error(status: int, message: str) -> web.Response:
     error = {"message": message, "type": "BadRequestError" if status == 400 else "server_error"}
     return web.json_response({"error": error, "object": "error"}, status=status)
-
-
-async def _serve(host: str, port: int, max_model_len: int | None) -> None:
-    tokenizer = await asyncio.to_thread(packaged_tokenizer)
-    async with TokenServer(tokenizer, host, port, max_model_len=max_model_len) as server:
-        print(f"token server on {server.base_url} (model {server.model!r})", flush=True)
-        await asyncio.Event().wait()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    args = parser.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.host, args.port, args.max_model_len))
-
-
-if __name__ == "__main__":
-    main()

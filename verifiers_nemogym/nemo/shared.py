@@ -243,6 +243,27 @@ class HostSpec:
     below_floor: bool = False
     """The runtime was built below its release's declared Python floor (the explicit opt-in)."""
 
+    @classmethod
+    def of(
+        cls,
+        venv: NeMoGymVenv,
+        config_paths: list[Path],
+        idle_timeout: float | None,
+        start_timeout: float,
+        *,
+        persistent: bool = False,
+    ) -> HostSpec:
+        """The spec of a host serving `config_paths` on `venv`'s release and Python."""
+        return cls(
+            nemo_gym_version=venv.nemo_gym_version,
+            python=str(venv.python),
+            config_paths=[str(Path(p).absolute()) for p in config_paths],
+            idle_timeout=idle_timeout,
+            start_timeout=start_timeout,
+            persistent=persistent,
+            below_floor=venv.below_floor,
+        )
+
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
 
@@ -328,14 +349,7 @@ async def attach_or_start(
     async with stack_lock(directory, deadline, "attach or start"):
         lease = await _try_lease(directory, proxy_url, proxy_secret)
         if lease is None:
-            spec = HostSpec(
-                nemo_gym_version=venv.nemo_gym_version,
-                python=str(venv.python),
-                config_paths=[str(Path(p).absolute()) for p in config_paths],
-                below_floor=venv.below_floor,
-                idle_timeout=idle_timeout,
-                start_timeout=start_timeout,
-            )
+            spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout)
             proc = spawn_host(directory, spec)
             log.info(
                 "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
@@ -683,15 +697,7 @@ async def bring_up(
     directory = stack_dir(stack_key(venv, config_paths))
     async with stack_lock(directory, deadline, "stack up"):
         if not _socket_path(directory).exists() or not await _answers(directory):
-            spec = HostSpec(
-                nemo_gym_version=venv.nemo_gym_version,
-                python=str(venv.python),
-                config_paths=[str(Path(p).absolute()) for p in config_paths],
-                below_floor=venv.below_floor,
-                idle_timeout=idle_timeout,
-                start_timeout=start_timeout,
-                persistent=True,
-            )
+            spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout, persistent=True)
             proc = spawn_host(directory, spec)
             while True:
                 if (code := proc.poll()) is not None:

@@ -57,7 +57,7 @@ async def measure(repeats: int) -> tuple[Rates, CpuMs]:
     rates: Rates = {"ours": [], "raw_proxy": [], "raw_direct": []}
     cpu_ms: CpuMs = {way: {"this_process": [], "nemo_gym": [], "policy": []} for way in rates}
     async with await spawn_policy() as policy:
-        env: Any = nemo_gym_env.load_environment(nemo_env=ENV)
+        env: Any = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=False)
         tasks = list(env.taskset)
         client = EvalClientConfig(base_url=policy.info["base_url"], api_key_var="SCRIPTED_KEY")
         ctx = vf.ModelContext(model="scripted", client=client)

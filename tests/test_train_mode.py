@@ -141,7 +141,7 @@ async def test_train_mode_records_tokens_on_every_call(
     train, train_short = _train_ctx(normal), _train_ctx(short)
     async with ScriptedPolicy() as scripted, env.serving():
         secret_watch.watch(env)
-        marker = f"{MARKER_ENV_VAR}={env._stack.marker}"
+        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         live = env.taskset.config.task._live
         eval_ctx = model_context(scripted)
         timings: dict[str, float] = {}

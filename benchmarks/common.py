@@ -13,7 +13,9 @@ import os
 import signal
 import statistics
 import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 ENV = "example_single_tool_call"
@@ -117,3 +119,24 @@ def percentile(values: list[float], q: float) -> float:
 
 def env_with(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}
+
+
+async def timed_vf_eval(cmd: list[str], outdir: Path, expected_ok: int) -> float:
+    """Wall seconds of the vf-eval command `cmd` (results in `outdir`); raises unless it exits 0
+    with `expected_ok` rollouts ok."""
+    began = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *cmd,
+        env={**os.environ, "SCRIPTED_KEY": "unused"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 1800)
+    elapsed = time.monotonic() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"vf-eval failed:\n{out.decode(errors='replace')[-3000:]}")
+    (traces,) = outdir.glob("*/traces.jsonl")
+    episodes = [json.loads(line) for line in traces.read_text().splitlines() if line]
+    if (ok := sum(1 for e in episodes if e["ok"])) != expected_ok:
+        raise RuntimeError(f"vf-eval: {ok}/{expected_ok} rollouts ok")
+    return elapsed

@@ -8,15 +8,12 @@ check that all 100 rollouts came back.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ENV
+from benchmarks.common import ENV, timed_vf_eval
 from benchmarks.native import collect_rollouts, native_stack
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -36,23 +33,7 @@ async def ours_once(policy_url: str) -> float:
             # stack that is already up).
             "--env.taskset.shared-stack", "False",
         ]  # fmt: skip
-        began = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            env={**os.environ, "SCRIPTED_KEY": "unused"},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), 1800)
-        elapsed = time.monotonic() - began
-        if proc.returncode != 0:
-            raise RuntimeError(f"vf-eval failed:\n{out.decode(errors='replace')[-3000:]}")
-        (traces,) = Path(tmp, "out").glob("*/traces.jsonl")
-        episodes = [json.loads(line) for line in traces.read_text().splitlines() if line]
-        ok = sum(1 for e in episodes if e["ok"])
-        if ok != ROWS * REPEATS:
-            raise RuntimeError(f"vf-eval: {ok}/{ROWS * REPEATS} rollouts ok")
-        return elapsed
+        return await timed_vf_eval(cmd, Path(tmp, "out"), ROWS * REPEATS)
 
 
 async def native_once(runtime: NeMoGymVenv, policy_port: int) -> float:

@@ -8,15 +8,12 @@ running stack (lease taken, agents known). Native: `ng_run` once (not timed), th
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ENV
+from benchmarks.common import ENV, timed_vf_eval
 from benchmarks.end_to_end import IN_FLIGHT, REPEATS, ROWS
 from benchmarks.native import collect_rollouts, native_stack
 from verifiers_nemogym.nemo import shared
@@ -45,21 +42,7 @@ async def ours_once(policy_url: str) -> tuple[float, float]:
             "-n", str(ROWS), "-r", str(REPEATS), "-c", str(IN_FLIGHT), "--no-push",
             "-o", f"{tmp}/out", "--env.taskset.nemo-env", ENV,
         ]  # fmt: skip
-        began = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            env={**os.environ, "SCRIPTED_KEY": "unused"},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), 1800)
-        elapsed = time.monotonic() - began
-        if proc.returncode != 0:
-            raise RuntimeError(f"vf-eval failed:\n{out.decode(errors='replace')[-3000:]}")
-        (traces,) = Path(tmp, "out").glob("*/traces.jsonl")
-        episodes = [json.loads(line) for line in traces.read_text().splitlines() if line]
-        if (ok := sum(1 for e in episodes if e["ok"])) != ROWS * REPEATS:
-            raise RuntimeError(f"vf-eval: {ok}/{ROWS * REPEATS} rollouts ok")
+        elapsed = await timed_vf_eval(cmd, Path(tmp, "out"), ROWS * REPEATS)
         (log,) = Path(tmp, "out").glob("*/logs/latest/eval.log")
         line = next((x for x in log.read_text().splitlines() if _ATTACHED in x), None)
         if line is None:

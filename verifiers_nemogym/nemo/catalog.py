@@ -558,7 +558,11 @@ class Catalog:
                 [str(self.venv.bin("gym")), "env", "resolve", "--config", str(config_path),
                  "--config", str(placeholder)],
                 cwd=work,
-                env=self.venv.env(),
+                # The placeholder is no model adapter a resources server's `allowed_model_types`
+                # may name, and NeMo Gym's resolver refuses such pairings; merging is about the
+                # config's structure. Whether a stack waives the check is the stack's decision
+                # (NeMoGymStack, with a warning).
+                env={**self.venv.env(), "NEMO_GYM_ALLOW_UNSUPPORTED_PAIRING": "1"},
                 capture_output=True,
                 text=True,
                 timeout=RESOLVE_TIMEOUT,

@@ -37,7 +37,7 @@ from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     POLICY_INSTANCE,
     RESOURCES_SERVERS,
-    load_config,
+    Catalog,
     parse_config,
     placeholder_server_venv,
     server_blocks,
@@ -179,7 +179,11 @@ class NeMoGymStack:
 
         head_port = free_port()
         self.head_url = f"http://127.0.0.1:{head_port}"
-        command = self.command(policy_config, head_port, warm=warm, deadline=deadline)
+        # In a thread: building the command may run NeMo Gym's config resolver (seconds) the
+        # first time a config set is seen (`_model_type_restrictions`).
+        command = await asyncio.to_thread(
+            self.command, policy_config, head_port, warm=warm, deadline=deadline
+        )
         env = self.venv.env(self._ray_tmpdir)
         if self.fast_start:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
@@ -274,10 +278,14 @@ class NeMoGymStack:
         return overrides
 
     def _model_type_restrictions(self) -> dict[str, list[str]]:
-        """Resources servers of our configs that declare `allowed_model_types`, with them."""
+        """Resources servers of our configs that declare `allowed_model_types`, with them, as
+        NeMo Gym merges the configs (a declaration may come from an included config or an
+        inherited block)."""
+        catalog = Catalog(self.venv)
         found: dict[str, list[str]] = {}
         for path in self.config_paths:
-            for name, (_, settings) in server_blocks(load_config(path), RESOURCES_SERVERS).items():
+            merged = catalog.merged_config(path)
+            for name, (_, settings) in server_blocks(merged, RESOURCES_SERVERS).items():
                 if allowed := settings.get(_ALLOWED_MODEL_TYPES):
                     found[name] = [allowed] if isinstance(allowed, str) else list(map(str, allowed))
         return dict(sorted(found.items()))

@@ -26,7 +26,7 @@ from verifiers_nemogym.conformance import (
     replay_row,
     run_conformance,
 )
-from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR
 from verifiers_nemogym.policies.replay import load_recordings
@@ -132,6 +132,28 @@ async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):
     reports = await conformance.run_in_stacks([*names, "env0"], concurrency=1)
     assert [r.env for r in reports] == names
     assert [len(s) for s in stacks] == [STACK_ENVS, STACK_ENVS, 1]
+
+
+async def test_a_stack_that_does_not_start_costs_only_the_environments_that_broke_it(monkeypatch):
+    runs: list[list[str]] = []
+
+    async def fake(envs, **options):
+        runs.append(list(envs))
+        if "broken" in envs:
+            raise StackError("NeMo Gym stack exited during start (exit 1)\nProcess `broken` died")
+        return [EnvReport(e) for e in envs]
+
+    monkeypatch.setattr(conformance, "run_conformance", fake)
+    names = ["env0", "broken", *[f"env{i}" for i in range(1, STACK_ENVS + 1)]]
+    reports = await conformance.run_in_stacks(names, concurrency=1)
+    assert [r.env for r in reports] == names
+    # The failed batch runs again one per stack; the next batch is not affected.
+    assert runs == [names[:STACK_ENVS], *([n] for n in names[:STACK_ENVS]), names[STACK_ENVS:]]
+    (failed,) = [r for r in reports if r.start_error]
+    assert failed.env == "broken" and failed.start_error == "Process `broken` died"
+    assert "| broken | - | - | - | stack did not start: Process `broken` died |" in (
+        format_report(reports)
+    )
 
 
 def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_row(nemo_venv):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verifiers_nemogym.bridge.redact import redact
-from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.replay import (
@@ -198,6 +198,8 @@ class EnvReport:
     rows: list[RowResult] = field(default_factory=list)
     skipped: str | None = None
     """Why the environment was not run at all (e.g. no usable recordings)."""
+    start_error: str | None = None
+    """Why its NeMo Gym stack did not start (one line); then it has no rows."""
 
     @property
     def completed(self) -> int:
@@ -219,6 +221,7 @@ class EnvReport:
             "errors": self.errors,
             "parity": self.matches,
             "skipped": self.skipped,
+            "start_error": self.start_error,
             "results": [asdict(r) | {"parity": r.parity} for r in self.rows],
         }
 
@@ -506,7 +509,9 @@ def format_report(reports: Sequence[EnvReport]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for r in reports:
-        if r.skipped:
+        if r.start_error:
+            lines.append(f"| {r.env} | - | - | - | stack did not start: {r.start_error} |")
+        elif r.skipped:
             lines.append(f"| {r.env} | - | - | - | skipped: {r.skipped} |")
         else:
             rows = len(r.rows)
@@ -527,13 +532,34 @@ def format_report(reports: Sequence[EnvReport]) -> str:
 
 
 async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
-    """`run_conformance` on successive stacks of at most `STACK_ENVS` environments (in order);
-    a stack that fails to start fails the whole run, as with one stack."""
+    """`run_conformance` on successive stacks of at most `STACK_ENVS` environments (in order).
+
+    A stack that does not start (`StackError`) costs only the environments that broke it: a
+    batch that fails is run again one environment per stack, and an environment whose own stack
+    fails gets `EnvReport.start_error` (the run goes on). Bad input (`ConfigError`: an unknown
+    name) still fails the whole run before anything starts."""
     names = list(dict.fromkeys(envs))
     batches = [names[i : i + STACK_ENVS] for i in range(0, len(names), STACK_ENVS)]
     reports: list[EnvReport] = []
     for number, batch in enumerate(batches, start=1):
         if len(batches) > 1:
             logger.info("conformance: stack %d/%d: %s", number, len(batches), ", ".join(batch))
-        reports += await run_conformance(batch, **options)
+        try:
+            reports += await run_conformance(batch, **options)
+            continue
+        except StackError as e:
+            if len(batch) == 1:
+                reports.append(EnvReport(batch[0], start_error=_error_line(str(e))))
+                continue
+            logger.warning(
+                "conformance: the stack of %s did not start (%s); running them one per stack",
+                ", ".join(batch),
+                _error_line(str(e)),
+            )
+        for name in batch:
+            try:
+                reports += await run_conformance([name], **options)
+            except StackError as e:
+                logger.warning("conformance: the stack of %s did not start", name)
+                reports.append(EnvReport(name, start_error=_error_line(str(e))))
     return reports

@@ -177,7 +177,7 @@ def _conformance(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in reports], indent=2))
     else:
         print(format_report(reports))
-    lost = any(not row.parity for r in reports for row in r.rows)
+    lost = any(r.start_error or not all(row.parity for row in r.rows) for r in reports)
     return 1 if args.strict and lost else 0
 
 

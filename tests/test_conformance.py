@@ -16,6 +16,7 @@ from verifiers_nemogym.cli import main as cli_main
 from verifiers_nemogym.conformance import (
     CI_ENVS,
     LACKS_FIELDS,
+    RESCORED,
     STACK_ENVS,
     EnvReport,
     RowResult,
@@ -31,16 +32,6 @@ from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR
 from verifiers_nemogym.policies.replay import load_recordings
 
-RESCORED: dict[str, dict[str, float]] = {
-    "0.7.0": {
-        # The recording (same file in 0.4.0 and 0.7.0) ends `\boxed{C: An individual ...}`, the
-        # right letter followed by the option's text: 0.4.0's strict box pattern extracts nothing
-        # (reward 0.0, as recorded), 0.7.0's new `BOXED_LETTER_LABEL_PATTERN` reads "C" (1.0).
-        "mcqa:3": 1.0,
-    },
-}
-"""Recorded rollouts a release's own verifier now scores differently, and what it gives."""
-
 
 @pytest.mark.stack
 async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(any_nemo_venv, monkeypatch):
@@ -52,7 +43,8 @@ async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(any_nemo
         python=str(any_nemo_venv.python),
         concurrency=8,
     )
-    rescored = RESCORED.get(any_nemo_venv.nemo_gym_version, {})
+    # Recordings the release's own verifier scores anew (0.7.0: mcqa:3), with their reason.
+    rescored = {k: v[0] for k, v in RESCORED.get(any_nemo_venv.nemo_gym_version, {}).items()}
     catalog = Catalog(any_nemo_venv)
     assert [r.env for r in reports] == list(CI_ENVS)
     for report in reports:
@@ -66,6 +58,8 @@ async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(any_nemo
     table = format_report(reports)
     assert f"| **total** | {sum(len(r.rows) for r in reports)} |" in table
     assert ("Mismatches" in table) == bool(rescored)
+    for recording, (_, why) in RESCORED.get(any_nemo_venv.nemo_gym_version, {}).items():
+        assert f"`{recording}`" in table and why in table
     # Not a constant verifier: mcqa's recordings include wrong answers, replayed as wrong.
     assert {row.reward for row in reports[-1].rows} == {0.0, 1.0}
 
@@ -111,7 +105,7 @@ def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nem
         "prompt is in no example row)"
     ]
     result = RowResult(rec.id, rec.reward, error="agent /run answered 500", notes=notes)
-    _explain(result, set())
+    _explain(result, set(), "0.4.0")
     assert result.reason is not None and result.reason.startswith("gap in the recording")
     # A recording whose prompt is an example row is rebuilt from that row's keys: no note.
     mcqa = catalog.env("mcqa")

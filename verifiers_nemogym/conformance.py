@@ -77,6 +77,19 @@ KNOWN_REASONS: dict[str, str] = {
 }
 """Environment -> why its replayed reward may differ from the recording (found by runs)."""
 
+RESCORED: dict[str, dict[str, tuple[float, str]]] = {
+    "0.7.0": {
+        "mcqa:3": (
+            1.0,
+            "the release's own verifier scores it anew: the recorded answer ends "
+            "`\\boxed{C: <option text>}`; 0.4.0's strict box pattern read nothing (0.0, as "
+            "recorded), 0.7.0's letter-label pattern reads C, the right answer",
+        ),
+    },
+}
+"""Release -> recording -> (the reward that release's own verifier gives it, why): recordings
+NeMo Gym ships unchanged across releases whose verifier changed since."""
+
 CI_ENVS = ("example_single_tool_call", "example_multi_step", "example_multi_turn_gymnasium", "mcqa")
 """The fixed subset CI checks for exact parity."""
 
@@ -438,7 +451,9 @@ async def run_conformance(
             began = time.monotonic()
             async with env.serving():
                 logger.info("conformance: stack up in %.0f s", time.monotonic() - began)
-                await _replay_all(env, tasks, ctx, plan, policy, concurrency)
+                await _replay_all(
+                    env, tasks, ctx, plan, policy, concurrency, runtime.nemo_gym_version
+                )
     return reports
 
 
@@ -449,6 +464,7 @@ async def _replay_all(
     plan: _Plan,
     policy: ReplayPolicy,
     concurrency: int,
+    release: str,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
     done = 0
@@ -476,17 +492,20 @@ async def _replay_all(
     await asyncio.gather(*(one(t) for t in tasks))
     lenient = set(policy.lenient)
     for result in plan.results.values():
-        _explain(result, lenient)
+        _explain(result, lenient, release)
 
 
-def _explain(result: RowResult, lenient: set[str]) -> None:
+def _explain(result: RowResult, lenient: set[str], release: str) -> None:
     env = result.recording.rsplit(":", 1)[0]
     if result.recording in lenient:
         result.notes.append("the environment's items differed from the recording (tool output)")
     if result.parity:
         return
     lacks = next((n for n in result.notes if n.startswith(LACKS_FIELDS)), None)
-    if env in KNOWN_REASONS:
+    rescored = RESCORED.get(release, {}).get(result.recording)
+    if rescored is not None and result.error is None and result.reward == rescored[0]:
+        result.reason = rescored[1]
+    elif env in KNOWN_REASONS:
         result.reason = KNOWN_REASONS[env]
     elif lacks is not None:
         result.reason = f"gap in the recording: {lacks}"

@@ -15,6 +15,7 @@ from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.cli import main as cli_main
 from verifiers_nemogym.conformance import (
     CI_ENVS,
+    KNOWN_REASONS,
     LACKS_FIELDS,
     RESCORED,
     STACK_ENVS,
@@ -112,6 +113,22 @@ def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nem
     rec = load_recordings(mcqa.example_rollouts, "mcqa")[0]
     row, notes = replay_row(rec, mcqa, _example_rows(mcqa))
     assert notes == [] and set(row) == set(_example_rows(mcqa)[0]) | {"agent_ref"}
+
+
+def test_known_reasons_apply_to_both_layouts_of_an_environment():
+    # 0.7.0 ships blackjack in both layouts; its unseeded deals are the same property in both.
+    for recording in ("blackjack:2", "environments/blackjack:2"):
+        result = RowResult(recording, 1.0, reward=-1.0)
+        _explain(result, set(), "0.7.0")
+        assert result.reason == KNOWN_REASONS["blackjack"]
+    # A release's rescored recording gets its reason only with the reward that release gives.
+    (reward, why) = RESCORED["0.7.0"]["mcqa:3"]
+    result = RowResult("mcqa:3", 0.0, reward=reward)
+    _explain(result, set(), "0.7.0")
+    assert result.reason == why
+    result = RowResult("mcqa:3", 0.0, reward=reward)
+    _explain(result, set(), "0.4.0")
+    assert result.reason == f"reward {reward!r}, recorded 0.0"
 
 
 async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):

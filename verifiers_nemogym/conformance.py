@@ -496,7 +496,8 @@ async def _replay_all(
 
 
 def _explain(result: RowResult, lenient: set[str], release: str) -> None:
-    env = result.recording.rsplit(":", 1)[0]
+    # Bare folder name: `environments/blackjack` is the same environment as `blackjack`.
+    env = result.recording.rsplit(":", 1)[0].rsplit("/", 1)[-1]
     if result.recording in lenient:
         result.notes.append("the environment's items differed from the recording (tool output)")
     if result.parity:

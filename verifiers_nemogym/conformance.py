@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from verifiers_nemogym.bridge.redact import redact
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
+from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, Catalog, EnvSpec
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.replay import (
     REPLAY_KEY,
@@ -131,8 +131,35 @@ DEFAULT_ENVS: tuple[str, ...] = (
     "workplace_assistant",
     "xlam_fc",
 )
-"""What `nemo-gym-env conformance` runs without names: the environments verified to run offline
-here (docs/conformance.md), run `STACK_ENVS` at a time."""
+"""What `nemo-gym-env conformance` runs without names on NeMo Gym 0.4.0 (and releases with no
+list of their own): the environments verified to run offline here (docs/conformance.md), run
+`STACK_ENVS` at a time."""
+
+DEFAULT_ENVS_07: tuple[str, ...] = (
+    *DEFAULT_ENVS,
+    # New in 0.7.0, or new to its `environments/` layout.
+    "string_match",
+    "calendar_v2",
+    "environments/arc_agi",
+    "environments/blackjack",
+    "environments/calendar",
+    "environments/circle_click",
+    "environments/circle_count",
+    "environments/code_gen",
+    "environments/reasoning_gym",
+    "environments/workplace_assistant",
+)
+"""The same for NeMo Gym 0.7.0 (its conformance survey, docs/conformance.md)."""
+
+VERIFIED_OFFLINE: dict[str, tuple[str, ...]] = {"0.4.0": DEFAULT_ENVS, "0.7.0": DEFAULT_ENVS_07}
+"""Release -> the environments conformance runs verified to run offline here."""
+
+
+def default_envs(release: str) -> tuple[str, ...]:
+    """What `nemo-gym-env conformance` runs without names on `release`: its verified list, else
+    0.4.0's."""
+    return VERIFIED_OFFLINE.get(release, DEFAULT_ENVS)
+
 
 NOT_OFFLINE: dict[str, str] = {
     "wordle": "downloads its word list at run time",
@@ -161,15 +188,20 @@ NOT_OFFLINE: dict[str, str] = {
 runs and source reading, docs/conformance.md and the 0.7.0 survey)."""
 
 
-def offline_status(name: str, problem: str | None, facts: dict[str, str]) -> tuple[bool, str]:
-    """Whether the catalog entry `name` (bare folder name) runs offline on a CPU machine and
-    why: `DEFAULT_ENVS` are verified by conformance runs (NeMo Gym 0.4.0); `NOT_OFFLINE` holds
-    known reasons; otherwise a heuristic on the entry's `facts` (`CatalogEntry.facts`: judge
-    model, API key, sandbox, URL requirements, `${policy_base_url}`)."""
+def offline_status(
+    name: str, problem: str | None, facts: dict[str, str], release: str = "0.4.0"
+) -> tuple[bool, str]:
+    """Whether the catalog entry `name` (bare folder name, or `environments/<name>` where both
+    layouts have it) of NeMo Gym `release` runs offline on a CPU machine and why: the names
+    `default_envs(release)` lists are verified by conformance runs; `NOT_OFFLINE` holds known
+    reasons; otherwise a heuristic on the entry's `facts` (`CatalogEntry.facts`: judge model,
+    API key, sandbox, URL requirements, `${policy_base_url}`)."""
     if problem:
         return False, problem
-    if name in DEFAULT_ENVS:
-        return True, "verified by conformance runs (NeMo Gym 0.4.0)"
+    verified = default_envs(release)
+    if name in verified or f"{ENVIRONMENTS}/{name}" in verified:
+        source = release if release in VERIFIED_OFFLINE else "0.4.0"
+        return True, f"verified by conformance runs (NeMo Gym {source})"
     if name in NOT_OFFLINE:
         return False, NOT_OFFLINE[name]
     for key in ("judge", "api_key", "sandbox", "url_requirement", "policy_base_url"):

@@ -74,6 +74,16 @@ KNOWN_REASONS: dict[str, str] = {
         "seed `hash(str(seed))`, which Python randomises per process, so some seeded games "
         "deal other pieces than when recorded"
     ),
+    "lc_niah": (
+        "the recordings were scored with another overlap metric than the shipped config: their "
+        "reasoning_overlap is their overlap_lcs, while lc_niah.yaml sets overlap_metric_rule "
+        "ngram16; the replayed reward is answer_score x (1 - the recorded overlap_ngram16)"
+    ),
+    "openair_congestion": (
+        "gap in the recording: its `response` keeps only the episode's last model turn (the "
+        "steps are in a `trajectory` field of actions and observations, not Responses items), "
+        "so no recorded turn answers the agent's first call"
+    ),
 }
 """Environment -> why its replayed reward may differ from the recording (found by runs)."""
 

@@ -79,6 +79,11 @@ KNOWN_REASONS: dict[str, str] = {
         "reasoning_overlap is their overlap_lcs, while lc_niah.yaml sets overlap_metric_rule "
         "ngram16; the replayed reward is answer_score x (1 - the recorded overlap_ngram16)"
     ),
+    "langgraph_reflection_math": (
+        "replay gap: the reflection agent asks for its critique in a conversation of its own (the "
+        "draft not as the assistant turn the recording holds, plus a reflection prompt the "
+        "recording's output lacks), so no recorded turn continues it"
+    ),
     "openair_congestion": (
         "gap in the recording: its `response` keeps only the episode's last model turn (the "
         "steps are in a `trajectory` field of actions and observations, not Responses items), "

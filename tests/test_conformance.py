@@ -24,6 +24,7 @@ from verifiers_nemogym.conformance import (
     _error_line,
     _example_rows,
     _explain,
+    _start_error_line,
     format_report,
     replay_row,
     run_conformance,
@@ -113,6 +114,26 @@ def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nem
     rec = load_recordings(mcqa.example_rollouts, "mcqa")[0]
     row, notes = replay_row(rec, mcqa, _example_rows(mcqa))
     assert notes == [] and set(row) == set(_example_rows(mcqa)[0]) | {"agent_ref"}
+
+
+def test_a_start_error_is_reported_by_its_telling_line():
+    # The shape of a real one (NeMo Gym 0.7.0, prime_agent_math): a wrapper line, the log tail
+    # with NeMo Gym's console-wrapped error, then our supervisor's teardown lines.
+    text = """the shared NeMo Gym stack host exited with status 1 before it was ready; log tail:
+stack_host: NeMo Gym's ng_run exited with status 1; log tail:
+--- ng_run (ng_run.log) ---
+[vf-nemogym supervisor] started pid 25399: gym
+Error: Config value
+'prime_agent_math_agent.responses_api_agents.prime_agent.model' references
+'policy_model_name', which is not set after merging.
+Provide it via a CLI override, in env.yaml, or in a config you pass via
+[vf-nemogym supervisor] teardown complete"""
+    assert _start_error_line(text) == (
+        "Error: Config value 'prime_agent_math_agent.responses_api_agents.prime_agent.model' "
+        "references 'policy_model_name', which is not set after merging."
+    )
+    died = "host exited with status 1\nstack_host: NeMo Gym server 'x' died (ng_run exit 1)\n"
+    assert _start_error_line(died) == "stack_host: NeMo Gym server 'x' died (ng_run exit 1)"
 
 
 def test_known_reasons_apply_to_both_layouts_of_an_environment():

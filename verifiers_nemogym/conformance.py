@@ -452,6 +452,23 @@ def _error_line(text: str) -> str:
     return redact(lines[-1] if lines else text)[:300]
 
 
+def _start_error_line(text: str) -> str:
+    """The telling line of a stack start error (a log tail, many lines): NeMo Gym's own
+    `Error...` (with the two lines its console wraps onto), else the line saying which server
+    died or what failed, else the first line; redacted, at most 300 characters."""
+    chatter = ("[vf-nemogym supervisor]", "INFO:", "```", "---")
+    stripped = (x.strip() for x in text.splitlines())
+    lines = [x for x in stripped if x and not x.startswith(chatter)]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Error"):
+            return redact(" ".join(lines[i : i + 3]))[:300]
+    for word in ("died", "Failed to", "exited"):
+        for line in lines:
+            if word in line:
+                return redact(line)[:300]
+    return redact(lines[0] if lines else text)[:300]
+
+
 async def run_conformance(
     envs: Sequence[str],
     *,
@@ -616,17 +633,17 @@ async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
             continue
         except StackError as e:
             if len(batch) == 1:
-                reports.append(EnvReport(batch[0], start_error=_error_line(str(e))))
+                reports.append(EnvReport(batch[0], start_error=_start_error_line(str(e))))
                 continue
             logger.warning(
                 "conformance: the stack of %s did not start (%s); running them one per stack",
                 ", ".join(batch),
-                _error_line(str(e)),
+                _start_error_line(str(e)),
             )
         for name in batch:
             try:
                 reports += await run_conformance([name], **options)
             except StackError as e:
                 logger.warning("conformance: the stack of %s did not start", name)
-                reports.append(EnvReport(name, start_error=_error_line(str(e))))
+                reports.append(EnvReport(name, start_error=_start_error_line(str(e))))
     return reports

@@ -171,6 +171,7 @@ async def run_workers(repeats: int, out: dict[str, Any]) -> None:
         "rps": {name: summary(v) for name, v in rps.items()},
         "worker_rss_mb": {name: summary(v) for name, v in runs["worker_rss_mb"].items()},
         "private_1_stack_rss_mb": runs["private_1_stack_rss_mb"],
+        "rss_mb_by_program": runs["rss_by_program"],
         "private_2": private,
         "programs_shared": runs["programs_shared"],
         "shared_stack_users": runs["users"],

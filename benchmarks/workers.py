@@ -212,6 +212,20 @@ def total_rss_mb(pids: list[int]) -> float:
     return total
 
 
+def rss_by_program(pids: list[int]) -> dict[str, float]:
+    """RSS of `pids` summed per program (argv[0]'s name, or a Python process's script or
+    module), largest first: where a stack's memory goes."""
+    totals: dict[str, float] = {}
+    for pid in pids:
+        argv = _cmdline(pid).split("\0")
+        name = os.path.basename(argv[0])
+        if name.startswith("python"):
+            rest = [a for a in argv[1:] if a and not a.startswith("-")]
+            name = os.path.basename(rest[0])[:40] if rest else name
+        totals[name] = totals.get(name, 0.0) + total_rss_mb([pid])
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -286,6 +300,10 @@ async def measure(repeats: int) -> dict[str, Any]:
             if strays:
                 raise RuntimeError(f"shared pools started NeMo Gym processes: {strays}")
             out["private_1_stack_rss_mb"] = total_rss_mb(pools[-1].stack_pids())
+            out["rss_by_program"] = {
+                "shared_stack": rss_by_program(processes_with_env(host_entry)),
+                "private_1_stack": rss_by_program(pools[-1].stack_pids()),
+            }
             while pools:
                 await stop_pool(pools.pop())
             try:

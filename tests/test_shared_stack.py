@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import gone
+from helpers import gone, run_command, run_tag, script
 from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
@@ -229,8 +229,7 @@ async def test_env_server_pools_share_one_stack(
     await assert_no_stack(nemo_venv)
     rows = tagged_rows(nemo_venv, tmp_path / "rows.jsonl", 300)
     tasks = load_tasks(rows)
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
-    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
+    tag, env = run_tag(SCRIPTED_KEY="unused")
     watch = ProgramWatch(tag)
     watch.start()
     markers: list[str] = []
@@ -309,8 +308,7 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
     await assert_no_stack(nemo_venv)
     rows = tagged_rows(nemo_venv, tmp_path / "rows.jsonl", 60)
     tasks = load_tasks(rows)
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
-    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
+    tag, env = run_tag(SCRIPTED_KEY="unused")
     watch = ProgramWatch(tag)
     watch.start()
     servers: list[subprocess.Popen[bytes]] = []
@@ -383,30 +381,11 @@ async def _true_after(value: bool) -> bool:
 
 def _eval_cmd(policy: ScriptedPolicy, out: Path, *extra: str) -> list[str]:
     return [
-        str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "scripted",
+        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
         "-n", "5", "-r", "2", "-c", "8", "--no-push", "-o", str(out),
         "--env.taskset.nemo-env", ENV, *extra,
     ]  # fmt: skip
-
-
-async def _run(
-    cmd: list[str], env: dict[str, str], timeout: float = 900, *, stdout_only: bool = False
-) -> tuple[int, str]:
-    """Run `cmd`; its exit code and output (stdout and stderr, or stdout alone: results go to
-    stdout, the CLI's logs to stderr)."""
-    stderr = asyncio.subprocess.DEVNULL if stdout_only else asyncio.subprocess.STDOUT
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=stderr
-    )
-    try:
-        output, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, output.decode(errors="replace")
 
 
 def _eval_log(out: Path) -> str:
@@ -427,16 +406,16 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
     it as persistent; a third `vf-eval` attaches (and says how long that took); `stack down`
     stops it."""
     await assert_no_stack(nemo_venv)
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
-    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
-    cli = str(Path(sys.executable).with_name("nemo-gym-env"))
+    tag, env = run_tag(SCRIPTED_KEY="unused")
+    cli = script("nemo-gym-env")
     watch = ProgramWatch(tag)
     watch.start()
     marker = ""
     try:
         grace = ("--env.taskset.stack-idle-grace", "60")
         outs = [tmp_path / "a", tmp_path / "b"]
-        results = await asyncio.gather(*(_run(_eval_cmd(policy, o, *grace), env) for o in outs))
+        evals = (run_command(_eval_cmd(policy, o, *grace), env) for o in outs)
+        results = await asyncio.gather(*evals)
         for code, output in results:
             assert code == 0, output[-5000:]
         for out in outs:
@@ -447,14 +426,14 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         assert len(started) == 1 and len(attached) == 1, logs
         assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch
 
-        code, output = await _run([cli, "stack", "up", ENV, "--idle-timeout", "300"], env)
+        code, output = await run_command([cli, "stack", "up", ENV, "--idle-timeout", "300"], env)
         assert code == 0 and "shared stack" in output, output
         info = await status(nemo_venv)
         assert info is not None and info["persistent"] and info["idle_timeout"] == 300
         marker = info["marker"]
         watch.marker = f"{MARKER_ENV_VAR}={marker}"
 
-        code, output = await _run(_eval_cmd(policy, tmp_path / "c"), env)
+        code, output = await run_command(_eval_cmd(policy, tmp_path / "c"), env)
         assert code == 0, output[-5000:]
         _eval_ok(tmp_path / "c", 10)
         line = next(x for x in _eval_log(tmp_path / "c").splitlines() if "attached to shared" in x)
@@ -464,13 +443,13 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         info = await status(nemo_venv)
         assert info is not None and info["marker"] == marker and info["users"] == 0
 
-        code, output = await _run([cli, "stack", "status", "--json"], env, stdout_only=True)
+        code, output = await run_command([cli, "stack", "status", "--json"], env, stdout_only=True)
         assert code == 0 and json.loads(output)[0]["marker"] == marker, output
-        code, output = await _run([cli, "stack", "down", ENV], env)
+        code, output = await run_command([cli, "stack", "down", ENV], env)
         assert code == 0 and "stopped shared stack" in output, output
         assert await gone(f"{MARKER_ENV_VAR}={marker}", 10) == []
         assert await status(nemo_venv) is None
-        code, output = await _run([cli, "stack", "down"], env)
+        code, output = await run_command([cli, "stack", "down"], env)
         assert code == 1 and "no matching shared NeMo Gym stack" in output, output
         await watch.stop()
         assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch

@@ -144,8 +144,10 @@ class ProgramWatch:
             self.samples += 1
             await asyncio.sleep(0.5)
 
-    def start(self) -> None:
+    def start(self) -> ProgramWatch:
+        """Start sampling; returns the watch."""
         self._task = asyncio.create_task(self._run())
+        return self
 
     async def stop(self) -> None:
         """Stop sampling; a sampler that failed is a test failure, not a silent zero."""
@@ -230,8 +232,7 @@ async def test_env_server_pools_share_one_stack(
     rows = tagged_rows(nemo_venv, tmp_path / "rows.jsonl", 300)
     tasks = load_tasks(rows)
     tag, env = run_tag(SCRIPTED_KEY="unused")
-    watch = ProgramWatch(tag)
-    watch.start()
+    watch = ProgramWatch(tag).start()
     markers: list[str] = []
     timings: dict[str, float] = {}
     monkeypatch.setenv(*tag.split("="))  # the host this process starts carries the tag too
@@ -309,8 +310,7 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
     rows = tagged_rows(nemo_venv, tmp_path / "rows.jsonl", 60)
     tasks = load_tasks(rows)
     tag, env = run_tag(SCRIPTED_KEY="unused")
-    watch = ProgramWatch(tag)
-    watch.start()
+    watch = ProgramWatch(tag).start()
     servers: list[subprocess.Popen[bytes]] = []
     clients: list[EnvClient] = []
     marker = ""
@@ -320,12 +320,7 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
             args = {"max_workers": 1, "address": address, "config_data": env_config(rows)}
             servers.append(await spawn_server(args, env))
             clients.append(EnvClient(address))
-
-        async def three_users() -> bool:
-            info = await status(nemo_venv)
-            return info is not None and info["users"] == 3
-
-        await wait_for(three_users, 900, "three env servers to attach")
+        await wait_for(lambda: _users_are(nemo_venv, 3), 900, "three env servers to attach")
         info = await status(nemo_venv)
         assert info is not None
         marker = info["marker"]
@@ -337,12 +332,9 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
         servers[0].wait()
         victim.cancel()
         await asyncio.gather(victim, return_exceptions=True)
-
-        async def two_users() -> bool:
-            info = await status(nemo_venv)
-            return info is not None and info["users"] == 2
-
-        await wait_for(two_users, 30, "the host to see the killed worker's lease close")
+        await wait_for(
+            lambda: _users_are(nemo_venv, 2), 30, "the host to see the killed worker's lease close"
+        )
         episodes = await asyncio.wait_for(survivors, timeout=600)
         assert [e.ok for e in episodes] == [True] * 40, [e.errors for e in episodes if not e.ok]
         assert all(t.reward == 1.0 for e in episodes for t in e.traces)
@@ -408,8 +400,7 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
     await assert_no_stack(nemo_venv)
     tag, env = run_tag(SCRIPTED_KEY="unused")
     cli = script("nemo-gym-env")
-    watch = ProgramWatch(tag)
-    watch.start()
+    watch = ProgramWatch(tag).start()
     marker = ""
     try:
         grace = ("--env.taskset.stack-idle-grace", "60")

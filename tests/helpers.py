@@ -44,10 +44,32 @@ class Launches:
     models: list[str] = field(default_factory=list)
 
 
-def run_tag() -> tuple[str, dict[str, str]]:
-    """A fresh `VF_NEMOGYM_TEST_RUN=<hex>` entry, and this process's environment plus it."""
+def run_tag(**extra: str) -> tuple[str, dict[str, str]]:
+    """A fresh `VF_NEMOGYM_TEST_RUN=<hex>` entry, and this process's environment plus it (and
+    plus `extra`, e.g. `SCRIPTED_KEY="unused"`)."""
     value = uuid.uuid4().hex
-    return f"{TEST_RUN_VAR}={value}", {**os.environ, TEST_RUN_VAR: value}
+    return f"{TEST_RUN_VAR}={value}", {**os.environ, **extra, TEST_RUN_VAR: value}
+
+
+async def run_command(
+    cmd: list[str], env: dict[str, str], timeout: float = 900, *, stdout_only: bool = False
+) -> tuple[int, str]:
+    """Run `cmd` (a `vf-eval` or `nemo-gym-env` command line) with `env`; its exit code and
+    output: stdout and stderr together, or with `stdout_only` stdout alone (results go to
+    stdout, the CLI's logs to stderr). After `timeout` seconds it is killed (and reaped) and
+    TimeoutError raised, so a hung command never outlives the test."""
+    stderr = asyncio.subprocess.DEVNULL if stdout_only else asyncio.subprocess.STDOUT
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=stderr
+    )
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, output.decode(errors="replace")
 
 
 def launched_processes(entry: str) -> list[int]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import gone, model_context, read_episodes, run_tag, script
+from helpers import gone, model_context, read_episodes, run_command, run_tag, script
 
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -50,16 +50,9 @@ async def test_vf_eval_runs_rollouts_on_a_real_stack(
         "-n", "5", "-r", "3", "-c", "8", "--no-push", "-o", str(tmp_path / "out"),
         "--env.taskset.nemo-env", ENV, *flags,
     ]  # fmt: skip
-    tag, env = run_tag()  # inherited by all the eval's descendants
-    proc = await asyncio.create_subprocess_exec(
-        *cmd,
-        env={**env, "SCRIPTED_KEY": "unused"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(proc.communicate(), timeout=900)
-    log = output.decode(errors="replace")
-    assert proc.returncode == 0, log[-5000:]
+    tag, env = run_tag(SCRIPTED_KEY="unused")  # inherited by all the eval's descendants
+    code, log = await run_command(cmd, env)
+    assert code == 0, log[-5000:]
     eps = read_episodes(tmp_path / "out")
     traces = [t for e in eps for t in e["traces"]]
     assert len(eps) == 15 and len(traces) == 15

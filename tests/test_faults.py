@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import error_text, gone, model_context, run_tag, script, write_rows
+from helpers import error_text, gone, model_context, run_command, run_tag, script, write_rows
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
@@ -246,13 +246,8 @@ _EVAL_OWNER = textwrap.dedent(
 
 async def test_exception_inside_start_leaves_nothing():
     tag, env = run_tag()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _EVAL_OWNER, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=300)
-    text = out.decode(errors="replace")
-    assert proc.returncode == 3, text[-3000:]
+    code, text = await run_command([sys.executable, "-c", _EVAL_OWNER], env, timeout=300)
+    assert code == 3, text[-3000:]
     assert "ERROR StackError" in text, text[-3000:]
     assert await gone(tag) == []
 

@@ -11,16 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import error_text, gone, write_rows
+from helpers import error_text, gone, run_command, run_tag, script, write_rows
 from verifiers.v1.configs.client import EvalClientConfig
 
 import nemo_gym_env
@@ -95,23 +92,16 @@ async def test_every_provider_status_is_an_error_naming_it(
 async def test_turn_limit_stop_keeps_reward_through_vf_eval(policy: ScriptedPolicy, tmp_path: Path):
     """`--env.agent.max-turns 1`: verifiers refuses the second model call; the proxy turns that
     into an `incomplete` reply, NeMo Gym verifies, and the trace keeps its reward and stop."""
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    tag, env = run_tag(SCRIPTED_KEY="unused")
     out = tmp_path / "out"
     cmd = [
-        str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "scripted",
+        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
         "-n", "3", "-r", "1", "-c", "3", "--no-push", "-o", str(out),
         "--env.taskset.nemo-env", ENV, "--env.agent.max-turns", "1",
     ]  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(
-        *cmd,
-        env={**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
-    log = output.decode(errors="replace")
-    assert proc.returncode == 0, log[-3000:]
+    code, log = await run_command(cmd, env, timeout=600)
+    assert code == 0, log[-3000:]
     assert await gone(tag) == []
     traces_files = list(out.rglob("traces.jsonl"))
     assert len(traces_files) == 1, traces_files

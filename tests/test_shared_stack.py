@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import gone
+from helpers import gone, run_command, run_tag, script
 from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
@@ -144,8 +144,10 @@ class ProgramWatch:
             self.samples += 1
             await asyncio.sleep(0.5)
 
-    def start(self) -> None:
+    def start(self) -> ProgramWatch:
+        """Start sampling; returns the watch."""
         self._task = asyncio.create_task(self._run())
+        return self
 
     async def stop(self) -> None:
         """Stop sampling; a sampler that failed is a test failure, not a silent zero."""
@@ -229,10 +231,8 @@ async def test_env_server_pools_share_one_stack(
     await assert_no_stack(nemo_venv)
     rows = tagged_rows(nemo_venv, tmp_path / "rows.jsonl", 300)
     tasks = load_tasks(rows)
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
-    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
-    watch = ProgramWatch(tag)
-    watch.start()
+    tag, env = run_tag(SCRIPTED_KEY="unused")
+    watch = ProgramWatch(tag).start()
     markers: list[str] = []
     timings: dict[str, float] = {}
     monkeypatch.setenv(*tag.split("="))  # the host this process starts carries the tag too
@@ -309,10 +309,8 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
     await assert_no_stack(nemo_venv)
     rows = tagged_rows(nemo_venv, tmp_path / "rows.jsonl", 60)
     tasks = load_tasks(rows)
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
-    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
-    watch = ProgramWatch(tag)
-    watch.start()
+    tag, env = run_tag(SCRIPTED_KEY="unused")
+    watch = ProgramWatch(tag).start()
     servers: list[subprocess.Popen[bytes]] = []
     clients: list[EnvClient] = []
     marker = ""
@@ -322,12 +320,7 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
             args = {"max_workers": 1, "address": address, "config_data": env_config(rows)}
             servers.append(await spawn_server(args, env))
             clients.append(EnvClient(address))
-
-        async def three_users() -> bool:
-            info = await status(nemo_venv)
-            return info is not None and info["users"] == 3
-
-        await wait_for(three_users, 900, "three env servers to attach")
+        await wait_for(lambda: _users_are(nemo_venv, 3), 900, "three env servers to attach")
         info = await status(nemo_venv)
         assert info is not None
         marker = info["marker"]
@@ -339,12 +332,9 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
         servers[0].wait()
         victim.cancel()
         await asyncio.gather(victim, return_exceptions=True)
-
-        async def two_users() -> bool:
-            info = await status(nemo_venv)
-            return info is not None and info["users"] == 2
-
-        await wait_for(two_users, 30, "the host to see the killed worker's lease close")
+        await wait_for(
+            lambda: _users_are(nemo_venv, 2), 30, "the host to see the killed worker's lease close"
+        )
         episodes = await asyncio.wait_for(survivors, timeout=600)
         assert [e.ok for e in episodes] == [True] * 40, [e.errors for e in episodes if not e.ok]
         assert all(t.reward == 1.0 for e in episodes for t in e.traces)
@@ -383,30 +373,11 @@ async def _true_after(value: bool) -> bool:
 
 def _eval_cmd(policy: ScriptedPolicy, out: Path, *extra: str) -> list[str]:
     return [
-        str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "scripted",
+        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
         "-n", "5", "-r", "2", "-c", "8", "--no-push", "-o", str(out),
         "--env.taskset.nemo-env", ENV, *extra,
     ]  # fmt: skip
-
-
-async def _run(
-    cmd: list[str], env: dict[str, str], timeout: float = 900, *, stdout_only: bool = False
-) -> tuple[int, str]:
-    """Run `cmd`; its exit code and output (stdout and stderr, or stdout alone: results go to
-    stdout, the CLI's logs to stderr)."""
-    stderr = asyncio.subprocess.DEVNULL if stdout_only else asyncio.subprocess.STDOUT
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=stderr
-    )
-    try:
-        output, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, output.decode(errors="replace")
 
 
 def _eval_log(out: Path) -> str:
@@ -427,16 +398,15 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
     it as persistent; a third `vf-eval` attaches (and says how long that took); `stack down`
     stops it."""
     await assert_no_stack(nemo_venv)
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
-    env = {**os.environ, "SCRIPTED_KEY": "unused", tag.split("=")[0]: tag.split("=")[1]}
-    cli = str(Path(sys.executable).with_name("nemo-gym-env"))
-    watch = ProgramWatch(tag)
-    watch.start()
+    tag, env = run_tag(SCRIPTED_KEY="unused")
+    cli = script("nemo-gym-env")
+    watch = ProgramWatch(tag).start()
     marker = ""
     try:
         grace = ("--env.taskset.stack-idle-grace", "60")
         outs = [tmp_path / "a", tmp_path / "b"]
-        results = await asyncio.gather(*(_run(_eval_cmd(policy, o, *grace), env) for o in outs))
+        evals = (run_command(_eval_cmd(policy, o, *grace), env) for o in outs)
+        results = await asyncio.gather(*evals)
         for code, output in results:
             assert code == 0, output[-5000:]
         for out in outs:
@@ -447,14 +417,14 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         assert len(started) == 1 and len(attached) == 1, logs
         assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch
 
-        code, output = await _run([cli, "stack", "up", ENV, "--idle-timeout", "300"], env)
+        code, output = await run_command([cli, "stack", "up", ENV, "--idle-timeout", "300"], env)
         assert code == 0 and "shared stack" in output, output
         info = await status(nemo_venv)
         assert info is not None and info["persistent"] and info["idle_timeout"] == 300
         marker = info["marker"]
         watch.marker = f"{MARKER_ENV_VAR}={marker}"
 
-        code, output = await _run(_eval_cmd(policy, tmp_path / "c"), env)
+        code, output = await run_command(_eval_cmd(policy, tmp_path / "c"), env)
         assert code == 0, output[-5000:]
         _eval_ok(tmp_path / "c", 10)
         line = next(x for x in _eval_log(tmp_path / "c").splitlines() if "attached to shared" in x)
@@ -464,13 +434,13 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         info = await status(nemo_venv)
         assert info is not None and info["marker"] == marker and info["users"] == 0
 
-        code, output = await _run([cli, "stack", "status", "--json"], env, stdout_only=True)
+        code, output = await run_command([cli, "stack", "status", "--json"], env, stdout_only=True)
         assert code == 0 and json.loads(output)[0]["marker"] == marker, output
-        code, output = await _run([cli, "stack", "down", ENV], env)
+        code, output = await run_command([cli, "stack", "down", ENV], env)
         assert code == 0 and "stopped shared stack" in output, output
         assert await gone(f"{MARKER_ENV_VAR}={marker}", 10) == []
         assert await status(nemo_venv) is None
-        code, output = await _run([cli, "stack", "down"], env)
+        code, output = await run_command([cli, "stack", "down"], env)
         assert code == 1 and "no matching shared NeMo Gym stack" in output, output
         await watch.stop()
         assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch

@@ -25,6 +25,7 @@ from helpers import (
     gone,
     model_context,
     read_episodes,
+    run_command,
     run_tag,
     script,
     wait_gone,
@@ -287,15 +288,8 @@ async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path
             "-n", "3", "-r", "1", "-c", "3", "--no-push", "-o", str(out),
             "--env.taskset.nemo-env", ENVS[0], "--env.agent.max-turns", "1",
         ]  # fmt: skip
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        output, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
-    log = output.decode(errors="replace")
-    assert proc.returncode == 0, log[-3000:]
+        code, log = await run_command(cmd, env, timeout=600)
+    assert code == 0, log[-3000:]
     assert await gone(tag) == []
     episodes = read_episodes(out)
     traces = [t for e in episodes for t in e["traces"]]

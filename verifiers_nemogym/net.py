@@ -3,12 +3,14 @@
 `free_port()` is for ports another program must be told before it binds them (NeMo Gym's head
 server). Our own aiohttp servers (model proxy, scripted and replay policies, the benchmarks'
 reference servers) bind through `serve_app`, which binds port 0 itself when asked for a free
-port, so no other process can take the port between choosing and binding it.
+port, so no other process can take the port between choosing and binding it. `AppServer` is
+the lifecycle those servers share (runner, bound port, `start`/`stop`, `async with`).
 """
 
 from __future__ import annotations
 
 import socket
+from typing import ClassVar, Self
 
 from aiohttp import web
 
@@ -43,3 +45,57 @@ async def serve_app(
         await runner.cleanup()
         raise
     return runner, int(runner.addresses[0][1])
+
+
+class AppServer:
+    """Base of the package's own aiohttp servers: owns the runner and the bound port.
+
+    A subclass has `host` and `port` attributes (0 = a free port; after `start()`, the bound
+    port) and builds its routes in `_app()`. `start()` serves them through `serve_app`;
+    `stop()` stops serving and is idempotent; `async with` does both, and stops (freeing
+    anything a half-done `start()` opened) if `start()` raises. A subclass holding more
+    resources opens them around `super().start()` and closes them around `super().stop()`.
+    `shutdown_timeout` bounds how long `stop()` waits for handlers still running.
+    """
+
+    host: str
+    port: int
+    shutdown_timeout: ClassVar[float] = 60.0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        """`http://host:port`, the server's root."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """`url` + `/v1`, what an OpenAI-style client is given."""
+        return f"{self.url}/v1"
+
+    def _app(self) -> web.Application:
+        """The application to serve (built anew by each `start()`)."""
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        """Bind and serve; `port` is the bound port afterwards. OSError if it cannot bind."""
+        self._runner, self.port = await serve_app(
+            self._app(), self.host, self.port, shutdown_timeout=self.shutdown_timeout
+        )
+
+    async def stop(self) -> None:
+        """Stop serving (waits up to `shutdown_timeout` for running handlers). Idempotent."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

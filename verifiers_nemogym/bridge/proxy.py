@@ -38,7 +38,7 @@ from aiohttp import web
 
 from verifiers_nemogym.bridge import chat, redact
 from verifiers_nemogym.bridge.responses import complete_response, incomplete_response
-from verifiers_nemogym.net import serve_app
+from verifiers_nemogym.net import AppServer
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def _error(status: int, message: str, kind: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind}}, status=status)
 
 
-class NeMoGymModelProxy:
+class NeMoGymModelProxy(AppServer):
     """An aiohttp server on `host` routing model calls per rollout. Use `async with`, or
     `start()`/`stop()`. Routes are opened with `route()` (or `open_route`/`close_route`)."""
 
@@ -184,23 +184,21 @@ class NeMoGymModelProxy:
         """Of those, calls that arrived as `/ng-rollout/<id>/v1/...`."""
         self._routes: dict[str, Route] = {}
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._runner: web.AppRunner | None = None
         self._protected = False
         self._connector: aiohttp.TCPConnector | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    async def start(self) -> None:
-        """Bind and serve; `port` is the bound port afterwards (0 picks a free one)."""
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/", self._health)
         app.router.add_post("/v1/{tail:.*}", self._forward)
         # NeMo Gym >= 0.7 with observability on prefixes model calls with the rollout's id.
         app.router.add_post("/ng-rollout/{rollout_id}/v1/{tail:.*}", self._forward)
+        return app
+
+    async def start(self) -> None:
+        """Bind and serve; `port` is the bound port afterwards (0 picks a free one)."""
         self._connector = aiohttp.TCPConnector(limit=self.limits.pool_size)
-        self._runner, self.port = await serve_app(app, self.host, self.port)
+        await super().start()
         if not self._protected:
             self._protected = True
             redact.protect(self.secret)
@@ -210,22 +208,13 @@ class NeMoGymModelProxy:
         """Close every route and the server. Idempotent."""
         for route_id in list(self._routes):
             await self.close_route(route_id)
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+        await super().stop()
         if self._connector is not None:
             connector, self._connector = self._connector, None
             await connector.close()
         if self._protected:
             self._protected = False
             redact.forget(self.secret)
-
-    async def __aenter__(self) -> NeMoGymModelProxy:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     # --- routes ---------------------------------------------------------------------------
 

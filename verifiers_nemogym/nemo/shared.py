@@ -51,7 +51,7 @@ from verifiers_nemogym.bridge.proxy import SECRET_KEY
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, cache_root
-from verifiers_nemogym.net import LOOPBACK, serve_app
+from verifiers_nemogym.net import LOOPBACK, AppServer
 
 logger = logging.getLogger(__name__)
 
@@ -377,7 +377,7 @@ class _User:
     secret_digest: bytes
 
 
-class FrontForwarder:
+class FrontForwarder(AppServer):
     """NeMo Gym's `policy_model` for a shared stack: forwards each model call, bytes unchanged,
     to the registered user proxy whose secret the call carries. Anything else gets 401; a user
     whose proxy stopped answering gets 410 (never a status NeMo Gym retries forever)."""
@@ -387,13 +387,15 @@ class FrontForwarder:
         self.port = port
         self.users: dict[bytes, _User] = {}
         self.calls = 0
-        self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
 
-    async def start(self) -> None:
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_get("/", self._health)
         app.router.add_post("/v1/{tail:.*}", self._forward)
+        return app
+
+    async def start(self) -> None:
         self._http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=1024),
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -401,12 +403,10 @@ class FrontForwarder:
             # proxy that stopped answering without closing.
             timeout=aiohttp.ClientTimeout(total=3700, connect=10),
         )
-        self._runner, self.port = await serve_app(app, self.host, self.port)
+        await super().start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+        await super().stop()
         if self._http is not None:
             http, self._http = self._http, None
             await http.close()

@@ -30,14 +30,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from verifiers_nemogym.net import serve_app
+from verifiers_nemogym.net import AppServer
 
 DEFAULT_MAX_TOKENS = 1024
 """Generated tokens at most when the request sets no `max_tokens` (llama.cpp's -1 would run to
 the end of the context, which a small model looping on a tool call can do)."""
 
 
-class GenerateAdapter:
+class GenerateAdapter(AppServer):
     """`/inference/v1/generate` -> llama.cpp `/completion` (see module doc). `async with`, or
     `start()`/`stop()`."""
 
@@ -61,34 +61,23 @@ class GenerateAdapter:
         self.calls = 0
         """Generate calls answered with tokens."""
         self._ids = itertools.count()
-        self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    async def start(self) -> None:
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_post("/inference/v1/generate", self._generate)
         app.router.add_get("/v1/models", self._models)
+        return app
+
+    async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        self._runner, self.port = await serve_app(app, self.host, self.port)
+        await super().start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+        await super().stop()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-
-    async def __aenter__(self) -> GenerateAdapter:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def _models(self, request: web.Request) -> web.Response:
         card = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}

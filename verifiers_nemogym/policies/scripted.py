@@ -19,12 +19,12 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, ClassVar
 
 from aiohttp import web
 
 from verifiers_nemogym.bridge.responses import complete_response
-from verifiers_nemogym.net import serve_app
+from verifiers_nemogym.net import AppServer
 
 ANSWER = "Done: I looked it up for you."
 _FAULT = re.compile(r"\[fault:(\w+)\]")
@@ -78,8 +78,9 @@ def _answered(items: Any) -> bool:
 
 
 @dataclass
-class ScriptedPolicy:
-    """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1`."""
+class ScriptedPolicy(AppServer):
+    """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1`. `async with`, or
+    `start()`/`stop()`."""
 
     host: str = "127.0.0.1"
     port: int = 0
@@ -90,32 +91,16 @@ class ScriptedPolicy:
     """How long a `[fault:hang]` request waits before it is answered."""
     huge_bytes: int = 50 * 1024 * 1024
     """Length of a `[fault:huge]` answer's text."""
-    _runner: web.AppRunner | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
+    # Hung `[fault:hang]` handlers must not hold up shutdown.
+    shutdown_timeout: ClassVar[float] = 1.0
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    async def start(self) -> None:
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
         app.router.add_get("/", self._health)  # NeMo Gym's readiness poll, if used directly
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
-        # Hung `[fault:hang]` handlers must not hold up shutdown.
-        self._runner, self.port = await serve_app(app, self.host, self.port, shutdown_timeout=1.0)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        return app
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -33,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from verifiers_nemogym.net import serve_app
+from verifiers_nemogym.net import AppServer
 from verifiers_nemogym.policies.scripted import ANSWER, tool_arguments
 
 SYNTHETIC_LOGPROB = -0.5
@@ -89,8 +89,9 @@ def first_user_text(prompt: str) -> str:
 
 
 @dataclass
-class TokenServer:
-    """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1` like vLLM's."""
+class TokenServer(AppServer):
+    """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1` like vLLM's. `async
+    with`, or `start()`/`stop()`."""
 
     tokenizer: Any
     host: str = "127.0.0.1"
@@ -101,30 +102,13 @@ class TokenServer:
     default_max_tokens: int = 16
     """Filler length for `[tokens:length]` when the request sets no `max_tokens`."""
     calls: list[GenerateCall] = field(default_factory=list)
-    _runner: web.AppRunner | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    async def start(self) -> None:
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
         app.router.add_post("/inference/v1/generate", self._generate)
         app.router.add_get("/v1/models", self._models)
-        self._runner, self.port = await serve_app(app, self.host, self.port)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
-
-    async def __aenter__(self) -> TokenServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        return app
 
     async def _models(self, request: web.Request) -> web.Response:
         card: dict[str, Any] = {"id": self.model, "object": "model"}

@@ -119,7 +119,7 @@ async def collect_rollouts(
     in_flight: int,
 ) -> None:
     """NeMo Gym's own rollout collection on a running stack; raises unless every rollout was
-    written and none is masked (0.7's mark of an infrastructure failure).
+    written with a reward and none is masked (0.7's mark of an infrastructure failure).
 
     NeMo Gym 0.7 documents `gym eval run --no-serve` (`ng_collect_rollouts` is its deprecated
     shim): it posts each row's `/run` to the environment server fronting `agent`. Its defaults
@@ -150,9 +150,12 @@ async def collect_rollouts(
     wanted = repeats * sum(1 for line in rows.read_text().splitlines() if line.strip())
     lines = output.read_text().splitlines() if output.exists() else []
     results = [json.loads(line) for line in lines if line.strip()]
-    got = sum(1 for r in results if not r.get("mask_sample"))
+    # A rollout counts if it was scored: a numeric reward and not masked.
+    got = sum(
+        1 for r in results if isinstance(r.get("reward"), int | float) and not r.get("mask_sample")
+    )
     if proc.returncode != 0 or got != wanted:
         raise RuntimeError(
             f"{what} exit {proc.returncode}, {got}/{wanted} rollouts "
-            f"({len(results) - got} masked):\n" + out.decode(errors="replace")[-3000:]
+            f"({len(results) - got} unscored or masked):\n" + out.decode(errors="replace")[-3000:]
         )

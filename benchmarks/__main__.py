@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import end_to_end, proxy_hop, stack_start, steady_state, warm
+from benchmarks import end_to_end, proxy_hop, stack_start, steady_state, warm, workers
 from benchmarks.common import PYTHON_VAR, VERSION_VAR, bench_runtime, spawn_policy, summary
 from benchmarks.native import rows_file
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, DEFAULT_NEMO_GYM_VERSION
 
-FIGURES = ("proxy", "steady", "e2e", "start", "warm")
+FIGURES = ("proxy", "steady", "e2e", "start", "warm", "workers")
 RELEASE_FIGURES = ("e2e", "start", "warm")
 """The figures that can run another nemo-gym release (`--nemo-gym-version`), both sides on it."""
 RESULTS = Path(__file__).with_name("results")
@@ -151,6 +151,36 @@ async def run_warm(repeats: int, out: dict[str, Any]) -> None:
     out["spread"]["end_to_end_warm_ratio"] = summary(_ratios(ours, native))
 
 
+async def run_workers(repeats: int, out: dict[str, Any]) -> None:
+    """Env-server pools of 1, 2, 4 workers on one shared stack (and 1 on a private stack)."""
+    runs = await workers.measure(repeats)
+    rps = runs["rps"]
+    for n in workers.SHARED_WORKERS:
+        out["spread"][f"workers_rps_{n}"] = summary(rps[f"shared_{n}"])
+    for n in workers.SHARED_WORKERS[1:]:
+        out["spread"][f"workers_rps_{n}_over_1"] = summary(
+            _ratios(rps[f"shared_{n}"], rps["shared_1"])
+        )
+    out["spread"]["front_hop_rps_ratio"] = summary(_ratios(rps["shared_1"], rps["private_1"]))
+    out["spread"]["shared_stack_rss_mb"] = summary(runs["shared_stack_rss_mb"])
+    private = runs["private_2"]
+    if "error" in private:  # the rest of the figure stands; the table shows the gap
+        out.setdefault("errors", {})["workers_private_2"] = private["error"]
+    else:
+        out["spread"]["private_stacks_rss_mb_2"] = summary([private["stacks_rss_mb"]])
+    out["details"]["workers"] = {
+        "rollouts": workers.N,
+        "in_flight": workers.IN_FLIGHT,
+        "rps": {name: summary(v) for name, v in rps.items()},
+        "worker_rss_mb": {name: summary(v) for name, v in runs["worker_rss_mb"].items()},
+        "private_1_stack_rss_mb": runs["private_1_stack_rss_mb"],
+        "rss_mb_by_program": runs["rss_by_program"],
+        "private_2": private,
+        "programs_shared": runs["programs_shared"],
+        "shared_stack_users": runs["users"],
+    }
+
+
 def _ratios(a: list[float], b: list[float]) -> list[float]:
     return [x / y for x, y in zip(a, b, strict=True)]
 
@@ -190,6 +220,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "e2e": lambda: run_e2e(args.repeats, out),
         "start": lambda: run_start(args.repeats, args.cold_repeats, out),
         "warm": lambda: run_warm(args.repeats, out),
+        "workers": lambda: run_workers(args.repeats, out),
     }
     for name in FIGURES:
         if name not in figures:

@@ -162,6 +162,12 @@ def test_list_offline_status_uses_conformance_data(catalog_07: Catalog) -> None:
     assert offline_status("mcqa", None, entries["mcqa"].facts)[0] is True
     ok, why = offline_status("wordle", None, {})
     assert not ok and "word list" in why
+    # Each release has its own verified list; an environments/-only name is found by its folder.
+    assert offline_status("calendar_v2", None, {}, "0.7.0") == (
+        True,
+        "verified by conformance runs (NeMo Gym 0.7.0)",
+    )
+    assert offline_status("mcqa", None, {}, "0.6.0")[1].endswith("(NeMo Gym 0.4.0)")
     judged = [e for e in entries.values() if "judge" in e.facts]
     assert judged, "no config shows a judge model"
     e = judged[0]

@@ -15,13 +15,16 @@ from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.cli import main as cli_main
 from verifiers_nemogym.conformance import (
     CI_ENVS,
+    KNOWN_REASONS,
     LACKS_FIELDS,
+    RESCORED,
     STACK_ENVS,
     EnvReport,
     RowResult,
     _error_line,
     _example_rows,
     _explain,
+    _start_error_line,
     format_report,
     replay_row,
     run_conformance,
@@ -30,16 +33,6 @@ from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR
 from verifiers_nemogym.policies.replay import load_recordings
-
-RESCORED: dict[str, dict[str, float]] = {
-    "0.7.0": {
-        # The recording (same file in 0.4.0 and 0.7.0) ends `\boxed{C: An individual ...}`, the
-        # right letter followed by the option's text: 0.4.0's strict box pattern extracts nothing
-        # (reward 0.0, as recorded), 0.7.0's new `BOXED_LETTER_LABEL_PATTERN` reads "C" (1.0).
-        "mcqa:3": 1.0,
-    },
-}
-"""Recorded rollouts a release's own verifier now scores differently, and what it gives."""
 
 
 @pytest.mark.stack
@@ -52,7 +45,8 @@ async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(any_nemo
         python=str(any_nemo_venv.python),
         concurrency=8,
     )
-    rescored = RESCORED.get(any_nemo_venv.nemo_gym_version, {})
+    # Recordings the release's own verifier scores anew (0.7.0: mcqa:3), with their reason.
+    rescored = {k: v[0] for k, v in RESCORED.get(any_nemo_venv.nemo_gym_version, {}).items()}
     catalog = Catalog(any_nemo_venv)
     assert [r.env for r in reports] == list(CI_ENVS)
     for report in reports:
@@ -66,6 +60,8 @@ async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(any_nemo
     table = format_report(reports)
     assert f"| **total** | {sum(len(r.rows) for r in reports)} |" in table
     assert ("Mismatches" in table) == bool(rescored)
+    for recording, (_, why) in RESCORED.get(any_nemo_venv.nemo_gym_version, {}).items():
+        assert f"`{recording}`" in table and why in table
     # Not a constant verifier: mcqa's recordings include wrong answers, replayed as wrong.
     assert {row.reward for row in reports[-1].rows} == {0.0, 1.0}
 
@@ -111,13 +107,49 @@ def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nem
         "prompt is in no example row)"
     ]
     result = RowResult(rec.id, rec.reward, error="agent /run answered 500", notes=notes)
-    _explain(result, set())
+    _explain(result, set(), "0.4.0")
     assert result.reason is not None and result.reason.startswith("gap in the recording")
     # A recording whose prompt is an example row is rebuilt from that row's keys: no note.
     mcqa = catalog.env("mcqa")
     rec = load_recordings(mcqa.example_rollouts, "mcqa")[0]
     row, notes = replay_row(rec, mcqa, _example_rows(mcqa))
     assert notes == [] and set(row) == set(_example_rows(mcqa)[0]) | {"agent_ref"}
+
+
+def test_a_start_error_is_reported_by_its_telling_line():
+    # The shape of a real one (NeMo Gym 0.7.0, prime_agent_math): a wrapper line, the log tail
+    # with NeMo Gym's console-wrapped error, then our supervisor's teardown lines.
+    text = """the shared NeMo Gym stack host exited with status 1 before it was ready; log tail:
+stack_host: NeMo Gym's ng_run exited with status 1; log tail:
+--- ng_run (ng_run.log) ---
+[vf-nemogym supervisor] started pid 25399: gym
+Error: Config value
+'prime_agent_math_agent.responses_api_agents.prime_agent.model' references
+'policy_model_name', which is not set after merging.
+Provide it via a CLI override, in env.yaml, or in a config you pass via
+[vf-nemogym supervisor] teardown complete"""
+    assert _start_error_line(text) == (
+        "Error: Config value 'prime_agent_math_agent.responses_api_agents.prime_agent.model' "
+        "references 'policy_model_name', which is not set after merging."
+    )
+    died = "host exited with status 1\nstack_host: NeMo Gym server 'x' died (ng_run exit 1)\n"
+    assert _start_error_line(died) == "stack_host: NeMo Gym server 'x' died (ng_run exit 1)"
+
+
+def test_known_reasons_apply_to_both_layouts_of_an_environment():
+    # 0.7.0 ships blackjack in both layouts; its unseeded deals are the same property in both.
+    for recording in ("blackjack:2", "environments/blackjack:2"):
+        result = RowResult(recording, 1.0, reward=-1.0)
+        _explain(result, set(), "0.7.0")
+        assert result.reason == KNOWN_REASONS["blackjack"]
+    # A release's rescored recording gets its reason only with the reward that release gives.
+    (reward, why) = RESCORED["0.7.0"]["mcqa:3"]
+    result = RowResult("mcqa:3", 0.0, reward=reward)
+    _explain(result, set(), "0.7.0")
+    assert result.reason == why
+    result = RowResult("mcqa:3", 0.0, reward=reward)
+    _explain(result, set(), "0.4.0")
+    assert result.reason == f"reward {reward!r}, recorded 0.0"
 
 
 async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):

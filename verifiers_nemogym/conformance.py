@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from verifiers_nemogym.bridge.redact import redact
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
+from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, Catalog, EnvSpec
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.replay import (
     REPLAY_KEY,
@@ -74,8 +74,36 @@ KNOWN_REASONS: dict[str, str] = {
         "seed `hash(str(seed))`, which Python randomises per process, so some seeded games "
         "deal other pieces than when recorded"
     ),
+    "lc_niah": (
+        "the recordings were scored with another overlap metric than the shipped config: their "
+        "reasoning_overlap is their overlap_lcs, while lc_niah.yaml sets overlap_metric_rule "
+        "ngram16; the replayed reward is answer_score x (1 - the recorded overlap_ngram16)"
+    ),
+    "langgraph_reflection_math": (
+        "replay gap: the reflection agent asks for its critique in a conversation of its own (the "
+        "draft not as the assistant turn the recording holds, plus a reflection prompt the "
+        "recording's output lacks), so no recorded turn continues it"
+    ),
+    "openair_congestion": (
+        "gap in the recording: its `response` keeps only the episode's last model turn (the "
+        "steps are in a `trajectory` field of actions and observations, not Responses items), "
+        "so no recorded turn answers the agent's first call"
+    ),
 }
 """Environment -> why its replayed reward may differ from the recording (found by runs)."""
+
+RESCORED: dict[str, dict[str, tuple[float, str]]] = {
+    "0.7.0": {
+        "mcqa:3": (
+            1.0,
+            "the release's own verifier scores it anew: the recorded answer ends "
+            "`\\boxed{C: <option text>}`; 0.4.0's strict box pattern read nothing (0.0, as "
+            "recorded), 0.7.0's letter-label pattern reads C, the right answer",
+        ),
+    },
+}
+"""Release -> recording -> (the reward that release's own verifier gives it, why): recordings
+NeMo Gym ships unchanged across releases whose verifier changed since."""
 
 CI_ENVS = ("example_single_tool_call", "example_multi_step", "example_multi_turn_gymnasium", "mcqa")
 """The fixed subset CI checks for exact parity."""
@@ -118,8 +146,35 @@ DEFAULT_ENVS: tuple[str, ...] = (
     "workplace_assistant",
     "xlam_fc",
 )
-"""What `nemo-gym-env conformance` runs without names: the environments verified to run offline
-here (docs/conformance.md), run `STACK_ENVS` at a time."""
+"""What `nemo-gym-env conformance` runs without names on NeMo Gym 0.4.0 (and releases with no
+list of their own): the environments verified to run offline here (docs/conformance.md), run
+`STACK_ENVS` at a time."""
+
+DEFAULT_ENVS_07: tuple[str, ...] = (
+    *DEFAULT_ENVS,
+    # New in 0.7.0, or new to its `environments/` layout.
+    "string_match",
+    "calendar_v2",
+    "environments/arc_agi",
+    "environments/blackjack",
+    "environments/calendar",
+    "environments/circle_click",
+    "environments/circle_count",
+    "environments/code_gen",
+    "environments/reasoning_gym",
+    "environments/workplace_assistant",
+)
+"""The same for NeMo Gym 0.7.0 (its conformance survey, docs/conformance.md)."""
+
+VERIFIED_OFFLINE: dict[str, tuple[str, ...]] = {"0.4.0": DEFAULT_ENVS, "0.7.0": DEFAULT_ENVS_07}
+"""Release -> the environments conformance runs verified to run offline here."""
+
+
+def default_envs(release: str) -> tuple[str, ...]:
+    """What `nemo-gym-env conformance` runs without names on `release`: its verified list, else
+    0.4.0's."""
+    return VERIFIED_OFFLINE.get(release, DEFAULT_ENVS)
+
 
 NOT_OFFLINE: dict[str, str] = {
     "wordle": "downloads its word list at run time",
@@ -148,15 +203,20 @@ NOT_OFFLINE: dict[str, str] = {
 runs and source reading, docs/conformance.md and the 0.7.0 survey)."""
 
 
-def offline_status(name: str, problem: str | None, facts: dict[str, str]) -> tuple[bool, str]:
-    """Whether the catalog entry `name` (bare folder name) runs offline on a CPU machine and
-    why: `DEFAULT_ENVS` are verified by conformance runs (NeMo Gym 0.4.0); `NOT_OFFLINE` holds
-    known reasons; otherwise a heuristic on the entry's `facts` (`CatalogEntry.facts`: judge
-    model, API key, sandbox, URL requirements, `${policy_base_url}`)."""
+def offline_status(
+    name: str, problem: str | None, facts: dict[str, str], release: str = "0.4.0"
+) -> tuple[bool, str]:
+    """Whether the catalog entry `name` (bare folder name, or `environments/<name>` where both
+    layouts have it) of NeMo Gym `release` runs offline on a CPU machine and why: the names
+    `default_envs(release)` lists are verified by conformance runs; `NOT_OFFLINE` holds known
+    reasons; otherwise a heuristic on the entry's `facts` (`CatalogEntry.facts`: judge model,
+    API key, sandbox, URL requirements, `${policy_base_url}`)."""
     if problem:
         return False, problem
-    if name in DEFAULT_ENVS:
-        return True, "verified by conformance runs (NeMo Gym 0.4.0)"
+    verified = default_envs(release)
+    if name in verified or f"{ENVIRONMENTS}/{name}" in verified:
+        source = release if release in VERIFIED_OFFLINE else "0.4.0"
+        return True, f"verified by conformance runs (NeMo Gym {source})"
     if name in NOT_OFFLINE:
         return False, NOT_OFFLINE[name]
     for key in ("judge", "api_key", "sandbox", "url_requirement", "policy_base_url"):
@@ -392,6 +452,23 @@ def _error_line(text: str) -> str:
     return redact(lines[-1] if lines else text)[:300]
 
 
+def _start_error_line(text: str) -> str:
+    """The telling line of a stack start error (a log tail, many lines): NeMo Gym's own
+    `Error...` (with the two lines its console wraps onto), else the line saying which server
+    died or what failed, else the first line; redacted, at most 300 characters."""
+    chatter = ("[vf-nemogym supervisor]", "INFO:", "```", "---")
+    stripped = (x.strip() for x in text.splitlines())
+    lines = [x for x in stripped if x and not x.startswith(chatter)]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Error"):
+            return redact(" ".join(lines[i : i + 3]))[:300]
+    for word in ("died", "Failed to", "exited"):
+        for line in lines:
+            if word in line:
+                return redact(line)[:300]
+    return redact(lines[0] if lines else text)[:300]
+
+
 async def run_conformance(
     envs: Sequence[str],
     *,
@@ -438,7 +515,9 @@ async def run_conformance(
             began = time.monotonic()
             async with env.serving():
                 logger.info("conformance: stack up in %.0f s", time.monotonic() - began)
-                await _replay_all(env, tasks, ctx, plan, policy, concurrency)
+                await _replay_all(
+                    env, tasks, ctx, plan, policy, concurrency, runtime.nemo_gym_version
+                )
     return reports
 
 
@@ -449,6 +528,7 @@ async def _replay_all(
     plan: _Plan,
     policy: ReplayPolicy,
     concurrency: int,
+    release: str,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
     done = 0
@@ -476,17 +556,21 @@ async def _replay_all(
     await asyncio.gather(*(one(t) for t in tasks))
     lenient = set(policy.lenient)
     for result in plan.results.values():
-        _explain(result, lenient)
+        _explain(result, lenient, release)
 
 
-def _explain(result: RowResult, lenient: set[str]) -> None:
-    env = result.recording.rsplit(":", 1)[0]
+def _explain(result: RowResult, lenient: set[str], release: str) -> None:
+    # Bare folder name: `environments/blackjack` is the same environment as `blackjack`.
+    env = result.recording.rsplit(":", 1)[0].rsplit("/", 1)[-1]
     if result.recording in lenient:
         result.notes.append("the environment's items differed from the recording (tool output)")
     if result.parity:
         return
     lacks = next((n for n in result.notes if n.startswith(LACKS_FIELDS)), None)
-    if env in KNOWN_REASONS:
+    rescored = RESCORED.get(release, {}).get(result.recording)
+    if rescored is not None and result.error is None and result.reward == rescored[0]:
+        result.reason = rescored[1]
+    elif env in KNOWN_REASONS:
         result.reason = KNOWN_REASONS[env]
     elif lacks is not None:
         result.reason = f"gap in the recording: {lacks}"
@@ -549,17 +633,17 @@ async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
             continue
         except StackError as e:
             if len(batch) == 1:
-                reports.append(EnvReport(batch[0], start_error=_error_line(str(e))))
+                reports.append(EnvReport(batch[0], start_error=_start_error_line(str(e))))
                 continue
             logger.warning(
                 "conformance: the stack of %s did not start (%s); running them one per stack",
                 ", ".join(batch),
-                _error_line(str(e)),
+                _start_error_line(str(e)),
             )
         for name in batch:
             try:
                 reports += await run_conformance([name], **options)
             except StackError as e:
                 logger.warning("conformance: the stack of %s did not start", name)
-                reports.append(EnvReport(name, start_error=_error_line(str(e))))
+                reports.append(EnvReport(name, start_error=_start_error_line(str(e))))
     return reports

@@ -163,11 +163,14 @@ def _describe(info: dict[str, Any]) -> str:
 
 def _conformance(args: argparse.Namespace) -> int:
     """Run, print the table (or JSON) on stdout; exit 1 on parity loss with `--strict`."""
-    from verifiers_nemogym.conformance import DEFAULT_ENVS, format_report, run_in_stacks
+    from verifiers_nemogym.conformance import default_envs, format_report, run_in_stacks
 
+    envs = list(args.envs)
+    if not envs:  # the release's verified list: which release is the runtime's to say
+        envs = list(default_envs(ensure_venv(args.nemo_gym_version, args.python).nemo_gym_version))
     reports = asyncio.run(
         run_in_stacks(
-            list(args.envs) or list(DEFAULT_ENVS),
+            envs,
             nemo_gym_version=args.nemo_gym_version,
             python=args.python,
             concurrency=args.concurrency,
@@ -218,7 +221,9 @@ def _list_table(runtime: object) -> str:
         "|---|---|---|---|---|",
     ]
     for entry in entries:
-        offline, why = offline_status(entry.root.name, entry.problem, entry.facts)
+        offline, why = offline_status(
+            entry.root.name, entry.problem, entry.facts, runtime.nemo_gym_version
+        )
         agents = ", ".join(entry.agents) or ("(merged by NeMo Gym)" if entry.merged else "-")
         lines.append(
             f"| {entry.name} | {entry.layout} | {agents} | {'yes' if offline else 'no'} | {why} |"

@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import end_to_end, proxy_hop, stack_start, steady_state, warm, workers
-from benchmarks.common import spawn_policy, summary
-from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, DEFAULT_NEMO_GYM_VERSION, ensure_venv
+from benchmarks.common import PYTHON_VAR, VERSION_VAR, bench_runtime, spawn_policy, summary
+from benchmarks.native import rows_file
+from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, DEFAULT_NEMO_GYM_VERSION
 
 FIGURES = ("proxy", "steady", "e2e", "start", "warm", "workers")
+RELEASE_FIGURES = ("e2e", "start", "warm")
+"""The figures that can run another nemo-gym release (`--nemo-gym-version`), both sides on it."""
 RESULTS = Path(__file__).with_name("results")
 
 # key: (target text, test of the median)
@@ -82,7 +85,7 @@ async def run_steady(repeats: int, out: dict[str, Any]) -> None:
 
 
 async def run_e2e(repeats: int, out: dict[str, Any]) -> None:
-    runtime = ensure_venv()
+    runtime = bench_runtime()
     ours: list[float] = []
     native: list[float] = []
     async with await spawn_policy() as policy:
@@ -90,7 +93,7 @@ async def run_e2e(repeats: int, out: dict[str, Any]) -> None:
             order = ["ours", "native"] if r % 2 == 0 else ["native", "ours"]
             for side in order:
                 if side == "ours":
-                    ours.append(await end_to_end.ours_once(policy.info["base_url"]))
+                    ours.append(await end_to_end.ours_once(runtime, policy.info["base_url"]))
                 else:
                     native.append(await end_to_end.native_once(runtime, int(policy.info["port"])))
     out["details"]["end_to_end_s"] = {"ours": summary(ours), "native": summary(native)}
@@ -121,7 +124,7 @@ async def run_start(repeats: int, cold_repeats: int, out: dict[str, Any]) -> Non
 
 async def run_warm(repeats: int, out: dict[str, Any]) -> None:
     """Both stacks up (not timed), then `repeats` interleaved 100-rollout runs on each."""
-    runtime = ensure_venv()
+    runtime = bench_runtime()
     ours: list[float] = []
     attach: list[float] = []
     native: list[float] = []
@@ -129,19 +132,19 @@ async def run_warm(repeats: int, out: dict[str, Any]) -> None:
         stack = warm.native(runtime, int(policy.info["port"]))
         await warm.bring_up(runtime)
         try:
-            await stack.start()  # type: ignore[attr-defined]
+            await stack.start()
             with tempfile.TemporaryDirectory(prefix="vfng-bench-warm-") as tmp:
-                rows = warm.rows_file(runtime, Path(tmp))
+                rows = rows_file(runtime, Path(tmp))
                 for r in range(repeats):
                     for side in ["ours", "native"] if r % 2 == 0 else ["native", "ours"]:
                         if side == "ours":
-                            wall, attached = await warm.ours_once(policy.info["base_url"])
+                            wall, attached = await warm.ours_once(runtime, policy.info["base_url"])
                             ours.append(wall)
                             attach.append(attached)
                         else:
                             native.append(await warm.native_once(runtime, stack, rows, Path(tmp)))
         finally:
-            await stack.stop()  # type: ignore[attr-defined]
+            await stack.stop()
             await warm.take_down(runtime)
     out["details"]["end_to_end_warm_s"] = {"ours": summary(ours), "native": summary(native)}
     out["spread"]["stack_attach_s"] = summary(attach)
@@ -246,9 +249,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    import sys
-
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line; a bad combination exits with argparse's one-line usage error."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each figure")
     parser.add_argument("--cold-repeats", type=int, default=1, help="cold stack starts")
@@ -256,8 +258,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="JSON path (default results/<date>.json)")
     parser.add_argument(
         "--nemo-gym-version",
-        help="another nemo-gym release for both sides (only the `start` figure, warm; its "
-        "runtime must exist, e.g. from the tests)",
+        help=f"another nemo-gym release for both sides (figures {', '.join(RELEASE_FIGURES)}, "
+        "warm stack starts only; its runtime must exist, e.g. from the tests)",
     )
     parser.add_argument("--python", help="the Python of that release's runtime (path)")
     parser.add_argument(
@@ -265,15 +267,32 @@ def main() -> None:
         action="store_true",
         help="that Python may be below the release's declared floor (the package's opt-in)",
     )
-    args = parser.parse_args()
-    args.argv = sys.argv[1:]
+    args = parser.parse_args(argv)
+    args.argv = argv
     if args.nemo_gym_version:
-        if set(args.only or FIGURES) != {"start"} or args.cold_repeats:
-            parser.error("--nemo-gym-version needs --only start --cold-repeats 0")
-        # Read by the fresh processes each start is measured in (benchmarks.stack_start).
-        os.environ[stack_start.VERSION_VAR] = args.nemo_gym_version
+        if not args.only or not set(args.only) <= set(RELEASE_FIGURES):
+            parser.error(
+                f"--nemo-gym-version needs --only with figures among {', '.join(RELEASE_FIGURES)}"
+            )
+        if "start" in args.only and args.cold_repeats:
+            # A cold start builds a runtime in a fresh cache: the release's wheels and Python
+            # are not to be had here (see the 0.7 notes), only its existing runtime is.
+            parser.error("--nemo-gym-version with the start figure needs --cold-repeats 0")
+    elif args.python or args.allow_python_below_floor:
+        parser.error("--python and --allow-python-below-floor go with --nemo-gym-version")
+    return args
+
+
+def main() -> None:
+    import sys
+
+    args = parse_args(sys.argv[1:])
+    if args.nemo_gym_version:
+        # Read by `common.bench_runtime` here and in the fresh processes some figures are
+        # measured in (benchmarks.stack_start); both sides always run this one release.
+        os.environ[VERSION_VAR] = args.nemo_gym_version
         if args.python:
-            os.environ[stack_start.PYTHON_VAR] = args.python
+            os.environ[PYTHON_VAR] = args.python
         if args.allow_python_below_floor:
             os.environ[BELOW_FLOOR_ENV_VAR] = "1"
     result = asyncio.run(main_async(args))

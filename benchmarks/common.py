@@ -18,8 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
+
 ENV = "example_single_tool_call"
 """The NeMo Gym environment every figure runs (5 example rows, one tool call per rollout)."""
+
+VERSION_VAR = "VF_NEMOGYM_BENCH_NEMO_GYM_VERSION"
+"""nemo-gym release both sides run (default the package's); with `PYTHON_VAR`, its Python.
+Both sides always use the same release: a 0.7 figure is never compared with a 0.4 one. Set by
+`python -m benchmarks --nemo-gym-version`, read here and by the fresh processes some figures
+are measured in; the below-floor opt-in travels as $VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR."""
+PYTHON_VAR = "VF_NEMOGYM_BENCH_PYTHON"
+
+ROWS, REPEATS, IN_FLIGHT = 5, 20, 20
+"""The 100-rollout run of the end-to-end figures: example rows, repeats of each, in flight."""
 
 
 @dataclass
@@ -115,6 +127,36 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
+
+
+def bench_runtime() -> NeMoGymVenv:
+    """The runtime of the release the benchmarks run (`VERSION_VAR`, default the package's
+    default release), created if absent."""
+    version = os.environ.get(VERSION_VAR) or DEFAULT_NEMO_GYM_VERSION
+    return ensure_venv(version, os.environ.get(PYTHON_VAR) or None)
+
+
+def vf_eval_command(
+    runtime: NeMoGymVenv, policy_url: str, outdir: Path, *, private_stack: bool
+) -> list[str]:
+    """`vf-eval nemo-gym-env` for the 100-rollout run on `runtime`'s release and Python, against
+    the scripted policy at `policy_url`, results in `outdir`. `private_stack`: start and stop
+    a stack of its own; else attach to the shared one (e.g. after `stack up`)."""
+    cmd = [
+        str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "scripted",
+        "--client.base-url", policy_url, "--client.api-key-var", "SCRIPTED_KEY",
+        "-n", str(ROWS), "-r", str(REPEATS), "-c", str(IN_FLIGHT), "--no-push",
+        "-o", str(outdir), "--env.taskset.nemo-env", ENV,
+        # The release and Python named, not left to vf-eval's default: ours runs exactly the
+        # runtime native runs (and so has the same shared-stack identity).
+        "--env.taskset.nemo-gym-version", runtime.nemo_gym_version,
+        "--env.taskset.python", str(runtime.python),
+    ]  # fmt: skip
+    if runtime.below_floor:
+        cmd += ["--env.taskset.allow-python-below-floor", "True"]
+    if private_stack:
+        cmd += ["--env.taskset.shared-stack", "False"]
+    return cmd
 
 
 def env_with(**extra: str) -> dict[str, str]:

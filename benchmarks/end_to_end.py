@@ -1,48 +1,39 @@
-"""Figure 1: 100 rollouts end to end, stack start and stop included.
+"""Figure 1: 100 rollouts end to end, stack start and stop included, both sides on one release.
 
-Ours: `vf-eval nemo-gym-env` (5 example rows x 20, 20 in flight) against the scripted policy.
-Native: `ng_run` (NeMo Gym's own start) + `ng_collect_rollouts` on the same rows (20 repeats,
-20 in parallel) with the same policy as `policy_model`, then the stack stopped. Both runs
-check that all 100 rollouts came back.
+Ours: `vf-eval nemo-gym-env` (5 example rows x 20, 20 in flight) against the scripted policy,
+on a private stack. Native: NeMo Gym's own start (`ng_run`; `gym env start` on >= 0.7) and its
+own rollout collection (`ng_collect_rollouts`; `gym eval run --no-serve` on >= 0.7) on the same
+rows (20 repeats, 20 in parallel) with the same policy as `policy_model`, then the stack
+stopped. Both runs check that all 100 rollouts came back. The release is the runtime's
+(`common.bench_runtime`), the same for both sides.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ENV, timed_vf_eval
-from benchmarks.native import collect_rollouts, native_stack
+from benchmarks.common import ENV, IN_FLIGHT, REPEATS, ROWS, timed_vf_eval, vf_eval_command
+from benchmarks.native import collect_rollouts, native_stack, rows_file
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
-ROWS, REPEATS, IN_FLIGHT = 5, 20, 20
 
-
-async def ours_once(policy_url: str) -> float:
-    """Wall seconds of one `vf-eval` run."""
+async def ours_once(runtime: NeMoGymVenv, policy_url: str) -> float:
+    """Wall seconds of one `vf-eval` run on a private stack of `runtime`'s release."""
     with tempfile.TemporaryDirectory(prefix="vfng-bench-e2e-") as tmp:
-        cmd = [
-            str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", "scripted",
-            "--client.base-url", policy_url, "--client.api-key-var", "SCRIPTED_KEY",
-            "-n", str(ROWS), "-r", str(REPEATS), "-c", str(IN_FLIGHT), "--no-push",
-            "-o", f"{tmp}/out", "--env.taskset.nemo-env", ENV,
-            # A private stack: this figure times start + rollouts + stop (see warm.py for a
-            # stack that is already up).
-            "--env.taskset.shared-stack", "False",
-        ]  # fmt: skip
+        # A private stack: this figure times start + rollouts + stop (see warm.py for a
+        # stack that is already up).
+        cmd = vf_eval_command(runtime, policy_url, Path(tmp, "out"), private_stack=True)
         return await timed_vf_eval(cmd, Path(tmp, "out"), ROWS * REPEATS)
 
 
 async def native_once(runtime: NeMoGymVenv, policy_port: int) -> float:
-    """Wall seconds of ng_run start + ng_collect_rollouts + stop."""
+    """Wall seconds of NeMo Gym's own start + rollout collection + stop."""
     spec = Catalog(runtime).env(ENV)
     with tempfile.TemporaryDirectory(prefix="vfng-bench-e2e-") as tmp:
-        rows = Path(tmp, "rows.jsonl")
-        lines = spec.dataset("example").read_text().splitlines()
-        rows.write_text("\n".join([line for line in lines if line.strip()][:ROWS]) + "\n")
+        rows = rows_file(runtime, Path(tmp))
         began = time.monotonic()
         stack = native_stack(runtime, spec.config_paths, policy_port)
         try:

@@ -1,19 +1,22 @@
 """The native NeMo Gym path for the side-by-side figures, and start-up phase timing.
 
 Native means NeMo Gym's own commands from the runtime venv, on the same rows and policy:
-`ng_run` with NeMo Gym's own Ray start and readiness poll (our supervisor and log capture around
-it, so nothing can be orphaned; they add no work to the start), and `ng_collect_rollouts`.
+`ng_run` (`gym env start` on >= 0.7) with NeMo Gym's own Ray start and readiness poll (our
+supervisor and log capture around it, so nothing can be orphaned; they add no work to the
+start), and `ng_collect_rollouts` (`gym eval run --no-serve` on >= 0.7).
 The policy is the scripted policy registered as `policy_model` directly, without our proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from pathlib import Path
 
-from benchmarks.common import cpu_s
+from benchmarks.common import ENV, ROWS, cpu_s
+from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
@@ -97,6 +100,14 @@ def _kind(pid: int) -> str:
     return "servers" if "app.py" in argv[-3:] or argv[0].endswith("app.py") else "ng_run"
 
 
+def rows_file(runtime: NeMoGymVenv, folder: Path) -> Path:
+    """The first ROWS example rows of ENV written to `folder/rows.jsonl` (native's input)."""
+    lines = Catalog(runtime).env(ENV).dataset("example").read_text().splitlines()
+    rows = folder / "rows.jsonl"
+    rows.write_text("\n".join([line for line in lines if line.strip()][:ROWS]) + "\n")
+    return rows
+
+
 async def collect_rollouts(
     runtime: NeMoGymVenv,
     stack: NeMoGymStack,
@@ -107,11 +118,22 @@ async def collect_rollouts(
     repeats: int,
     in_flight: int,
 ) -> None:
-    """`ng_collect_rollouts` on a running stack; raises unless every rollout was written."""
+    """NeMo Gym's own rollout collection on a running stack; raises unless every rollout was
+    written with a reward and none is masked (0.7's mark of an infrastructure failure).
+
+    NeMo Gym 0.7 documents `gym eval run --no-serve` (`ng_collect_rollouts` is its deprecated
+    shim): it posts each row's `/run` to the environment server fronting `agent`. Its defaults
+    are kept (aggregate metrics and rollout health check after collection): that is what a
+    NeMo Gym user runs.
+    """
     head = stack.head_url.removeprefix("http://")
     host, port = head.rsplit(":", 1)
+    if stack.gym_07:
+        what, command = "gym eval run", [str(runtime.bin("gym")), "eval", "run", "--no-serve"]
+    else:
+        what, command = "ng_collect_rollouts", [str(runtime.bin("ng_collect_rollouts"))]
     proc = await asyncio.create_subprocess_exec(
-        str(runtime.bin("ng_collect_rollouts")),
+        *command,
         f"+agent_name={agent}",
         f"+input_jsonl_fpath={rows}",
         f"+output_jsonl_fpath={output}",
@@ -127,9 +149,13 @@ async def collect_rollouts(
     out, _ = await asyncio.wait_for(proc.communicate(), 900)
     wanted = repeats * sum(1 for line in rows.read_text().splitlines() if line.strip())
     lines = output.read_text().splitlines() if output.exists() else []
-    got = sum(1 for line in lines if line.strip())
+    results = [json.loads(line) for line in lines if line.strip()]
+    # A rollout counts if it was scored: a numeric reward and not masked.
+    got = sum(
+        1 for r in results if isinstance(r.get("reward"), int | float) and not r.get("mask_sample")
+    )
     if proc.returncode != 0 or got != wanted:
         raise RuntimeError(
-            f"ng_collect_rollouts exit {proc.returncode}, {got}/{wanted} rollouts:\n"
-            + out.decode(errors="replace")[-3000:]
+            f"{what} exit {proc.returncode}, {got}/{wanted} rollouts "
+            f"({len(results) - got} unscored or masked):\n" + out.decode(errors="replace")[-3000:]
         )

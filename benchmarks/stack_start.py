@@ -20,16 +20,11 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import ENV, spawn_policy
+from benchmarks.common import ENV, bench_runtime, spawn_policy
 from benchmarks.native import native_stack, timed_start
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
-from verifiers_nemogym.nemo.venv import CACHE_ENV_VAR, DEFAULT_NEMO_GYM_VERSION, ensure_venv
-
-VERSION_VAR = "VF_NEMOGYM_BENCH_NEMO_GYM_VERSION"
-"""nemo-gym release both sides start (default the package's); with `PYTHON_VAR`, its Python.
-Both sides always use the same release: a 0.7 figure is never compared with a 0.4 one."""
-PYTHON_VAR = "VF_NEMOGYM_BENCH_PYTHON"
+from verifiers_nemogym.nemo.venv import CACHE_ENV_VAR
 
 
 async def measure(mode: str, cold: bool) -> dict[str, Any]:
@@ -52,8 +47,8 @@ async def measure(mode: str, cold: bool) -> dict[str, Any]:
 
 async def _once(mode: str) -> dict[str, float]:
     began = time.monotonic()
-    version = os.environ.get(VERSION_VAR) or DEFAULT_NEMO_GYM_VERSION
-    runtime = ensure_venv(version, os.environ.get(PYTHON_VAR) or None)
+    # Both sides on the release `common.VERSION_VAR` names (inherited from the parent).
+    runtime = bench_runtime()
     phases = {"runtime": time.monotonic() - began}
     config_paths = Catalog(runtime).env(ENV).config_paths
     async with await spawn_policy() as policy:

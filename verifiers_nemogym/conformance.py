@@ -152,9 +152,28 @@ list of their own): the environments verified to run offline here (docs/conforma
 
 DEFAULT_ENVS_07: tuple[str, ...] = (
     *DEFAULT_ENVS,
-    # New in 0.7.0, or new to its `environments/` layout.
+    # New in 0.7.0's resources_servers/ layout.
     "string_match",
+    "ruler2",
+    "lc_niah",
+    "citation_if",
+    "ragtruth",
+    "openair_congestion",
+    "gui_coordinate",
+    "generative_reward_model",
+    "fukuyamabench",
+    "moldetox",
+    "assaybench",
+    "image_tools",
+    "scicodepile",
+    "math_with_judge",
+    "polymath",
+    # 0.7.0's environments/ layout: its own environments, and those it shares with the other.
     "calendar_v2",
+    "langgraph_orchestrator_math",
+    "langgraph_parallel_thinking_math",
+    "langgraph_reflection_math",
+    "langgraph_rewoo_math",
     "environments/arc_agi",
     "environments/blackjack",
     "environments/calendar",
@@ -198,6 +217,10 @@ NOT_OFFLINE: dict[str, str] = {
     "cvdp": "runs Docker",
     "example_mcp_weather": "external agent runtime (Claude Code CLI and key)",
     "math_formal_lean": "compiles Lean in a sandbox server",
+    "google_search": "needs a Google API key (`google_api_key`, required by its server's "
+    "config class): its server exits at start without one",
+    "spartqa": "NeMo Gym 0.7.0 refuses its own config: a dataset's license 'CC-BY-SA-4.0' is "
+    "not one its config schema allows",
 }
 """Environments that do not run offline for a reason their config does not show (found by
 runs and source reading, docs/conformance.md and the 0.7.0 survey)."""
@@ -210,7 +233,7 @@ def offline_status(
     layouts have it) of NeMo Gym `release` runs offline on a CPU machine and why: the names
     `default_envs(release)` lists are verified by conformance runs; `NOT_OFFLINE` holds known
     reasons; otherwise a heuristic on the entry's `facts` (`CatalogEntry.facts`: judge model,
-    API key, sandbox, URL requirements, `${policy_base_url}`)."""
+    API key, sandbox, URL requirements, `${policy_base_url}` or `${policy_model_name}`)."""
     if problem:
         return False, problem
     verified = default_envs(release)
@@ -219,7 +242,7 @@ def offline_status(
         return True, f"verified by conformance runs (NeMo Gym {source})"
     if name in NOT_OFFLINE:
         return False, NOT_OFFLINE[name]
-    for key in ("judge", "api_key", "sandbox", "url_requirement", "policy_base_url"):
+    for key in ("judge", "api_key", "sandbox", "url_requirement", "policy_vars"):
         if key in facts:
             return False, facts[key]
     return True, "heuristic: no judge, key, sandbox or URL requirement in its files"

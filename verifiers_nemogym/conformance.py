@@ -217,6 +217,7 @@ NOT_OFFLINE: dict[str, str] = {
     "cvdp": "runs Docker",
     "example_mcp_weather": "external agent runtime (Claude Code CLI and key)",
     "math_formal_lean": "compiles Lean in a sandbox server",
+    "interactive_browser": "installs Playwright's Chromium at run time (a download)",
     "google_search": "needs a Google API key (`google_api_key`, required by its server's "
     "config class): its server exits at start without one",
     "spartqa": "NeMo Gym 0.7.0 refuses its own config: a dataset's license 'CC-BY-SA-4.0' is "

@@ -49,3 +49,23 @@ async def test_front_forwards_by_secret_only() -> None:
             for proxy in proxies:
                 await proxy.stop()
             await front.stop()
+
+
+async def test_front_forwards_rollout_prefixed_calls() -> None:
+    """NeMo Gym 0.7 with observability on calls `/ng-rollout/<id>/v1/responses`: on a shared
+    stack the front is the policy model, so it must pass such calls on, path unchanged."""
+    front = FrontForwarder()
+    await front.start()
+    async with ScriptedPolicy() as policy, NeMoGymModelProxy() as proxy:
+        front.add(_User(1, proxy.url, _digest(proxy.secret)))
+        try:
+            route = proxy.open_route(policy.base_url, "bearer")
+            url = f"http://{front.host}:{front.port}/ng-rollout/{route.id}/v1/responses"
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(url, json=_body(route.metadata())) as response,
+            ):
+                assert response.status == 200, await response.text()
+            assert route.calls == 1 and proxy.rollout_path_calls == 1
+        finally:
+            await front.stop()

@@ -393,6 +393,9 @@ class FrontForwarder(AppServer):
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_get("/", self._health)
         app.router.add_post("/v1/{tail:.*}", self._forward)
+        # NeMo Gym >= 0.7 with observability on: the path (kept as is) names the rollout,
+        # which the user's proxy routes like `/v1/...`.
+        app.router.add_post("/ng-rollout/{rollout_id}/v1/{tail:.*}", self._forward)
         return app
 
     async def start(self) -> None:

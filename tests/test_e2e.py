@@ -130,6 +130,36 @@ async def test_python_api_runs_episodes_and_stops_cleanly(
         assert relayed == {}
 
 
+async def test_observability_on_a_shared_stack_routes_through_the_front(
+    policy: ScriptedPolicy, nemo_venv_07: NeMoGymVenv, tmp_path: Path
+):
+    """The default path (a shared stack): NeMo Gym's policy model is the front forwarder, which
+    must pass `/ng-rollout/<id>/v1/...` calls on to this process's proxy."""
+    import nemo_gym_env
+
+    extra = tmp_path / "observability.yaml"
+    extra.write_text("observability_enabled: true\n")
+    env = nemo_gym_env.load_environment(
+        nemo_env=ENV,
+        config_paths=[str(extra)],
+        nemo_gym_version=nemo_venv_07.nemo_gym_version,
+        python=str(nemo_venv_07.python),
+        allow_python_below_floor=nemo_venv_07.below_floor,
+    )
+    tasks = list(env.taskset)
+    async with env.serving():
+        assert env._lease is not None  # attached to (here: started) the shared stack
+        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
+        eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
+        prefixed = env._proxy.rollout_path_calls
+    assert [e.ok for e in eps] == [True] * len(tasks), [e.errors for e in eps if not e.ok][:2]
+    traces = [t for e in eps for t in e.traces]
+    assert [t.reward for t in traces] == [1.0] * len(eps)
+    check_calls(policy, [t.model_dump() for t in traces])
+    assert prefixed == len(policy.calls) == 2 * len(eps)
+    assert await gone(marker) == []  # the last user left: the stack stops after its grace
+
+
 async def test_observability_on_routes_rollout_prefixed_model_calls(
     policy: ScriptedPolicy, nemo_venv_07: NeMoGymVenv, tmp_path: Path
 ):

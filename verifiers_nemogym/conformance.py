@@ -644,8 +644,8 @@ async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
 
     A stack that does not start (`StackError`) costs only the environments that broke it: a
     batch that fails is run again one environment per stack, and an environment whose own stack
-    fails gets `EnvReport.start_error` (the run goes on). Bad input (`ConfigError`: an unknown
-    name) still fails the whole run before anything starts."""
+    fails gets `EnvReport.start_error` (the run goes on). Bad input (`ConfigError`, e.g. an
+    unknown name) ends the run at the batch holding it, before that batch's stack starts."""
     names = list(dict.fromkeys(envs))
     batches = [names[i : i + STACK_ENVS] for i in range(0, len(names), STACK_ENVS)]
     reports: list[EnvReport] = []

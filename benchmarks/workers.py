@@ -197,10 +197,18 @@ def count_programs(entries: list[str]) -> dict[str, int]:
     pids = {p for entry in entries for p in processes_with_env(entry)}
     counts = {"ng_run": 0, "gcs_server": 0}
     for pid in pids:
-        head = _cmdline(pid).split("\0")[:2]
-        counts["ng_run"] += any(a.endswith("/ng_run") for a in head)
-        counts["gcs_server"] += head[0].endswith("gcs_server")
+        # A child ng_run forked carries ng_run's argv until it execs: not a second ng_run.
+        counts["ng_run"] += _is_ng_run(pid) and pid not in _children_of_ng_run(pids)
+        counts["gcs_server"] += _cmdline(pid).split("\0")[0].endswith("gcs_server")
     return counts
+
+
+def _is_ng_run(pid: int) -> bool:
+    return any(a.endswith("/ng_run") for a in _cmdline(pid).split("\0")[:2])
+
+
+def _children_of_ng_run(pids: set[int]) -> set[int]:
+    return {c for p in pids if _is_ng_run(p) for c in _children(p)}
 
 
 def total_rss_mb(pids: list[int]) -> float:

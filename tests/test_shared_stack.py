@@ -112,12 +112,25 @@ def _argv(pid: int) -> list[str]:
         return []
 
 
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _is_ng_run(pid: int) -> bool:
+    return any(a.endswith("/ng_run") for a in _argv(pid)[:2])
+
+
 def count_programs(entry: str) -> dict[str, int]:
-    """How many `ng_run` orchestrators and Ray GCS servers carry `entry` in their environment."""
+    """How many `ng_run` orchestrators and Ray GCS servers carry `entry` in their environment.
+    A child ng_run forked carries ng_run's argv until it execs its program: not a second one."""
     counts = {"ng_run": 0, "gcs_server": 0}
     for pid in processes_with_env(entry):
         head = _argv(pid)[:2]
-        if any(a.endswith("/ng_run") for a in head):
+        if _is_ng_run(pid) and not _is_ng_run(_parent(pid)):
             counts["ng_run"] += 1
         if head and head[0].endswith("gcs_server"):
             counts["gcs_server"] += 1

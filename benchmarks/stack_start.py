@@ -24,7 +24,7 @@ from benchmarks.common import ENV, bench_runtime, spawn_policy
 from benchmarks.native import native_stack, timed_start
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
-from verifiers_nemogym.nemo.venv import CACHE_ENV_VAR
+from verifiers_nemogym.util import CACHE_ENV_VAR
 
 
 async def measure(mode: str, cold: bool) -> dict[str, Any]:

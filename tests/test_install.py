@@ -23,8 +23,9 @@ import pytest
 from helpers import gone, read_episodes
 
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, find_uv
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
+from verifiers_nemogym.util import find_uv
 
 pytestmark = pytest.mark.stack
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from verifiers_nemogym.nemo.venv import CACHE_ENV_VAR, PYTHON_ENV_VAR, NeMoGymVenv, cache_root
+from verifiers_nemogym.nemo.venv import PYTHON_ENV_VAR, NeMoGymVenv
+from verifiers_nemogym.util import CACHE_ENV_VAR, cache_root
 
 CACHE = cache_root()  # read before pytester points HOME at a temporary folder
 TESTS = Path(__file__).parent

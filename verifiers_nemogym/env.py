@@ -18,7 +18,8 @@ import aiohttp
 import verifiers.v1 as vf
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.bridge.redact import redact
+from verifiers_nemogym.errors import ConfigError, NeMoGymError, StackError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote, watch_remote
 from verifiers_nemogym.nemo.shared import Lease, attach_or_start
@@ -57,18 +58,32 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         await agents.agent.run(task)
 
     async def start(self) -> None:
+        """Bring up the proxy and the stack. A failure does not raise: verifiers' env-server
+        workers die on an exception here and their callers then wait forever (verifiers
+        0.4.0-0.4.1.dev86, prime-rl's launcher), so the reason is logged, what started is
+        stopped, and every rollout of this process fails with it instead."""
+        task_config = cast(NeMoGymTaskset, self.taskset).config.task
+        task_config._start_error = None
+        try:
+            await self._start()
+        except Exception as e:
+            reason = redact(str(e) if isinstance(e, NeMoGymError) else f"{type(e).__name__}: {e}")
+            logger.error(
+                "nemo-gym-env could not start its NeMo Gym stack; every rollout of this env "
+                "process fails with: %s",
+                reason,
+            )
+            await self.stop()
+            task_config._start_error = reason
+
+    async def _start(self) -> None:
         taskset = cast(NeMoGymTaskset, self.taskset)
         config = taskset.config
         began = time.monotonic()
-        # Input errors first (unknown env, bad rows, missing configs): nothing is started yet.
+        # Input was checked where the taskset loaded; the runtime is built here, where
+        # rollouts run (an env server's worker, or vf-eval's process).
+        venv = await asyncio.to_thread(lambda: taskset.nemo_venv)
         config_paths = await asyncio.to_thread(taskset.config_paths)
-        wanted = await asyncio.to_thread(lambda: {t.data.agent for t in taskset.load()})
-        if None in wanted:
-            raise ConfigError(
-                "some rows have no agent_ref and the environments define several agents; "
-                "set agent_ref in the rows or --env.taskset.agent"
-            )
-        venv = taskset.nemo_venv
         logger.info(
             "NeMo Gym %s on Python %s%s (runtime %s)",
             venv.nemo_gym_version,
@@ -97,11 +112,6 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             )
             agents = dict(remote.agents)
         elif config.shared_stack:
-            if config.proxy_host != "127.0.0.1":
-                raise ConfigError(
-                    "--env.taskset.proxy-host is for --env.taskset.stack-url; a shared stack on "
-                    "this machine reaches the proxy on 127.0.0.1"
-                )
             attach_began = time.monotonic()
             self._lease = await attach_or_start(
                 taskset.nemo_venv,
@@ -133,12 +143,6 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             # Rollouts post `/run` where NeMo Gym's own collection does (an environment server
             # fronting the agent on NeMo Gym >= 0.7, else the agent).
             agents = dict(self._stack.run_urls)
-        if unknown := sorted(str(a) for a in wanted - agents.keys()):
-            raise ConfigError(
-                f"rows name agent(s) {', '.join(unknown)} that the stack does not have "
-                f"(agents: {', '.join(sorted(agents))}); set agent_ref in the rows or "
-                "--env.taskset.agent"
-            )
         # No cookie jar: NeMo Gym keys agent sessions by cookie, and each /run is its own session.
         self._http = aiohttp.ClientSession(
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -168,6 +172,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         )
 
     async def stop(self) -> None:
+        """Take down what this process owns; safe after a failed or partial start, and twice."""
         cast(NeMoGymTaskset, self.taskset).config.task._live = None
         if self._watchdog is not None:
             watchdog, self._watchdog = self._watchdog, None

@@ -63,6 +63,8 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
         # verifiers types `trace.state` as its base State; NeMoGymTask's state is a NeMoGymState.
         live = getattr(trace.state, "live", None)
         if not isinstance(live, LiveStack):
+            if reason := getattr(trace.state, "start_error", None):
+                raise StackError(f"the NeMo Gym stack did not start: {reason}")
             raise StackError("no NeMo Gym stack is running: use NeMoGymEnv (nemo-gym-env)")
         agent_url = live.agents.get(data.agent or "")
         if agent_url is None:

@@ -11,17 +11,18 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import verifiers.v1 as vf
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from verifiers.v1.dialects.responses import ResponsesDialect
 from verifiers.v1.runtimes import Runtime
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.catalog import Catalog, load_config
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
+from verifiers_nemogym.nemo.release import ReleaseFiles, check_release, release_files
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, default_version, ensure_venv
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class NeMoGymTaskConfig(vf.TaskConfig):
 
     _live: LiveStack | None = PrivateAttr(default=None)
     """The running stack, set by `NeMoGymEnv.start()` and read by every task (shared object)."""
+    _start_error: str | None = PrivateAttr(default=None)
+    """Why `NeMoGymEnv.start()` could not bring the stack up; every rollout fails with it."""
 
 
 class NeMoGymTasksetConfig(vf.TasksetConfig):
@@ -92,10 +95,39 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     @field_validator("nemo_env", mode="before")
     @classmethod
     def _split_names(cls, value: Any) -> Any:
-        # `--env.taskset.nemo-env a,b` and a TOML string both mean a list of names.
-        if isinstance(value, str):
-            return [name.strip() for name in value.split(",") if name.strip()]
-        return value
+        # `--env.taskset.nemo-env a,b`, the flag repeated, and a TOML string or list all mean a
+        # list of names (the CLI hands a comma form over as one list item).
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            return value
+        return [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+
+    @field_validator("nemo_gym_version")
+    @classmethod
+    def _release_number(cls, value: str | None) -> str | None:
+        return None if value is None else check_release(value)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Self:
+        # Raised here, the CLI's config parse reports them as one line naming the field. (Not
+        # "rows are required": verifiers' CLI builds a default config before parsing flags.)
+        if self.jsonl_path is not None and not self.jsonl_path.expanduser().is_file():
+            raise ValueError(f"env.taskset.jsonl_path: no such file: {self.jsonl_path}")
+        if self.nemo_env:
+            # The release's files (fetched once, no runtime) say which names exist.
+            version = self.nemo_gym_version or default_version(self.python)
+            catalog = Catalog(release_files(version))
+            for name in self.nemo_env:
+                try:
+                    catalog.check(name)
+                except ConfigError as e:
+                    raise ValueError(f"env.taskset.nemo_env: {e}") from None
+        if self.proxy_host != "127.0.0.1" and self.stack_url is None:
+            raise ValueError(
+                "--env.taskset.proxy-host is for --env.taskset.stack-url; a stack this "
+                "machine starts reaches the proxy on 127.0.0.1"
+            )
+        return self
 
 
 class NeMoGymData(vf.TaskData):
@@ -117,6 +149,7 @@ class NeMoGymState(vf.State):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     live: LiveStack | None = None
+    start_error: str | None = None
 
 
 class NeMoGymTask(vf.Task[NeMoGymData, NeMoGymState, NeMoGymTaskConfig]):
@@ -124,7 +157,8 @@ class NeMoGymTask(vf.Task[NeMoGymData, NeMoGymState, NeMoGymTaskConfig]):
 
     async def setup(self, trace: vf.Trace, runtime: Runtime) -> None:
         # verifiers builds the state from this task's StateT but types it as its base State.
-        cast(NeMoGymState, trace.state).live = self.config._live
+        state = cast(NeMoGymState, trace.state)
+        state.live, state.start_error = self.config._live, self.config._start_error
 
 
 # type-var: verifiers bounds Taskset's task type by Task[Any, State, TaskConfig] with invariant
@@ -139,15 +173,33 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
                 "nemo-gym-env needs rows: set --env.taskset.nemo-env NAME (a NeMo Gym "
                 "environment, e.g. example_single_tool_call) or --env.taskset.jsonl-path FILE"
             )
+        self._version: str | None = None
+        self._release: ReleaseFiles | None = None
         self._nemo_venv: NeMoGymVenv | None = None
         self._catalog: Catalog | None = None
 
     @property
+    def nemo_gym_version(self) -> str:
+        """The nemo-gym release: `nemo_gym_version`, else the newest one an interpreter here
+        meets (`venv.default_version`), chosen once."""
+        if self._version is None:
+            self._version = self.config.nemo_gym_version or default_version(self.config.python)
+        return self._version
+
+    @property
+    def release(self) -> ReleaseFiles:
+        """The release's files (fetched once; no runtime): what `load()` reads."""
+        if self._release is None:
+            self._release = release_files(self.nemo_gym_version)
+        return self._release
+
+    @property
     def nemo_venv(self) -> NeMoGymVenv:
-        """The NeMo Gym runtime venv (created on first use, then cached on disk)."""
+        """The NeMo Gym runtime venv (created on first use, then cached on disk). Only what
+        runs rollouts needs it (`NeMoGymEnv.start`); `load()` does not."""
         if self._nemo_venv is None:
             self._nemo_venv = ensure_venv(
-                self.config.nemo_gym_version,
+                self.nemo_gym_version,
                 self.config.python,
                 # False here defers to $VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR.
                 allow_below_floor=True if self.config.allow_python_below_floor else None,
@@ -156,8 +208,10 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
 
     @property
     def catalog(self) -> Catalog:
+        """The release's environments, read from its files; a config NeMo Gym must merge
+        (includes, inheritance) builds the runtime to merge it, once per file and release."""
         if self._catalog is None:
-            self._catalog = Catalog(self.nemo_venv)
+            self._catalog = Catalog(self.release, runtime=lambda: self.nemo_venv)
             for name in self.config.nemo_env:
                 self._catalog.env(name)  # unknown names fail here, before anything starts
         return self._catalog
@@ -165,7 +219,8 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
     def config_paths(self) -> list[Path]:
         """NeMo Gym config YAMLs the stack needs: those of `nemo_env`, of every agent the rows
         name, and `config_paths`."""
-        catalog = self.catalog
+        # The runtime's copies: the stack runs them (the release's files are the same bytes).
+        catalog = Catalog(self.nemo_venv)
         paths: list[Path] = []
         for name in self.config.nemo_env:
             paths.extend(catalog.env(name).config_paths)
@@ -183,6 +238,32 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
         return list(dict.fromkeys(paths))
 
     def load(self) -> Iterator[NeMoGymTask]:
+        """The rows as tasks, read from the release's files or `jsonl_path`: no runtime is
+        built and no process started (unless a config must be merged by NeMo Gym). Everything
+        a stack would refuse later (agents, extra configs) is checked first, so bad input fails
+        here, in the process that loads the taskset, before any env server starts."""
+        tasks = list(self._rows())
+        self._check(tasks)
+        yield from tasks
+
+    def _check(self, tasks: list[NeMoGymTask]) -> None:
+        catalog = self.catalog
+        for extra in self.config.config_paths:
+            path = catalog.config_path(extra)
+            if not path.is_file():
+                raise ConfigError(f"NeMo Gym config file not found: {path}")
+            load_config(path)  # a YAML error names file:line:col
+        if any(t.data.agent is None for t in tasks):
+            raise ConfigError(
+                "some rows have no agent_ref and the environments define several agents; "
+                "set agent_ref in the rows or --env.taskset.agent"
+            )
+        if self.config.jsonl_path is not None:
+            known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
+            for agent in sorted({str(t.data.agent) for t in tasks} - known):
+                catalog.agent_env(agent)  # an agent no environment defines fails here
+
+    def _rows(self) -> Iterator[NeMoGymTask]:
         if self.config.jsonl_path is not None:
             default_agent = self._default_agent()
             path = self.config.jsonl_path.expanduser().resolve()

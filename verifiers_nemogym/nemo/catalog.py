@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ from typing import Any
 import yaml
 
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, cache_root
+from verifiers_nemogym.nemo.release import ReleaseFiles
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.util import cache_root
 
 RESOURCES_SERVERS = "resources_servers"
 ENVIRONMENTS = "environments"
@@ -286,11 +289,23 @@ _URL_REQUIREMENT = re.compile(r"^[^#\n]*(git\+|https?://)[^\s]*", re.MULTILINE)
 
 
 class Catalog:
-    """The environments shipped in one runtime's site-packages (both layouts)."""
+    """The environments one NeMo Gym release ships (both layouts), read from a runtime's
+    site-packages or from the release's files alone (`release.release_files`).
 
-    def __init__(self, venv: NeMoGymVenv) -> None:
-        self.venv = venv
-        self.root = venv.site_packages
+    Configs that include or inherit are merged by NeMo Gym itself, which needs a runtime:
+    `runtime` (called only then) gives it when `source` is the files alone."""
+
+    def __init__(
+        self,
+        source: NeMoGymVenv | ReleaseFiles,
+        runtime: Callable[[], NeMoGymVenv] | None = None,
+    ) -> None:
+        if isinstance(source, NeMoGymVenv):
+            self.root, self.version = source.site_packages, source.nemo_gym_version
+            self._runtime: Callable[[], NeMoGymVenv] | None = lambda: source
+        else:
+            self.root, self.version = source.root, source.version
+            self._runtime = runtime
 
     def config_path(self, path: str | Path) -> Path:
         """A config path as users give it: `~` expanded; relative paths are relative to the
@@ -339,22 +354,7 @@ class Catalog:
         folder if one exists, else an `environments/` folder; `resources_servers/<name>` and
         `environments/<name>` pick the layout. Unknown names raise ConfigError listing close
         matches; a moved stub names its new name."""
-        layout, folder = self._locate(name)
-        root = self.root / layout / folder
-        configs = self._configs(layout, root)
-        if layout == ENVIRONMENTS and (moved := self._moved_to(root)):
-            raise ConfigError(
-                f"NeMo Gym environment {name!r} moved to {moved!r} (a stub in NeMo Gym "
-                f"{self.venv.nemo_gym_version}); use {moved!r}"
-            )
-        if not configs:
-            known = self.all_names()
-            close = difflib.get_close_matches(folder, known, n=5, cutoff=0.5)
-            hint = f" Did you mean: {', '.join(close)}?" if close else ""
-            raise ConfigError(
-                f"unknown NeMo Gym environment {name!r} (NeMo Gym "
-                f"{self.venv.nemo_gym_version} ships {len(known)}).{hint}"
-            )
+        layout, folder, root, configs = self._find(name)
         if config is None:
             chosen = self._default_config(folder, configs, layout, root)
         else:
@@ -382,6 +382,31 @@ class Catalog:
             layout=layout,
             server_datasets=self._server_datasets(chosen, merged),
         )
+
+    def check(self, name: str) -> None:
+        """Raise the ConfigError `env(name)` raises for an unknown or moved environment, from
+        the folder layout alone (no config is read or merged)."""
+        self._find(name)
+
+    def _find(self, name: str) -> tuple[str, str, Path, list[Path]]:
+        """(layout, folder, root, config YAMLs) of the environment `name` (see `env`)."""
+        layout, folder = self._locate(name)
+        root = self.root / layout / folder
+        configs = self._configs(layout, root)
+        if layout == ENVIRONMENTS and (moved := self._moved_to(root)):
+            raise ConfigError(
+                f"NeMo Gym environment {name!r} moved to {moved!r} (a stub in NeMo Gym "
+                f"{self.version}); use {moved!r}"
+            )
+        if not configs:
+            known = self.all_names()
+            close = difflib.get_close_matches(folder, known, n=5, cutoff=0.5)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise ConfigError(
+                f"unknown NeMo Gym environment {name!r} (NeMo Gym "
+                f"{self.version} ships {len(known)}).{hint}"
+            )
+        return layout, folder, root, configs
 
     def agent_env(self, agent: str) -> EnvSpec:
         """The environment whose default config defines the agent instance `agent` (as rows
@@ -548,24 +573,35 @@ class Catalog:
         policy model it requires), cached under the runtime's name and the file's path and
         content: one run (~10 s) per config file, ever."""
         content = config_path.read_bytes()
-        key = hashlib.sha256(str(config_path).encode() + b"\0" + content).hexdigest()[:24]
-        runtime = self.venv.server_venvs_dir.name
-        folder = cache_root() / "resolved" / runtime
+        # Keyed by the path inside the release, so a merge made from a runtime's site-packages
+        # also serves the release's files alone (same wheel, same bytes).
+        where = str(config_path.relative_to(self.root) if config_path.is_relative_to(self.root)
+                    else config_path)  # fmt: skip
+        key = hashlib.sha256(where.encode() + b"\0" + content).hexdigest()[:24]
+        folder = cache_root() / "resolved" / f"nemo-gym-{self.version}"
         cached = folder / f"{key}.yaml"
         if cached.is_file():
             return parse_config(cached.read_text(encoding="utf-8"), str(cached))
+        if self._runtime is None:
+            raise ConfigError(
+                f"{config_path} includes or inherits other configs, which only NeMo Gym's "
+                "runtime can merge"
+            )
+        venv = self._runtime()
+        if config_path.is_relative_to(self.root):  # merge the runtime's copy of the file
+            config_path = venv.site_packages / config_path.relative_to(self.root)
         work = folder / "work"
         placeholder = write_policy_placeholder(work, "127.0.0.1", 1)
         try:
             out = subprocess.run(
-                [str(self.venv.bin("gym")), "env", "resolve", "--config", str(config_path),
+                [str(venv.bin("gym")), "env", "resolve", "--config", str(config_path),
                  "--config", str(placeholder)],
                 cwd=work,
                 # The placeholder is no model adapter a resources server's `allowed_model_types`
                 # may name, and NeMo Gym's resolver refuses such pairings; merging is about the
                 # config's structure. Whether a stack waives the check is the stack's decision
                 # (NeMoGymStack, with a warning).
-                env={**self.venv.env(), "NEMO_GYM_ALLOW_UNSUPPORTED_PAIRING": "1"},
+                env={**venv.env(), "NEMO_GYM_ALLOW_UNSUPPORTED_PAIRING": "1"},
                 capture_output=True,
                 text=True,
                 timeout=RESOLVE_TIMEOUT,

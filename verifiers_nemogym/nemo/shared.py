@@ -50,8 +50,9 @@ from aiohttp import web
 from verifiers_nemogym.bridge.proxy import SECRET_KEY
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.stack import NeMoGymStack
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, cache_root
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import LOOPBACK, AppServer
+from verifiers_nemogym.util import cache_root
 
 logger = logging.getLogger(__name__)
 

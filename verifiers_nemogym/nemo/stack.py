@@ -44,8 +44,9 @@ from verifiers_nemogym.nemo.catalog import (
     write_policy_placeholder,
 )
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, uv_cache_dir
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
+from verifiers_nemogym.util import uv_cache_dir
 
 logger = logging.getLogger(__name__)
 

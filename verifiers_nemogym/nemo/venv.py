@@ -1,7 +1,9 @@
 """The NeMo Gym runtime: a cached uv venv holding `nemo-gym`, used only through subprocesses.
 
-Contract: `ensure_venv()` returns a `NeMoGymVenv` whose venv has `nemo-gym==<version>`
-installed for a CPython that meets the release's declared Python floor (`python_floor`), or,
+Contract: `ensure_venv()` returns a `NeMoGymVenv` whose venv has `nemo-gym==<version>` (with
+its `ray` extra where the release declares one) installed for a base CPython (never a virtual
+environment's interpreter, which NeMo Gym's per-server `uv venv` cannot use) that meets the
+release's declared Python floor (`python_floor`), or,
 only with the explicit opt-in `allow_python_below_floor` (or
 `$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1`), a CPython of the floor's minor version below its
 patch level (NeMo Gym 0.5-0.7 declare `>=3.13.14`, a CPython security-fix floor no code needs).
@@ -13,8 +15,7 @@ imports `nemo_gym`.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import dataclasses
 import json
 import logging
 import os
@@ -28,24 +29,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verifiers_nemogym.errors import VenvSetupError
+from verifiers_nemogym.nemo.release import (
+    DEFAULT_NEMO_GYM_VERSION,
+    KNOWN_RELEASES,
+    MIN_PYTHON,
+    floor_text,
+    python_floor,
+    release_files,
+    version_tuple,
+)
+from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, run_uv
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_NEMO_GYM_VERSION = "0.4.0"
-"""The fallback release: the newest one whose floor (3.12) needs no recent patch release."""
 PYTHON_ENV_VAR = "VF_NEMOGYM_PYTHON"
-CACHE_ENV_VAR = "VF_NEMOGYM_CACHE"
 BELOW_FLOOR_ENV_VAR = "VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR"
-# NeMo Gym >= 0.2 requires Python >= 3.12; older interpreters are never candidates.
-MIN_PYTHON = (3, 12)
-KNOWN_RELEASES: dict[str, tuple[int, ...]] = {
-    "0.4.0": (3, 12),
-    "0.5.0": (3, 13, 14),
-    "0.6.0": (3, 13, 14),
-    "0.7.0": (3, 13, 14),
-}
-"""nemo-gym release -> its declared `Requires-Python` floor (from each release's metadata).
-The newest entry that an interpreter here satisfies is the default release."""
 BELOW_FLOOR_HOW = (
     "--env.taskset.allow-python-below-floor, $VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1 or "
     "`nemo-gym-env --allow-python-below-floor`"
@@ -53,32 +51,40 @@ BELOW_FLOOR_HOW = (
 # Written inside the venv before it is renamed into place, so "marker present" means "complete".
 _MARKER_NAME = "vf-nemogym-runtime.json"
 _VERSION_SPEC = re.compile(r"^3\.\d+(\.\d+)?$")
-# Variables that would make a child use the parent's venv or Python instead of its own.
-_PARENT_ENV_VARS = (
-    "VIRTUAL_ENV",
-    "PYTHONHOME",
-    "PYTHONPATH",
-    "UV_PROJECT_ENVIRONMENT",
-    "CONDA_PREFIX",
-)
 _PROBE = "import platform; print(platform.python_implementation(), platform.python_version())"
 
 
-def cache_root() -> Path:
-    """Root of everything this package caches (runtimes, per-server venvs)."""
-    if explicit := os.environ.get(CACHE_ENV_VAR):
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "verifiers-nemogym"
+def base_interpreter(exe: Path) -> Path:
+    """The interpreter a virtual environment's `exe` was made from (its `pyvenv.cfg` `home`,
+    followed through nested venvs), else `exe` itself. NeMo Gym runs `uv venv --python X.Y.Z`
+    for every server, and uv does not accept an interpreter inside a venv: the runtime must be
+    built from, and put first on PATH, the base interpreter (what prime-rl and `uv run` run
+    from is a venv's `bin/python`). Read from files only; nothing is run."""
+    exe = exe.absolute()
+    for _ in range(8):  # a venv made from a venv's interpreter: follow the chain, boundedly
+        cfg = exe.parent.parent / "pyvenv.cfg"
+        if exe.parent.name != "bin" or not cfg.is_file():
+            return exe
+        home = _pyvenv_home(cfg)
+        if home is None:
+            return exe
+        names = [exe.name, exe.resolve().name, "python3", "python"]
+        found = next((home / n for n in names if (home / n).is_file()), None)
+        if found is None:
+            return exe
+        exe = found
+    return exe
 
 
-def uv_cache_dir() -> Path:
-    """uv's own cache folder (uv's default on Linux), shared so per-server venvs build from it."""
-    if explicit := os.environ.get("UV_CACHE_DIR"):
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "uv"
+def _pyvenv_home(cfg: Path) -> Path | None:
+    try:
+        for line in cfg.read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                return Path(value.strip())
+    except OSError:
+        return None
+    return None
 
 
 def _probe_python(exe: Path) -> str | None:
@@ -89,7 +95,7 @@ def _probe_python(exe: Path) -> str | None:
             capture_output=True,
             text=True,
             timeout=30,
-            env=_clean_env(),
+            env=clean_env(),
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -99,53 +105,15 @@ def _probe_python(exe: Path) -> str | None:
     return parts[1]
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
-
-
-def _floor_text(floor: tuple[int, ...]) -> str:
-    return ".".join(map(str, floor))
-
-
-def python_floor(version: str, venv: Path | None = None) -> tuple[int, ...]:
-    """The Python floor nemo-gym `version` declares: read from the installed package's metadata
-    when `venv` holds it (cheap, exact), else `KNOWN_RELEASES`; an unknown release gets the
-    floor of the newest known release not newer than it."""
-    if venv is not None:
-        for meta in venv.glob(f"lib/python3*/site-packages/nemo_gym-{version}.dist-info/METADATA"):
-            if floor := _metadata_floor(meta):
-                return floor
-    if version in KNOWN_RELEASES:
-        return KNOWN_RELEASES[version]
-    older = [v for v in KNOWN_RELEASES if _version_tuple(v) <= _version_tuple(version)]
-    older.sort(key=_version_tuple)
-    return KNOWN_RELEASES[older[-1]] if older else MIN_PYTHON
-
-
-def _metadata_floor(meta: Path) -> tuple[int, ...] | None:
-    """`Requires-Python: >=X.Y[.Z]` of a dist-info METADATA file, as a tuple."""
-    try:
-        with meta.open(encoding="utf-8") as lines:
-            for line in lines:
-                if not line.strip():
-                    break  # the headers end at the first blank line
-                if line.lower().startswith("requires-python:"):
-                    found = re.search(r">=\s*(3\.\d+(?:\.\d+)?)", line)
-                    return _version_tuple(found.group(1)) if found else None
-    except OSError:
-        return None
-    return None
-
-
 def _satisfies(version: str, floor: tuple[int, ...]) -> bool:
-    have = _version_tuple(version)
+    have = version_tuple(version)
     return have >= floor and have[:2] >= MIN_PYTHON
 
 
 def _below_floor_ok(version: str, floor: tuple[int, ...]) -> bool:
     """An interpreter the opt-in accepts: the floor's minor version, below its patch level
     (wheels are built per minor version; an older minor could not load them)."""
-    return _version_tuple(version)[:2] == floor[:2] and not _satisfies(version, floor)
+    return version_tuple(version)[:2] == floor[:2] and not _satisfies(version, floor)
 
 
 def allow_below_floor_default() -> bool:
@@ -154,7 +122,7 @@ def allow_below_floor_default() -> bool:
 
 
 def _acceptable(version: str, wanted: str | None, floor: tuple[int, ...] = MIN_PYTHON) -> bool:
-    if _version_tuple(version)[:2] < MIN_PYTHON:
+    if version_tuple(version)[:2] < MIN_PYTHON:
         return False
     if not (_satisfies(version, floor) or _below_floor_ok(version, floor)):
         return False
@@ -191,7 +159,7 @@ def _candidates(wanted: str | None, *, ask_uv: bool = True) -> Iterator[Path]:
                     capture_output=True,
                     text=True,
                     timeout=60,
-                    env=_clean_env() | {"UV_PYTHON_DOWNLOADS": "never"},
+                    env=clean_env() | {"UV_PYTHON_DOWNLOADS": "never"},
                 )
             except (OSError, subprocess.TimeoutExpired):
                 continue
@@ -225,7 +193,7 @@ def find_python_for(
     """(interpreter, its version, whether it is below `floor`) as for `find_python`; `what`
     names the release in errors (e.g. "NeMo Gym 0.7.0")."""
     spec = spec or os.environ.get(PYTHON_ENV_VAR) or None
-    floor_text = _floor_text(floor)
+    floor_str = floor_text(floor)
     how_to_name = (
         f"Name one with ${PYTHON_ENV_VAR}=/path/to/python{'.'.join(map(str, floor[:2]))} "
         "(or a version like "
@@ -234,10 +202,10 @@ def find_python_for(
 
     def below_floor_error(found: str) -> VenvSetupError:
         return VenvSetupError(
-            f"{what} declares Python >= {floor_text} but the best interpreter found is "
-            f"{found}; install Python >= {floor_text} (uv python install {floor_text}), or opt "
+            f"{what} declares Python >= {floor_str} but the best interpreter found is "
+            f"{found}; install Python >= {floor_str} (uv python install {floor_str}), or opt "
             f"in to run below the declared floor with {BELOW_FLOOR_HOW} (uv then installs as "
-            f"for Python {floor_text})."
+            f"for Python {floor_str})."
         )
 
     if spec is not None and not _VERSION_SPEC.match(spec):
@@ -248,14 +216,14 @@ def find_python_for(
         if version is None:
             raise VenvSetupError(f"Python interpreter {spec!r} does not exist or does not run.")
         if _satisfies(version, floor):
-            return exe, version, False
+            return base_interpreter(exe), version, False
         if _below_floor_ok(version, floor):
             if allow_below_floor:
-                return exe, version, True
+                return base_interpreter(exe), version, True
             raise below_floor_error(f"{exe} ({version})")
         raise VenvSetupError(
             f"Python interpreter {spec!r} is {version}; {what} needs CPython >= "
-            f"{floor_text}. {how_to_name}"
+            f"{floor_str}. {how_to_name}"
         )
     tried: list[str] = []
     below: list[tuple[Path, str]] = []
@@ -265,15 +233,15 @@ def find_python_for(
         if version is None or not _acceptable(version, spec, floor):
             continue
         if _satisfies(version, floor):
-            return exe.absolute(), version, False
-        below.append((exe.absolute(), version))
+            return base_interpreter(exe), version, False
+        below.append((base_interpreter(exe), version))
     if below:
         # The newest patch release below the floor: the one with the most security fixes.
-        exe, version = max(below, key=lambda item: _version_tuple(item[1]))
+        exe, version = max(below, key=lambda item: version_tuple(item[1]))
         if allow_below_floor:
             return exe, version, True
         raise below_floor_error(f"{exe} ({version})")
-    wanted = f"Python {spec}" if spec else f"a CPython >= {floor_text}"
+    wanted = f"Python {spec}" if spec else f"a CPython >= {floor_str}"
     raise VenvSetupError(
         f"Could not find {wanted} for {what}. Tried: "
         f"{'; '.join(tried) or 'python3.X on PATH, pyenv versions, uv python find'}. "
@@ -307,36 +275,10 @@ def default_version(python: str | None = None) -> str:
         versions = [found] if found else []
     else:
         versions = [v for v in interpreters_available() if python is None or _acceptable(v, python)]
-    for release in sorted(KNOWN_RELEASES, key=_version_tuple, reverse=True):
+    for release in sorted(KNOWN_RELEASES, key=version_tuple, reverse=True):
         if any(_satisfies(v, KNOWN_RELEASES[release]) for v in versions):
             return release
     return DEFAULT_NEMO_GYM_VERSION
-
-
-def find_uv(*, required: bool = True) -> Path | None:
-    """The `uv` binary: the `uv` Python package's one if installed, else the one on PATH."""
-    try:
-        from uv import find_uv_bin
-
-        return Path(find_uv_bin())
-    except (ImportError, FileNotFoundError):
-        pass
-    if found := shutil.which("uv"):
-        return Path(found)
-    if required:
-        raise VenvSetupError(
-            "`uv` was not found (neither the `uv` Python package nor `uv` on PATH); "
-            "install it with `pip install uv`."
-        )
-    return None
-
-
-def _clean_env() -> dict[str, str]:
-    """The parent's environment minus what would make a child use the parent's venv or Python."""
-    env = dict(os.environ)
-    for key in _PARENT_ENV_VARS:
-        env.pop(key, None)
-    return env
 
 
 @dataclass(frozen=True)
@@ -395,7 +337,7 @@ class NeMoGymVenv:
         `ray_tmpdir` should be private to one stack and short: Ray puts unix sockets below it and
         those paths are limited to ~107 characters.
         """
-        env = _clean_env()
+        env = clean_env()
         # NeMo Gym runs `uv venv --python <X.Y.Z>` for every server; uv only finds that exact
         # interpreter on PATH (downloads are off), so its folder goes first. uv itself follows.
         path = [str(self.python.parent), str(self.venv / "bin")]
@@ -434,7 +376,7 @@ def _load_complete(venv: Path) -> NeMoGymVenv | None:
             python_version=str(data["python_version"]),
             nemo_gym_version=str(data["nemo_gym_version"]),
             below_floor=bool(data.get("below_floor", False)),
-            python_floor=_floor_text(python_floor(str(data["nemo_gym_version"]), venv)),
+            python_floor=floor_text(python_floor(str(data["nemo_gym_version"]), venv)),
         )
     except (OSError, ValueError, KeyError):
         return None
@@ -442,6 +384,21 @@ def _load_complete(venv: Path) -> NeMoGymVenv | None:
         return None
     if runtime.below_floor and not runtime.uv_config.is_file():
         return None
+    if (base := base_interpreter(runtime.python)) != runtime.python:
+        # Recorded by an earlier release from a venv's interpreter (prime-rl, `uv run`): NeMo
+        # Gym's per-server `uv venv` cannot use it. The venv itself is sound; repair the record.
+        logger.warning(
+            "NeMo Gym runtime %s recorded a virtual environment's interpreter (%s); using its "
+            "base interpreter %s",
+            venv.name,
+            runtime.python,
+            base,
+        )
+        data["python"] = str(base)
+        tmp = venv / f".{_MARKER_NAME}.{uuid.uuid4().hex[:8]}"
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, venv / _MARKER_NAME)
+        runtime = dataclasses.replace(runtime, python=base)
     return runtime
 
 
@@ -457,7 +414,7 @@ def _find_cached(
             continue
         if runtime.below_floor and not allow_below_floor:
             continue
-        floor = _version_tuple(runtime.python_floor) if runtime.python_floor else MIN_PYTHON
+        floor = version_tuple(runtime.python_floor) if runtime.python_floor else MIN_PYTHON
         if not runtime.below_floor and not _satisfies(runtime.python_version, floor):
             continue  # below the floor but not built with the opt-in: not ours to trust
         if spec is None:
@@ -465,35 +422,11 @@ def _find_cached(
         elif _VERSION_SPEC.match(spec):
             if _acceptable(runtime.python_version, spec):
                 matches.append(runtime)
-        elif Path(spec).expanduser().absolute() == runtime.python:
+        elif base_interpreter(Path(spec).expanduser()) == runtime.python:
             matches.append(runtime)
     # Prefer a runtime that meets the floor; then the oldest Python, most likely to satisfy pins.
-    matches.sort(key=lambda r: (r.below_floor, _version_tuple(r.python_version)))
+    matches.sort(key=lambda r: (r.below_floor, version_tuple(r.python_version)))
     return matches[0] if matches else None
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock; released by the kernel if this process dies."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _run_uv(args: list[str], env: dict[str, str], what: str) -> None:
-    try:
-        out = subprocess.run(
-            args, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise VenvSetupError(f"{what} timed out after {exc.timeout:.0f} s") from exc
-    if out.returncode != 0:
-        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-30:])
-        raise VenvSetupError(f"{what} failed (exit {out.returncode}):\n{tail}")
 
 
 def ensure_venv(
@@ -546,13 +479,14 @@ def _log_choice(runtime: NeMoGymVenv, log: logging.Logger) -> None:
 def _create(
     root: Path, version: str, python: str | None, allow: bool, log: logging.Logger
 ) -> NeMoGymVenv:
-    floor = python_floor(version)
+    files = release_files(version, log)  # its metadata: the exact floor, and whether Ray is extra
+    floor = python_floor(version, files.root)
     exe, python_version, below = find_python_for(
         python, floor=floor, allow_below_floor=allow, what=f"NeMo Gym {version}"
     )
     name = _runtime_name(version, python_version, below)
     target = root / name
-    with _file_lock(root / f".{name}.lock"):
+    with file_lock(root / f".{name}.lock"):
         # Another process may have finished it while we waited for the lock.
         if (runtime := _load_complete(target)) is not None:
             return runtime
@@ -564,29 +498,29 @@ def _create(
         started = time.monotonic()
         log.info("creating NeMo Gym %s runtime with Python %s ...", version, python_version)
         tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-        env = _clean_env() | {"UV_PYTHON_DOWNLOADS": "never"}
+        env = clean_env() | {"UV_PYTHON_DOWNLOADS": "never"}
         # Below the floor (opted in): uv resolves as for the floor version, which it would
         # otherwise refuse (`Requires-Python`); nothing else changes.
-        override = ["--python-version", _floor_text(floor)] if below else []
+        override = ["--python-version", floor_text(floor)] if below else []
         try:
             # --relocatable: scripts and activation resolve paths at run time, so the rename
             # below does not break bin/ng_run's shebang.
-            _run_uv(
+            run_uv(
                 [str(uv), "venv", "--relocatable", "--no-project", "--python", str(exe), str(tmp)],
                 env,
                 f"`uv venv` with {exe}",
             )
-            _run_uv(
+            run_uv(
                 [str(uv), "pip", "install", "--python", str(tmp / "bin" / "python"), *override,
-                 f"nemo-gym=={version}"],
+                 files.requirement],
                 env,
-                f"installing nemo-gym=={version}",
+                f"installing {files.requirement}",
             )  # fmt: skip
             if not (tmp / "bin" / "ng_run").exists():
                 raise VenvSetupError(f"nemo-gym=={version} installed no `ng_run` command")
             if below:
                 (tmp / "vf-nemogym-uv.toml").write_text(
-                    f'[pip]\npython-version = "{_floor_text(floor)}"\n'
+                    f'[pip]\npython-version = "{floor_text(floor)}"\n'
                 )
             marker = {
                 "python": str(exe),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from verifiers_nemogym.errors import NeMoGymError
-from verifiers_nemogym.nemo.venv import cache_root
+from verifiers_nemogym.util import cache_root
 
 # Qwen2's pre-tokenizer split (its tokenizer.json), as llama.cpp's "qwen2" pre-tokenizer.
 QWEN2_SPLIT = (

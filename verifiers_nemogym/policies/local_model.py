@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
-from verifiers_nemogym.nemo.venv import _file_lock, cache_root
+from verifiers_nemogym.util import cache_root, file_lock
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def packaged_model_path(*, log: logging.Logger = logger) -> Path:
     if target.is_file() and target.stat().st_size == _PACKAGED_SIZE:
         return target
     parts = _part_paths()
-    with _file_lock(folder / f".{PACKAGED_MODEL_NAME}.lock"):
+    with file_lock(folder / f".{PACKAGED_MODEL_NAME}.lock"):
         if target.is_file() and target.stat().st_size == _PACKAGED_SIZE:
             return target  # another process assembled it while we waited
         started = time.monotonic()

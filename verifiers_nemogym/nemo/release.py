@@ -1,0 +1,163 @@
+"""What a NeMo Gym release is: its declared Python floor, its extras, and its files.
+
+Contract: `release_files(version)` returns a folder holding exactly what the `nemo-gym==<version>`
+wheel installs (the `resources_servers/`, `environments/`, `responses_api_agents/` trees with
+their configs and example data, and `nemo_gym-<version>.dist-info`), fetched once with
+`uv pip install --no-deps --target` into `cache_root()/releases/` (atomic: built beside, then
+renamed; serialised between processes) and afterwards returned without starting any process.
+Reading environments, configs and rows needs nothing more; running them needs the runtime
+(`nemo.venv.ensure_venv`), which is built where rollouts run. Nothing here imports `nemo_gym`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, run_uv
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NEMO_GYM_VERSION = "0.4.0"
+"""The fallback release: the newest one whose floor (3.12) needs no recent patch release."""
+# NeMo Gym >= 0.2 requires Python >= 3.12; older interpreters are never candidates.
+MIN_PYTHON = (3, 12)
+KNOWN_RELEASES: dict[str, tuple[int, ...]] = {
+    "0.4.0": (3, 12),
+    "0.5.0": (3, 13, 14),
+    "0.6.0": (3, 13, 14),
+    "0.7.0": (3, 13, 14),
+}
+"""nemo-gym release -> its declared `Requires-Python` floor (from each release's metadata).
+The newest entry that an interpreter here satisfies is the default release."""
+_RELEASE = re.compile(r"^\d+(\.\d+){1,2}([a-z]+\d+)?$")
+_COMPLETE = ".vf-nemogym-complete"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """`"3.13.14"` -> `(3, 13, 14)` (at most three numeric parts)."""
+    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
+
+
+def floor_text(floor: tuple[int, ...]) -> str:
+    return ".".join(map(str, floor))
+
+
+def check_release(version: str) -> str:
+    """`version` if it reads as a release number (it becomes part of paths), else ConfigError."""
+    if not _RELEASE.match(version):
+        raise ConfigError(
+            f"--env.taskset.nemo-gym-version {version!r} is not a nemo-gym release number "
+            "(e.g. 0.4.0)"
+        )
+    return version
+
+
+def python_floor(version: str, venv: Path | None = None) -> tuple[int, ...]:
+    """The Python floor nemo-gym `version` declares: read from the installed package's metadata
+    when `venv` (a runtime venv or a `release_files` folder) holds it (cheap, exact), else
+    `KNOWN_RELEASES`; an unknown release gets the floor of the newest known release not newer
+    than it."""
+    if venv is not None:
+        for meta in _metadata_files(venv, version):
+            if floor := _metadata_floor(meta):
+                return floor
+    if version in KNOWN_RELEASES:
+        return KNOWN_RELEASES[version]
+    older = [v for v in KNOWN_RELEASES if version_tuple(v) <= version_tuple(version)]
+    older.sort(key=version_tuple)
+    return KNOWN_RELEASES[older[-1]] if older else MIN_PYTHON
+
+
+def _metadata_files(folder: Path, version: str) -> list[Path]:
+    name = f"nemo_gym-{version}.dist-info/METADATA"
+    return [*folder.glob(name), *folder.glob(f"lib/python3*/site-packages/{name}")]
+
+
+def _headers(meta: Path) -> list[tuple[str, str]]:
+    """The header lines of a dist-info METADATA file as (lowercased key, value)."""
+    found: list[tuple[str, str]] = []
+    try:
+        with meta.open(encoding="utf-8") as lines:
+            for line in lines:
+                if not line.strip():
+                    break  # the headers end at the first blank line
+                key, _, value = line.partition(":")
+                found.append((key.strip().lower(), value.strip()))
+    except OSError:
+        return []
+    return found
+
+
+def _metadata_floor(meta: Path) -> tuple[int, ...] | None:
+    """`Requires-Python: >=X.Y[.Z]` of a dist-info METADATA file, as a tuple."""
+    for key, value in _headers(meta):
+        if key == "requires-python":
+            found = re.search(r">=\s*(3\.\d+(?:\.\d+)?)", value)
+            return version_tuple(found.group(1)) if found else None
+    return None
+
+
+@dataclass(frozen=True)
+class ReleaseFiles:
+    """The files of one nemo-gym release (no interpreter, no dependencies)."""
+
+    root: Path
+    """Holds the wheel's top-level folders, as a runtime's site-packages does."""
+    version: str
+
+    @property
+    def extras(self) -> frozenset[str]:
+        """The extras the release declares (`Provides-Extra`), e.g. `ray` after NeMo Gym 0.7."""
+        return frozenset(
+            value
+            for meta in _metadata_files(self.root, self.version)
+            for key, value in _headers(meta)
+            if key == "provides-extra"
+        )
+
+    @property
+    def requirement(self) -> str:
+        """What a runtime installs: `nemo-gym[ray]==<v>` where Ray is an extra (servers that
+        declare `ray_enabled` need it), else `nemo-gym==<v>`."""
+        extra = "[ray]" if "ray" in self.extras else ""
+        return f"nemo-gym{extra}=={self.version}"
+
+
+def release_files(version: str, log: logging.Logger = logger) -> ReleaseFiles:
+    """The files of nemo-gym `version`, fetched on first use (see the module contract)."""
+    check_release(version)
+    root = cache_root() / "releases"
+    target = root / f"nemo-gym-{version}"
+    if (target / _COMPLETE).is_file():
+        return ReleaseFiles(target, version)
+    with file_lock(root / f".nemo-gym-{version}.lock"):
+        if (target / _COMPLETE).is_file():  # fetched by another process while we waited
+            return ReleaseFiles(target, version)
+        if target.exists():
+            shutil.rmtree(target)  # left by an interrupted older layout: not ours to trust
+        uv = find_uv()
+        assert uv is not None
+        began = time.monotonic()
+        tmp = root / f".tmp-nemo-gym-{version}-{uuid.uuid4().hex[:8]}"
+        try:
+            # No dependencies and no interpreter of the release's: only its files. uv checks the
+            # release's Requires-Python against the version we claim, so claim its floor.
+            run_uv(
+                [str(uv), "pip", "install", "--quiet", "--no-deps", "--target", str(tmp),
+                 "--python-version", floor_text(python_floor(version)), f"nemo-gym=={version}"],
+                clean_env() | {"UV_PYTHON_DOWNLOADS": "never"},
+                f"fetching the files of nemo-gym=={version}",
+            )  # fmt: skip
+            (tmp / _COMPLETE).write_text(f"{version}\n")
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("fetched nemo-gym %s's files in %.1f s", version, time.monotonic() - began)
+    return ReleaseFiles(target, version)

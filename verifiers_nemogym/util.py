@@ -1,0 +1,98 @@
+"""Plumbing shared by the package: the cache folder, `uv`, child environments, file locks.
+
+Contract: nothing here knows NeMo Gym or verifiers; every function is safe to call from any
+process of the package (library, CLI, stack host, model servers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from verifiers_nemogym.errors import VenvSetupError
+
+CACHE_ENV_VAR = "VF_NEMOGYM_CACHE"
+# Variables that would make a child use the parent's venv or Python instead of its own.
+_PARENT_ENV_VARS = (
+    "VIRTUAL_ENV",
+    "PYTHONHOME",
+    "PYTHONPATH",
+    "UV_PROJECT_ENVIRONMENT",
+    "CONDA_PREFIX",
+)
+
+
+def cache_root() -> Path:
+    """Root of everything this package caches (release files, runtimes, per-server venvs,
+    stacks, models): `$VF_NEMOGYM_CACHE`, else `$XDG_CACHE_HOME/verifiers-nemogym`."""
+    if explicit := os.environ.get(CACHE_ENV_VAR):
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "verifiers-nemogym"
+
+
+def uv_cache_dir() -> Path:
+    """uv's own cache folder (uv's default on Linux), shared so per-server venvs build from it."""
+    if explicit := os.environ.get("UV_CACHE_DIR"):
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "uv"
+
+
+def find_uv(*, required: bool = True) -> Path | None:
+    """The `uv` binary: the `uv` Python package's one if installed, else the one on PATH."""
+    try:
+        from uv import find_uv_bin
+
+        return Path(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        pass
+    if found := shutil.which("uv"):
+        return Path(found)
+    if required:
+        raise VenvSetupError(
+            "`uv` was not found (neither the `uv` Python package nor `uv` on PATH); "
+            "install it with `pip install uv`."
+        )
+    return None
+
+
+def clean_env() -> dict[str, str]:
+    """The parent's environment minus what would make a child use the parent's venv or Python."""
+    env = dict(os.environ)
+    for key in _PARENT_ENV_VARS:
+        env.pop(key, None)
+    return env
+
+
+def run_uv(args: list[str], env: dict[str, str], what: str) -> None:
+    """Run a `uv` command to completion; `VenvSetupError` naming `what` (and uv's last 30
+    lines) if it fails or takes over 30 minutes."""
+    try:
+        out = subprocess.run(
+            args, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise VenvSetupError(f"{what} timed out after {exc.timeout:.0f} s") from exc
+    if out.returncode != 0:
+        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-30:])
+        raise VenvSetupError(f"{what} failed (exit {out.returncode}):\n{tail}")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on `path` (created with its folders); released by the kernel
+    if this process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.taskset import NeMoGymTaskset, NeMoGymTasksetConfig, parse_row
+from verifiers_nemogym.taskset import NeMoGymData, NeMoGymTaskset, NeMoGymTasksetConfig, parse_row
 
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": "weather in sf?"}]}}
 
@@ -30,13 +34,15 @@ def test_packaged_rows_load_untouched(nemo_venv):
 
 
 def test_nemo_env_accepts_a_comma_list():
-    config = NeMoGymTasksetConfig(id="nemo-gym-env", nemo_env="a, b")
-    assert config.nemo_env == ["a", "b"]
+    config = NeMoGymTasksetConfig(
+        id="nemo-gym-env", nemo_env="example_single_tool_call, example_multi_step"
+    )
+    assert config.nemo_env == ["example_single_tool_call", "example_multi_step"]
 
 
-def test_unknown_env_lists_close_matches(nemo_venv):
-    with pytest.raises(ConfigError, match="example_single_tool_call"):
-        list(taskset(nemo_env=["example_single_tool_cal"]))
+def test_unknown_env_lists_close_matches():
+    with pytest.raises(ValidationError, match="example_single_tool_call"):
+        taskset(nemo_env=["example_single_tool_cal"])
 
 
 def test_no_rows_configured_is_an_error():
@@ -46,10 +52,11 @@ def test_no_rows_configured_is_an_error():
 
 def test_jsonl_rows_keep_their_agent_ref(tmp_path: Path, nemo_venv):
     path = tmp_path / "rows.jsonl"
-    ref = {"type": "responses_api_agents", "name": "my_agent"}
+    ref = {"type": "responses_api_agents", "name": "example_multi_step_simple_agent"}
     path.write_text(json.dumps({**ROW, "agent_ref": ref}) + "\n\n" + json.dumps(ROW) + "\n")
-    tasks = list(taskset(jsonl_path=path, agent="fallback_agent"))
-    assert [t.data.agent for t in tasks] == ["my_agent", "fallback_agent"]
+    fallback = "example_single_tool_call_simple_agent"
+    tasks = list(taskset(jsonl_path=path, agent=fallback))
+    assert [t.data.agent for t in tasks] == ["example_multi_step_simple_agent", fallback]
     assert [t.data.source for t in tasks] == [f"{path}:1", f"{path}:3"]
 
 
@@ -77,8 +84,8 @@ def test_malformed_line_in_file_names_its_line(tmp_path: Path, nemo_venv):
 
 
 def test_missing_and_empty_files(tmp_path: Path, nemo_venv):
-    with pytest.raises(ConfigError, match="not found"):
-        list(taskset(jsonl_path=tmp_path / "nope.jsonl", agent="a"))
+    with pytest.raises(ValidationError, match="no such file"):
+        taskset(jsonl_path=tmp_path / "nope.jsonl", agent="a")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ConfigError, match="empty"):
         list(taskset(jsonl_path=tmp_path / "empty.jsonl", agent="a"))
@@ -98,3 +105,52 @@ def test_jsonl_rows_bring_their_agents_environment(tmp_path: Path, nemo_venv):
     path.write_text(json.dumps({**ROW, "agent_ref": {**ref, "name": "no_such_agent"}}) + "\n")
     with pytest.raises(ConfigError, match="no_such_agent"):
         taskset(jsonl_path=path).config_paths()
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[list[str]]]:
+    """Every command this process starts while the fixture is active (an audit hook: it sees
+    `subprocess` and `os.exec*`/`posix_spawn` whatever library starts them)."""
+    seen: list[list[str]] = []
+    active = [True]
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if active[0] and event in ("subprocess.Popen", "os.posix_spawn", "os.exec"):
+            argv = args[1]  # (executable or path, argv, ...) for all three
+            seen.append([str(a) for a in argv] if isinstance(argv, list | tuple) else [str(argv)])
+
+    sys.addaudithook(hook)  # cannot be removed: it goes quiet instead
+    yield seen
+    active[0] = False
+
+
+def test_load_on_an_empty_cache_builds_no_runtime_and_starts_no_nemo_gym_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawned: list[list[str]]
+):
+    """What prime-rl's orchestrator does with the taskset (resolve the config, list the rows)
+    reads the release's files: no runtime venv, no server venv, no NeMo Gym command; the only
+    commands are interpreter probes (which release fits this machine) and uv fetching the
+    release's wheel without dependencies."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VF_NEMOGYM_CACHE", str(cache))
+    tasks = list(taskset(nemo_env="example_single_tool_call,example_multi_step"))
+    assert len(tasks) == 10 and all(t.data.agent for t in tasks)
+    assert sorted(p.name for p in cache.iterdir()) == ["releases"]  # no runtimes, no venvs
+    for argv in spawned:
+        probe = len(argv) == 3 and argv[1] == "-c" and "python_version" in argv[2]
+        fetch = argv[1:4] == ["pip", "install", "--quiet"] and "--no-deps" in argv
+        assert probe or fetch, argv
+    assert any("--target" in argv for argv in spawned)  # the fetch happened, into the cache
+    spawned.clear()
+    assert len(list(taskset(nemo_env="example_single_tool_call"))) == 5
+    assert [a for a in spawned if "pip" in a] == []  # cached: nothing fetched again
+
+
+def test_rows_survive_the_json_round_trip_prime_rl_makes(nemo_venv):
+    """prime-rl ships `task.data.model_dump(mode="json")` to an env server, which rebuilds the
+    task there: the data must come back equal, row untouched."""
+    for task in taskset(nemo_env="example_single_tool_call,example_multi_step"):
+        wire = json.loads(json.dumps(task.data.model_dump(mode="json")))
+        again = NeMoGymData.model_validate(wire)
+        assert again == task.data
+        assert again.row == task.data.row and again.agent == task.data.agent

@@ -18,11 +18,16 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 from verifiers.v1.dialects.responses import ResponsesDialect
 from verifiers.v1.runtimes import Runtime
 
-from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.catalog import Catalog, load_config
 from verifiers_nemogym.nemo.release import ReleaseFiles, check_release, release_files
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, default_version, ensure_venv
+from verifiers_nemogym.nemo.venv import (
+    NeMoGymVenv,
+    check_interpreter,
+    default_version,
+    ensure_venv,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +118,11 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
         # "rows are required": verifiers' CLI builds a default config before parsing flags.)
         if self.jsonl_path is not None and not self.jsonl_path.expanduser().is_file():
             raise ValueError(f"env.taskset.jsonl_path: no such file: {self.jsonl_path}")
+        if self.python is not None:
+            try:
+                check_interpreter(self.python)
+            except VenvSetupError as e:
+                raise ValueError(f"env.taskset.python: {e}") from None
         if self.nemo_env:
             # The release's files (fetched once, no runtime) say which names exist.
             version = self.nemo_gym_version or default_version(self.python)

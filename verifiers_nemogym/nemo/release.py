@@ -36,7 +36,7 @@ KNOWN_RELEASES: dict[str, tuple[int, ...]] = {
 }
 """nemo-gym release -> its declared `Requires-Python` floor (from each release's metadata).
 The newest entry that an interpreter here satisfies is the default release."""
-_RELEASE = re.compile(r"^\d+(\.\d+){1,2}([a-z]+\d+)?$")
+_RELEASE = re.compile(r"^\d+(\.\d+){1,2}(\.?(a|b|rc|dev|post)\d+)?$")
 _COMPLETE = ".vf-nemogym-complete"
 
 

@@ -167,6 +167,18 @@ def _candidates(wanted: str | None, *, ask_uv: bool = True) -> Iterator[Path]:
                 yield Path(out.stdout.strip())
 
 
+def check_interpreter(spec: str) -> None:
+    """`VenvSetupError` if `spec` names an interpreter by path (not a version such as "3.12")
+    that does not exist or does not run: found when the config is read, not at stack start."""
+    if _VERSION_SPEC.match(spec):
+        return
+    exe = Path(spec).expanduser()
+    if not exe.is_absolute():
+        exe = Path(shutil.which(spec) or exe).absolute()
+    if not exe.exists() or _probe_python(exe) is None:
+        raise VenvSetupError(f"Python interpreter {spec!r} does not exist or does not run.")
+
+
 def find_python(
     spec: str | None = None,
     *,

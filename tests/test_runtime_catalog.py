@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,9 +20,11 @@ from verifiers_nemogym.nemo.catalog import (
 from verifiers_nemogym.nemo.venv import (
     DEFAULT_NEMO_GYM_VERSION,
     NeMoGymVenv,
+    base_interpreter,
     ensure_venv,
     find_python,
 )
+from verifiers_nemogym.util import clean_env, find_uv
 
 
 def test_find_python_accepts_a_named_interpreter() -> None:
@@ -65,6 +68,50 @@ def test_ensure_runtime_is_reused_quickly(nemo_venv: NeMoGymVenv) -> None:
         "python": again.python_version,
         "below_floor": False,
     }
+
+
+@pytest.fixture(scope="module")
+def venv_python(tmp_path_factory: pytest.TempPathFactory, nemo_venv: NeMoGymVenv) -> Path:
+    """`bin/python` of a virtual environment made from the runtime's interpreter: what prime-rl
+    and `uv run` run the taskset and env servers from."""
+    folder = tmp_path_factory.mktemp("user-venv") / "venv"
+    subprocess.run(
+        [str(find_uv()), "venv", "-q", "--python", str(nemo_venv.python), str(folder)],
+        check=True,
+        env=clean_env(),
+    )
+    return folder / "bin" / "python"
+
+
+def test_a_venv_interpreter_is_traced_to_its_base(venv_python: Path, nemo_venv: NeMoGymVenv):
+    base = base_interpreter(venv_python)
+    assert base != venv_python and base.parent == nemo_venv.python.parent
+    assert base_interpreter(nemo_venv.python) == nemo_venv.python
+    # Named by the user, or found first on PATH, it yields the base interpreter.
+    assert find_python(str(venv_python)) == base
+
+
+def test_a_runtime_recorded_with_a_venv_interpreter_is_repaired(
+    venv_python: Path, nemo_venv: NeMoGymVenv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A cache written by an earlier release under prime-rl recorded the venv's interpreter;
+    NeMo Gym's per-server `uv venv --python X.Y.Z` then finds no interpreter on PATH. The
+    runtime is repaired (its record rewritten), never reused as it was."""
+    monkeypatch.setenv("VF_NEMOGYM_CACHE", str(tmp_path))
+    runtime = tmp_path / "runtimes" / nemo_venv.venv.name
+    runtime.mkdir(parents=True)
+    (runtime / "bin").symlink_to(nemo_venv.venv / "bin")
+    marker = json.loads((nemo_venv.venv / "vf-nemogym-runtime.json").read_text())
+    (runtime / "vf-nemogym-runtime.json").write_text(
+        json.dumps({**marker, "python": str(venv_python)})
+    )
+    found = ensure_venv(nemo_venv.nemo_gym_version, nemo_venv.python_version)
+    assert found.venv == runtime
+    assert found.python == base_interpreter(venv_python) != venv_python
+    assert not (found.python.parent.parent / "pyvenv.cfg").exists()  # not inside a venv
+    assert found.env()["PATH"].split(":")[0] == str(found.python.parent)  # no venv bin first
+    on_disk = json.loads((runtime / "vf-nemogym-runtime.json").read_text())
+    assert on_disk["python"] == str(found.python)
 
 
 def test_runtime_env_puts_its_interpreter_first(nemo_venv: NeMoGymVenv) -> None:

@@ -57,6 +57,9 @@ _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 # ng_run before this line makes it exit without running its own shutdown.
 _READY_LINE = re.compile(r"All (\d+) / (\d+) servers ready")
 _DIED_LINE = re.compile(r"Process `([^`]+)` finished unexpectedly")
+# The first exception ng_run itself raised (`RuntimeError: Missing pyproject.toml ... <dir>`):
+# the cause; what follows it (the head server's 500s while shutting down) is noise.
+_FIRST_ERROR = re.compile(r"^\w*(Error|Exception): .+$", re.MULTILINE)
 _SERVER_LINE = re.compile(r"^\([\w.-]+\) ")
 _CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
@@ -475,7 +478,12 @@ class NeMoGymStack:
                 f"--- unprefixed output ({self.log_path}) ---\n"
                 f"{self._ng_run_tail(20, before_traceback=True)}"
             )
-        return f"NeMo Gym's ng_run exited with status {code}; log tail:\n{self._tail_for(set())}"
+        first = _FIRST_ERROR.search(self._ng_run_tail(10_000))
+        cause = f": {first.group(0).strip()}" if first else ""
+        return (
+            f"NeMo Gym's ng_run exited with status {code}{cause}; log tail:\n"
+            f"{self._tail_for(set())}"
+        )
 
     # ----------------------------------------------------------------------------- health
 

@@ -1,0 +1,255 @@
+"""prime-rl's process split, built from verifiers' own serve pieces (prime-rl itself cannot be
+installed here): the taskset is loaded in one process (prime-rl's orchestrator / `uv run eval`
+does `vf.load_taskset(config)` then `list(taskset)`), its tasks travel as JSON
+(`task.data.model_dump(mode="json")`) to an env server started as its own process (verifiers'
+`serve_env` with a worker pool, what prime-rl spawns per source), and rollouts are driven through
+verifiers' `EnvClient` with the eval client and with the train client. Everything is real: NeMo
+Gym, verifiers, the proxy; the models are the scripted policy and the token server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import verifiers.v1 as vf
+from helpers import SHARED_STACK_GONE_S, error_text, gone, run_command, run_tag
+from renderers.configs import DefaultRendererConfig
+from verifiers.v1.configs.client import EvalClientConfig, TrainClientConfig
+from verifiers.v1.serve.client import EnvClient
+from verifiers.v1.serve.pool import env_config_data
+
+from verifiers_nemogym.net import free_port
+from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
+from verifiers_nemogym.policies.local_model import packaged_model_path
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+from verifiers_nemogym.util import clean_env, find_uv
+
+pytestmark = pytest.mark.stack
+
+ENV = "example_single_tool_call"
+# What prime-rl's orchestrator runs, in its own process.
+LOAD = (
+    "import json, sys\n"
+    "import verifiers.v1 as vf\n"
+    "config = vf.resolve_env_config({'taskset': json.loads(sys.argv[1])})\n"
+    "tasks = list(vf.load_taskset(config.taskset))\n"
+    "print(json.dumps([t.data.model_dump(mode='json') for t in tasks]))\n"
+)
+# What prime-rl's `env-server` runs: verifiers' worker pool in front of the env.
+SERVE = (
+    "import json, sys\n"
+    "from verifiers.v1.serve.pool import serve_env\n"
+    "serve_env(**json.loads(sys.argv[1]))\n"
+)
+
+
+@pytest.fixture
+async def policy() -> AsyncIterator[ScriptedPolicy]:
+    async with ScriptedPolicy() as p:
+        yield p
+
+
+async def load_tasks(python: str, taskset: dict[str, Any], env: dict[str, str]) -> list[dict]:
+    code, out = await run_command(
+        [python, "-c", LOAD, json.dumps(taskset)], env, 600, stdout_only=True
+    )
+    assert code == 0, out[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+class EnvServer:
+    """`serve_env` in its own process (SIGTERM: verifiers' graceful teardown), and a client."""
+
+    def __init__(self, python: str, taskset: dict[str, Any], env: dict[str, str], log: Path):
+        config = vf.resolve_env_config({"taskset": taskset})
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        args = {
+            "address": self.address,
+            "config_data": env_config_data(config),
+            "max_workers": 2,
+            "elastic": False,
+        }
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [python, "-c", SERVE, json.dumps(args)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.client = EnvClient(self.address)
+
+    async def run(self, client: Any, model: str, tasks: list[dict]) -> list[vf.Episode]:
+        async def one(task: dict) -> vf.Episode:
+            return await self.client.run(client, model, vf.SamplingConfig(), task)
+
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+    async def stop(self) -> None:
+        await self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(self.proc.wait, 120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            await asyncio.to_thread(self.proc.wait)
+
+
+def eval_client(policy: ScriptedPolicy) -> EvalClientConfig:
+    return EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
+
+
+def check_scored(episodes: list[vf.Episode], n: int) -> None:
+    assert len(episodes) == n
+    assert [e.ok for e in episodes] == [True] * n, [error_text(e) for e in episodes][:2]
+    assert [t.reward for e in episodes for t in e.traces] == [1.0] * n
+    assert all("nemo_gym" in t.info for e in episodes for t in e.traces)
+
+
+async def test_taskset_in_one_process_env_server_in_another_eval_and_train(
+    policy: ScriptedPolicy, tmp_path: Path
+) -> None:
+    """The orchestrator's tasks (JSON, from another process) run on a 2-worker env server with
+    the eval client (NeMo Gym's rewards) and the train client (token ids on every call)."""
+    tag, env = run_tag(SCRIPTED_KEY="unused", VF_NEMOGYM_TEST_NO_KEY="unused")
+    taskset = {"id": "nemo-gym-env", "nemo_env": ENV, "start_timeout": 600}
+    tasks = await load_tasks(sys.executable, taskset, env)
+    assert len(tasks) == 5 and all(t["row"]["responses_create_params"] for t in tasks)
+    server = EnvServer(sys.executable, taskset, env, tmp_path / "env-server.log")
+    try:
+        episodes = await asyncio.wait_for(server.run(eval_client(policy), "scripted", tasks), 900)
+        check_scored(episodes, 5)
+        assert len({c.session_id for c in policy.calls}) == 5  # each rollout its own calls
+        renderer = DefaultRendererConfig(tool_parser="qwen3", reasoning_parser="think")
+        async with TokenServer(packaged_tokenizer()) as tokens:
+            train = TrainClientConfig(
+                base_url=tokens.base_url,
+                api_key_var="VF_NEMOGYM_TEST_NO_KEY",
+                renderer=renderer,
+                renderer_model_name=str(tokenizer_dir(packaged_model_path())),
+            )
+            trained = await asyncio.wait_for(server.run(train, "token-server", tasks), 900)
+        check_scored(trained, 5)
+        for trace in (t for e in trained for t in e.traces):
+            assert len(trace.calls) == 2  # call the tool, then answer
+            for call in trace.calls:
+                assert call.node is not None, call.error
+                node = trace.nodes[call.node]
+                assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
+    finally:
+        await server.stop()
+    assert server.proc.returncode is not None
+    assert await gone(tag, SHARED_STACK_GONE_S) == []  # the stack left with its last user
+
+
+async def test_a_stack_that_cannot_start_fails_every_rollout_through_the_env_server(
+    policy: ScriptedPolicy, tmp_path: Path
+) -> None:
+    """A config NeMo Gym refuses: the env server's workers stay up and every rollout is an
+    error carrying the stack's reason, in bounded time (verifiers 0.4.0's pool never notices a
+    worker that died in `Env.start`, and its callers would wait forever); nothing is left."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "vf_broken_server:\n"
+        "  resources_servers:\n"
+        "    no_such_resources_server_impl:\n"
+        "      entrypoint: app.py\n"
+        "      domain: other\n"
+    )
+    tag, env = run_tag(SCRIPTED_KEY="unused")
+    taskset = {
+        "id": "nemo-gym-env",
+        "nemo_env": ENV,
+        "config_paths": [str(broken)],
+        "start_timeout": 300,
+    }
+    tasks = (await load_tasks(sys.executable, taskset, env))[:3]
+    server = EnvServer(sys.executable, taskset, env, tmp_path / "env-server.log")
+    began = time.monotonic()
+    try:
+        episodes = await asyncio.wait_for(server.run(eval_client(policy), "scripted", tasks), 600)
+    finally:
+        await server.stop()
+    assert time.monotonic() - began < 600
+    assert policy.calls == []
+    for episode in episodes:
+        assert not episode.ok
+        assert "nemo_gym" not in episode.traces[0].rewards
+        text = error_text(episode)
+        assert "the NeMo Gym stack did not start" in text, text
+        assert "no_such_resources_server_impl" in text, text  # the stack's own reason
+    assert await gone(tag, SHARED_STACK_GONE_S) == []
+
+
+@pytest.fixture(scope="module")
+def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Python 3.12 virtual environment holding this package and the verifiers of the lock,
+    as prime-rl's (or `uv run`'s) is: its `bin` leads PATH, its base interpreter is nowhere to
+    be found but through its `pyvenv.cfg`."""
+    base = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    pythons = sorted(base.glob("3.12*/bin/python3.12"))
+    if not pythons:
+        pytest.fail(f"no Python 3.12 under {base} to make the user's venv from")
+    root = tmp_path_factory.mktemp("prime-rl-like")
+    venv = root / "venv"
+    repo = Path(__file__).resolve().parents[1]
+    uv = str(find_uv())
+    clean = clean_env()
+    subprocess.run(
+        [uv, "venv", "-q", "--python", str(pythons[-1]), str(venv)], check=True, env=clean
+    )
+    reqs = root / "requirements.txt"
+    subprocess.run(
+        [uv, "export", "--frozen", "--no-hashes", "--no-dev", "--no-emit-workspace", "-o",
+         str(reqs)], check=True, cwd=repo, env=clean, capture_output=True,
+    )  # fmt: skip
+    subprocess.run(
+        [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-r", str(reqs),
+         str(repo)], check=True, env=clean, timeout=900,
+    )  # fmt: skip
+    return venv
+
+
+async def test_cold_cache_from_a_python_312_venv_whose_base_is_not_on_path(
+    user_venv: Path, policy: ScriptedPolicy, tmp_path: Path
+) -> None:
+    """prime-rl's shape on a new machine: the loader and the env server run from a 3.12 venv,
+    PATH holds that venv's `bin` and the system folders only, no pyenv folder is known, and the
+    NeMo Gym cache is empty. The runtime is built from the venv's base interpreter, the stack
+    starts (NeMo Gym's per-server `uv venv --python 3.12.x` finds it), and rollouts score."""
+    cache = tmp_path / "cache"
+    tag, env = run_tag(SCRIPTED_KEY="unused")
+    env = {k: v for k, v in env.items() if k not in ("VIRTUAL_ENV", "VF_NEMOGYM_PYTHON")}
+    env |= {
+        "PATH": f"{user_venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "PYENV_ROOT": str(tmp_path / "no-pyenv"),
+        "VF_NEMOGYM_CACHE": str(cache),
+    }
+    python = str(user_venv / "bin" / "python")
+    taskset = {"id": "nemo-gym-env", "nemo_env": ENV, "start_timeout": 900}
+    tasks = await load_tasks(python, taskset, env)
+    assert len(tasks) == 5
+    assert not (cache / "runtimes").exists()  # loading built no runtime
+    server = EnvServer(python, taskset, env, tmp_path / "env-server.log")
+    try:
+        episodes = await asyncio.wait_for(server.run(eval_client(policy), "scripted", tasks), 1500)
+        check_scored(episodes, 5)
+    finally:
+        await server.stop()
+    (runtime,) = (cache / "runtimes").glob("nemo-gym-*")
+    recorded = Path(json.loads((runtime / "vf-nemogym-runtime.json").read_text())["python"])
+    assert not (recorded.parent.parent / "pyvenv.cfg").exists(), recorded  # the base, not a venv
+    assert await gone(tag, SHARED_STACK_GONE_S) == []

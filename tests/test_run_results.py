@@ -123,3 +123,12 @@ def test_record_keeps_numbers_as_metrics_not_flags_nor_nemo_gyms_trajectory_reco
     assert kept.info["nemo_gym"]["ng_trajectory"] == {"turns": [1, 2]}
     assert {"ng_agent_observations", "ng_model_call_capture"} <= kept.info["nemo_gym"].keys()
     assert "response" not in kept.info["nemo_gym"]
+
+
+@pytest.mark.parametrize("reward", ["NaN", "Infinity", "-Infinity", "true", '"1.0"', "null"])
+async def test_a_reward_that_is_not_a_finite_number_is_an_error(run_server, reward: str):
+    """verifiers 0.4.0 would record NaN as the reward (newer ones raise inside scoring): the
+    rollout is an error naming the result, never a reward."""
+    results, _, url = run_server
+    with pytest.raises(AgentRunError, match="no `reward` that is a finite number"):
+        await _run(url, json.loads(f'{{"reward": {reward}}}'), results)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from typing import Any, ClassVar
 
 import aiohttp
@@ -96,8 +97,8 @@ def _stop_condition(trace: vf.Trace) -> str | None:
 
 async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) -> dict[str, Any]:
     """POST the row, tagged for `route`, to the agent's `/run`; raise `AgentRunError` unless
-    it returns a result with a numeric reward. Raced against the stack's death, the route's
-    first provider error and `run_timeout`: whichever comes first ends the wait."""
+    it returns a result whose reward is a finite number. Raced against the stack's death, the
+    route's first provider error and `run_timeout`: whichever comes first ends the wait."""
     where = f"{data.source}: agent {data.agent!r} /run"
     if live.failure is not None:
         raise AgentRunError(f"{where} not started: {live.failure}")
@@ -138,9 +139,16 @@ async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) 
         raise AgentRunError(redact(f"{where} answered non-JSON: {text[:500]}")) from None
     if isinstance(result, dict) and result.get("mask_sample") is True:
         raise _masked(where, result)
-    if not isinstance(result, dict) or not isinstance(result.get("reward"), int | float):
-        raise AgentRunError(redact(f"{where} returned no numeric `reward`: {text[:500]}"))
+    if not isinstance(result, dict) or not _finite_number(result.get("reward")):
+        # NaN, Infinity (Python's JSON reads them) and booleans are no measurement either.
+        raise AgentRunError(
+            redact(f"{where} returned no `reward` that is a finite number: {text[:500]}")
+        )
     return result
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _masked(where: str, result: dict[str, Any]) -> AgentRunError:

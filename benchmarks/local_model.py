@@ -1,4 +1,4 @@
-"""Local model figures for the README: `uv run python benchmarks/local_model.py [-n 5]`.
+"""Local model figures for docs/local-model.md: `uv run python benchmarks/local_model.py [-n 5]`.
 
 Measures, on this machine: the packaged model's assembly (only when the cache has none), the
 llama.cpp server's start (process start to `/health` OK, `--starts` times), and a real

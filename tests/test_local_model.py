@@ -1,6 +1,6 @@
 """The real local model (Qwen2.5-Coder-1.5B on llama.cpp, CPU) through the whole chain.
 
-`nemo-gym-env eval-local` (the README's first command) -> vf-eval -> NeMoGymHarness -> NeMo Gym
+`nemo-gym-env eval-local` (the README's no-key command) -> vf-eval -> NeMoGymHarness -> NeMo Gym
 agent `/run` -> model proxy -> verifiers endpoint -> local llama.cpp server. The model's wording is
 never asserted: only that it called the tool with parseable arguments, that NeMo Gym's tool ran
 with them, and that NeMo Gym verified the rollout. A small model may misbehave now and then, so

@@ -199,7 +199,7 @@ async def test_train_mode_records_tokens_on_every_call(
         if label is None:
             assert trace.reward == eval_reward[_question(episode)], _question(episode)
         # One training sample, except where Qwen2.5's template drops past reasoning when it
-        # re-renders the next prompt (documented in the README's Training section).
+        # re-renders the next prompt (documented in docs/training.md).
         expected = 2 if label is not None and "reasoning" in label else 1
         assert len(trace.branches) == expected, (label, _question(episode)[:60])
         if expected == 1:
@@ -271,7 +271,7 @@ def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> No
 
 
 async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path: Path) -> None:
-    """The README's command: `vf-eval nemo-gym-env --client.type train ...` against a
+    """docs/training.md's command: `vf-eval nemo-gym-env --client.type train ...` against a
     vLLM-compatible server (the token server). With `--env.agent.max-turns 1` verifiers refuses
     the second call as in eval mode: the rollout stops, NeMo Gym verifies, the reward stays, and
     the one call made recorded its tokens."""

@@ -102,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     down = stack_commands.add_parser("down", help="stop shared stacks and wait for them")
     down.add_argument("envs", nargs="*", metavar="ENV", help="default: every shared stack")
+    options = commands.add_parser("options", help="the --env.taskset.* options and their meaning")
+    options.add_argument("--markdown", action="store_true", help="as docs/options.md")
     return parser
 
 
@@ -249,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
             return _conformance(args)
         if args.command == "stack":
             return _stack(args)
+        if args.command == "options":
+            from verifiers_nemogym.options import options_markdown, options_text
+
+            sys.stdout.write(options_markdown() if args.markdown else options_text() + "\n")
+            return 0
         # Also before eval-local starts its model: an unusable Python fails fast.
         runtime = ensure_venv(args.nemo_gym_version, args.python)
         if args.command == "setup":

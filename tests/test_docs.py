@@ -1,0 +1,68 @@
+"""The documentation stays true to the code: docs/options.md is what the config's docstrings
+generate, and every relative link in the README and docs/ reaches an existing file and heading."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from verifiers_nemogym.options import REGENERATE, options, options_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [
+    ROOT / "README.md",
+    ROOT / "environments/nemo_gym_env/README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_options_page_matches_the_config() -> None:
+    written = (ROOT / "docs/options.md").read_text()
+    assert written == options_markdown(), f"docs/options.md is out of date: run `{REGENERATE}`"
+
+
+def test_every_option_has_a_docstring() -> None:
+    assert [o.key for o in options() if not o.doc] == []
+    keys = {o.key for o in options()}
+    assert {"nemo_env", "shared_stack", "task.run_timeout", "id"} <= keys
+    assert "task" not in keys  # the nested config is expanded, not listed
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", _prose(page.read_text()), re.MULTILINE):
+        slug = _slug(heading)
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def _prose(text: str) -> str:
+    """The page without its fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_relative_links_resolve(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(_prose(page.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target} (no heading #{anchor} in {linked.name})")
+    assert broken == [], f"{page.relative_to(ROOT)}: broken links: {broken}"

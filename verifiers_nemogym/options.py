@@ -1,0 +1,161 @@
+"""The `--env.taskset.*` option table, generated from the config classes' attribute docstrings.
+
+`docs/options.md` is `options_markdown()` (`nemo-gym-env options --markdown > docs/options.md`),
+and `tests/test_docs.py` fails when the two disagree, so the table is written once: in the
+docstrings under each field of `NeMoGymTasksetConfig` and `NeMoGymTaskConfig`. pydantic does not
+turn those docstrings into field descriptions here (the configs do not set
+`use_attribute_docstrings`), so they are read from the classes' source with `ast`; fields the
+configs inherit from verifiers are read the same way from verifiers' source.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+REGENERATE = "uv run nemo-gym-env options --markdown > docs/options.md"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One config field as a user sets it."""
+
+    key: str
+    """Its TOML key below `env.taskset`, e.g. `task.run_timeout`."""
+    flag: str
+    """Its command-line flag, e.g. `--env.taskset.task.run-timeout`."""
+    type: str
+    """Its annotation as written in the source."""
+    default: str
+    """`repr` of its default (a default factory is called)."""
+    doc: str
+    """Its attribute docstring on one line ("" if it has none)."""
+    owner: str
+    """The module of the class that declares it."""
+
+
+def _declared(cls: type) -> dict[str, tuple[str, str]]:
+    """Field name -> (annotation source, attribute docstring) as `cls` itself declares them."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
+    found: dict[str, tuple[str, str]] = {}
+    for node, after in zip(body, [*body[1:], None], strict=True):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        doc = ""
+        if (
+            isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            doc = " ".join(inspect.cleandoc(after.value.value).split())
+        found[node.target.id] = (ast.unparse(node.annotation), doc)
+    return found
+
+
+def _nested(annotation: Any) -> type[BaseModel] | None:
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def options(config: type[BaseModel] | None = None, prefix: str = "") -> list[Option]:
+    """Every field of `config` (default: `NeMoGymTasksetConfig`), nested configs expanded in
+    place of their own row, in the order: this package's fields, then verifiers'."""
+    if config is None:
+        from verifiers_nemogym.taskset import NeMoGymTasksetConfig
+
+        config = NeMoGymTasksetConfig
+    declared: dict[str, tuple[type, str, str]] = {}
+    for cls in reversed(config.__mro__):  # a subclass's declaration wins
+        if cls is BaseModel or not (inspect.isclass(cls) and issubclass(cls, BaseModel)):
+            continue
+        if "__annotations__" not in vars(cls):
+            continue
+        for name, (annotation, doc) in _declared(cls).items():
+            declared[name] = (cls, annotation, doc)
+    ours: list[Option] = []
+    theirs: list[Option] = []
+    for name, field in config.model_fields.items():
+        cls, annotation, doc = declared[name]
+        key = f"{prefix}{name}"
+        nested = _nested(field.annotation)
+        if nested is not None:
+            rows = options(nested, f"{key}.")
+            ours.extend(o for o in rows if o.owner.startswith("verifiers_nemogym"))
+            theirs.extend(o for o in rows if not o.owner.startswith("verifiers_nemogym"))
+            continue
+        option = Option(
+            key=key,
+            flag="--env.taskset." + key.replace("_", "-"),
+            type=annotation,
+            default=repr(field.get_default(call_default_factory=True)),
+            doc=doc,
+            owner=cls.__module__,
+        )
+        (ours if cls.__module__.startswith("verifiers_nemogym") else theirs).append(option)
+    ours.sort(key=lambda o: o.key.count("."))  # top-level fields first, each in source order
+    theirs.sort(key=lambda o: o.key.count("."))
+    return [*ours, *theirs]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _table(rows: list[Option]) -> list[str]:
+    lines = ["| field | flag | type | default | meaning |", "|---|---|---|---|---|"]
+    for o in rows:
+        lines.append(
+            f"| `{o.key}` | `{o.flag}` | `{_cell(o.type)}` | `{_cell(o.default)}` "
+            f"| {_cell(o.doc)} |"
+        )
+    return lines
+
+
+def options_markdown() -> str:
+    """docs/options.md."""
+    rows = options()
+    ours = [o for o in rows if o.owner.startswith("verifiers_nemogym")]
+    theirs = [o for o in rows if not o.owner.startswith("verifiers_nemogym")]
+    lines = [
+        "# Options (`--env.taskset.*`)",
+        "",
+        "<!-- Generated from the attribute docstrings of NeMoGymTasksetConfig and",
+        "NeMoGymTaskConfig (verifiers_nemogym/taskset.py) and their verifiers bases; do not edit.",
+        f"Regenerate: {REGENERATE}",
+        "tests/test_docs.py fails when this file and the config disagree. -->",
+        "",
+        "Each field is a command-line flag of `uv run eval`, `vf-eval` and",
+        "`nemo-gym-env eval-local -- ...`, and a TOML key of a `[[source]]` (or",
+        "`[[orchestrator.train.source]]`) block, e.g. `env.taskset.nemo_env = "
+        '"example_single_tool_call"`.',
+        "`nemo_env` also takes a comma-separated string (`--env.taskset.nemo-env a,b`).",
+        "",
+        "## nemo-gym-env's options",
+        "",
+        *_table(ours),
+        "",
+        "## Inherited from verifiers",
+        "",
+        *_table(theirs),
+        "",
+        "verifiers' other flags apply as usual: `--env.agent.max-turns`,",
+        "`--env.agent.timeout.rollout`, `--sampling.*`, `-n`/`-r`/`-c`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def options_text() -> str:
+    """The same options for a terminal: flag, type, default, then the meaning indented."""
+    lines: list[str] = []
+    for o in options():
+        lines.append(f"{o.flag}  ({o.type}, default {o.default})")
+        lines.extend(textwrap.wrap(o.doc, 96, initial_indent="    ", subsequent_indent="    "))
+    return "\n".join(lines)

@@ -50,7 +50,8 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
 
     nemo_env: list[str] = Field(default_factory=list)
     """NeMo Gym environment name(s) (resources server folders, e.g. `example_single_tool_call`).
-    Their configs are started on one stack; without `jsonl_path` their `dataset` rows load."""
+    Their configs are started on one stack; without `jsonl_path` their `dataset` rows load.
+    Several on the command line: `a,b` or `a b` (a repeated flag keeps only its last value)."""
     jsonl_path: Path | None = None
     """A JSONL file of NeMo Gym rows to load instead of the environments' packaged data. Rows
     name their agent with `agent_ref`; rows without one go to the single agent of `nemo_env`."""

@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import end_to_end, proxy_hop, stack_start, steady_state, warm, workers
+from benchmarks import end_to_end, prime_rl, proxy_hop, stack_start, steady_state, warm, workers
 from benchmarks.common import PYTHON_VAR, VERSION_VAR, bench_runtime, spawn_policy, summary
 from benchmarks.native import rows_file
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, DEFAULT_NEMO_GYM_VERSION
 
-FIGURES = ("proxy", "steady", "e2e", "start", "warm", "workers")
-RELEASE_FIGURES = ("e2e", "start", "warm")
+FIGURES = ("proxy", "steady", "e2e", "start", "warm", "workers", "prime_rl")
+RELEASE_FIGURES = ("e2e", "start", "warm", "prime_rl")
 """The figures that can run another nemo-gym release (`--nemo-gym-version`), both sides on it."""
 RESULTS = Path(__file__).with_name("results")
 
@@ -181,6 +181,27 @@ async def run_workers(repeats: int, out: dict[str, Any]) -> None:
     }
 
 
+async def run_prime_rl(repeats: int, out: dict[str, Any]) -> None:
+    """prime-rl's path: the taskset loaded on an empty cache, and the first reward through an
+    env server against NeMo Gym's own first `/run` (interleaved)."""
+    version = bench_runtime().nemo_gym_version
+    loads = [await prime_rl.load_once(version) for _ in range(repeats)]
+    for key in loads[0]:
+        out["spread"][key] = summary([m[key] for m in loads])
+    ours: list[float] = []
+    native: list[float] = []
+    async with await spawn_policy() as policy:
+        for r in range(repeats):
+            for side in ["ours", "native"] if r % 2 == 0 else ["native", "ours"]:
+                if side == "ours":
+                    ours.append(await prime_rl.first_reward_once(version, policy.info["base_url"]))
+                else:
+                    native.append(await prime_rl.native_first_reward_once(int(policy.info["port"])))
+    out["spread"]["first_reward_s"] = summary(ours)
+    out["spread"]["native_first_reward_s"] = summary(native)
+    out["spread"]["first_reward_ratio"] = summary(_ratios(ours, native))
+
+
 def _ratios(a: list[float], b: list[float]) -> list[float]:
     return [x / y for x, y in zip(a, b, strict=True)]
 
@@ -221,6 +242,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "start": lambda: run_start(args.repeats, args.cold_repeats, out),
         "warm": lambda: run_warm(args.repeats, out),
         "workers": lambda: run_workers(args.repeats, out),
+        "prime_rl": lambda: run_prime_rl(args.repeats, out),
     }
     for name in FIGURES:
         if name not in figures:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import aiohttp
 
+from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.nemo.shared import FrontForwarder, _digest, _User
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 
@@ -22,7 +22,7 @@ async def test_front_forwards_by_secret_only() -> None:
         proxies = [NeMoGymModelProxy(), NeMoGymModelProxy()]
         for pid, proxy in enumerate(proxies):
             await proxy.start()
-            front.add(_User(pid, proxy.url, _digest(proxy.secret)))
+            front.add(FrontUser(pid, proxy.url, secret_digest(proxy.secret)))
         try:
             routes = [p.open_route(policy.base_url, "bearer") for p in proxies]
             url = f"http://{front.host}:{front.port}/v1/responses"
@@ -57,7 +57,7 @@ async def test_front_forwards_rollout_prefixed_calls() -> None:
     front = FrontForwarder()
     await front.start()
     async with ScriptedPolicy() as policy, NeMoGymModelProxy() as proxy:
-        front.add(_User(1, proxy.url, _digest(proxy.secret)))
+        front.add(FrontUser(1, proxy.url, secret_digest(proxy.secret)))
         try:
             route = proxy.open_route(policy.base_url, "bearer")
             url = f"http://{front.host}:{front.port}/ng-rollout/{route.id}/v1/responses"

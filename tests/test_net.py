@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from verifiers_nemogym.bridge import redact
+from verifiers_nemogym.bridge.front import FrontForwarder
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.nemo.shared import FrontForwarder
 from verifiers_nemogym.net import LOOPBACK, AppServer
 from verifiers_nemogym.policies.llama_generate import GenerateAdapter
 from verifiers_nemogym.policies.replay import ReplayPolicy

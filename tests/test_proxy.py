@@ -14,16 +14,18 @@ from openai.types.responses import Response
 
 from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.bridge.proxy import (
-    ROLLOUT_ID_KEY,
-    ROLLOUT_ID_PATTERN,
-    ROUTE_HEADER,
-    ROUTE_KEY,
-    SECRET_KEY,
     NeMoGymModelProxy,
     ProviderFailure,
     ProxyLimits,
     Route,
     RouteTag,
+)
+from verifiers_nemogym.bridge.wire import (
+    ROLLOUT_ID_KEY,
+    ROLLOUT_ID_PATTERN,
+    ROUTE_HEADER,
+    ROUTE_KEY,
+    SECRET_KEY,
 )
 
 

@@ -26,7 +26,6 @@ import collections
 import contextlib
 import hmac
 import logging
-import re
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -36,29 +35,27 @@ import aiohttp
 import pydantic_core
 from aiohttp import web
 
-from verifiers_nemogym.bridge import chat, redact
+from verifiers_nemogym.bridge import chat, redact, wire
 from verifiers_nemogym.bridge.responses import complete_response, incomplete_response
+from verifiers_nemogym.bridge.wire import (
+    MAX_BODY_BYTES,
+    ROLLOUT_ID_KEY,
+    ROLLOUT_ID_PATTERN,
+    ROUTE_HEADER,
+    ROUTE_KEY,
+    SECRET_KEY,
+    json_error,
+)
 from verifiers_nemogym.net import AppServer
 
 logger = logging.getLogger(__name__)
-
-ROUTE_KEY = "vf_nemogym_route"
-"""Metadata key (or `X-VF-NeMoGym-Route` header) carrying the per-rollout route id."""
-SECRET_KEY = "vf_nemogym_secret"
-"""Metadata key (or `Authorization: Bearer` header) carrying the proxy's secret."""
-ROUTE_HEADER = "X-VF-NeMoGym-Route"
-ROLLOUT_ID_KEY = "_ng_rollout_id"
-"""Row key NeMo Gym (>= 0.7) reads as the rollout's id: with observability or token capture on,
-its agents call the policy at `/ng-rollout/<id>/v1/...`. Tagged rows carry the route id there."""
-ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-"""What NeMo Gym accepts as a rollout id (a path segment); every route id matches it."""
 
 
 @dataclass(frozen=True)
 class ProxyLimits:
     """Explicit bounds; every one is a failure mode seen in earlier integrations."""
 
-    max_body_bytes: int = 256 * 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body accepted (413 above it). NeMo Gym resends the whole conversation."""
     pool_size: int = 1024
     """Upstream connections kept open at most, across all routes."""
@@ -158,10 +155,6 @@ class Route:
             self.failed.set()
 
 
-def _error(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind}}, status=status)
-
-
 class NeMoGymModelProxy(AppServer):
     """An aiohttp server on `host` routing model calls per rollout. Use `async with`, or
     `start()`/`stop()`. Routes are opened with `route()` (or `open_route`/`close_route`)."""
@@ -188,12 +181,7 @@ class NeMoGymModelProxy(AppServer):
         self._connector: aiohttp.TCPConnector | None = None
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=self.limits.max_body_bytes)
-        app.router.add_get("/", self._health)
-        app.router.add_post("/v1/{tail:.*}", self._forward)
-        # NeMo Gym >= 0.7 with observability on prefixes model calls with the rollout's id.
-        app.router.add_post("/ng-rollout/{rollout_id}/v1/{tail:.*}", self._forward)
-        return app
+        return wire.model_call_app(self._forward, max_body_bytes=self.limits.max_body_bytes)
 
     async def start(self) -> None:
         """Bind and serve; `port` is the bound port afterwards (0 picks a free one)."""
@@ -294,37 +282,34 @@ class NeMoGymModelProxy(AppServer):
 
     # --- handlers -------------------------------------------------------------------------
 
-    async def _health(self, request: web.Request) -> web.Response:
-        # NeMo Gym polls every server's `GET /` for readiness, without credentials.
-        return web.json_response({"status": "ok"})
-
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _error(
+            return json_error(
                 413, f"body exceeds {self.limits.max_body_bytes} bytes", "request_too_large"
             )
         try:
             body = pydantic_core.from_json(raw)
         except ValueError as e:
-            return _error(400, f"body is not JSON: {e}", "invalid_request_error")
+            return json_error(400, f"body is not JSON: {e}", "invalid_request_error")
         if not isinstance(body, dict):
-            return _error(400, "body must be a JSON object", "invalid_request_error")
+            return json_error(400, "body must be a JSON object", "invalid_request_error")
         metadata = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
-        secret = metadata.pop(SECRET_KEY, None) or _bearer(request)
-        if not isinstance(secret, str) or not hmac.compare_digest(secret, self.secret):
-            return _error(401, "missing or wrong proxy secret", "unauthorized")
+        secret = wire.secret_of(request, metadata)
+        metadata.pop(SECRET_KEY, None)
+        if secret is None or not hmac.compare_digest(secret, self.secret):
+            return json_error(401, "missing or wrong proxy secret", "unauthorized")
         path_id = request.match_info.get("rollout_id")
         if path_id is not None and not ROLLOUT_ID_PATTERN.match(path_id):
-            return _error(404, f"malformed rollout id {path_id!r} in path", "unknown_route")
+            return json_error(404, f"malformed rollout id {path_id!r} in path", "unknown_route")
         # The path's rollout id is the route id we tagged the row with (`ROLLOUT_ID_KEY`).
         route_id = metadata.pop(ROUTE_KEY, None) or request.headers.get(ROUTE_HEADER) or path_id
         route = self._routes.get(route_id) if isinstance(route_id, str) else None
         if route is None:
             if route_id in self._finished:
-                return _error(410, f"route {route_id!r} has finished", "route_finished")
-            return _error(404, f"unknown route {route_id!r}", "unknown_route")
+                return json_error(410, f"route {route_id!r} has finished", "route_finished")
+            return json_error(404, f"unknown route {route_id!r}", "unknown_route")
         if "metadata" in body and not metadata:
             del body["metadata"]  # it held only our routing keys
         route.calls += 1
@@ -340,7 +325,7 @@ class NeMoGymModelProxy(AppServer):
             return failure
         if status == 200:
             return _reply_ok(route, raw, body, is_responses=tail == "responses")
-        return _reply_error(route, status, raw, body, is_responses=tail == "responses")
+        return _replyjson_error(route, status, raw, body, is_responses=tail == "responses")
 
     async def _post(
         self, route: Route, tail: str, body: dict[str, Any]
@@ -362,12 +347,12 @@ class NeMoGymModelProxy(AppServer):
         except TimeoutError:
             message = f"model endpoint {url} did not answer within {self.limits.call_timeout:g} s"
             route.fail(ProviderFailure(504, message))
-            return 0, b"", _error(504, message, "upstream_timeout")
+            return 0, b"", json_error(504, message, "upstream_timeout")
         except (aiohttp.ClientError, RuntimeError) as e:
             # RuntimeError: the route's session was closed under an in-flight call.
             message = redact.redact(f"model endpoint {url} failed: {e!r}")
             route.fail(ProviderFailure(502, message))
-            return 0, b"", _error(502, message, "upstream_error")
+            return 0, b"", json_error(502, message, "upstream_error")
 
     async def _train_call(self, route: Route, request: dict[str, Any]) -> web.Response:
         """One Responses call of a train route, carried as Chat Completions."""
@@ -377,7 +362,7 @@ class NeMoGymModelProxy(AppServer):
             # Nothing verifiers could record: the agent's request itself has no chat form.
             message = f"train mode cannot carry this Responses request: {e}"
             route.fail(ProviderFailure(400, message))
-            return _error(400, message, "invalid_request_error")
+            return json_error(400, message, "invalid_request_error")
         status, raw, failure = await self._post(route, "chat/completions", chat_body)
         if failure is not None:
             return failure
@@ -390,19 +375,14 @@ class NeMoGymModelProxy(AppServer):
             # training server turns into an answer: a prompt over the model's context.
             if route.stopped() is None and chat.is_overlong_prompt(status, payload):
                 return _json(chat.overlong_response(request))
-            return _reply_error(route, status, raw, request, is_responses=True)
+            return _replyjson_error(route, status, raw, request, is_responses=True)
         try:
             reply = pydantic_core.from_json(raw)
             return _json(chat.chat_to_responses(reply, request))
         except (ValueError, chat.ChatConversionError) as e:
             message = redact.redact(f"model endpoint answered 200 with no chat completion: {e}")
             route.fail(ProviderFailure(502, message[:2000]))
-            return _error(502, message[:2000], "upstream_error")
-
-
-def _bearer(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
-    return auth[7:] if auth.startswith("Bearer ") else None
+            return json_error(502, message[:2000], "upstream_error")
 
 
 def _reply_ok(
@@ -416,13 +396,13 @@ def _reply_ok(
     if not isinstance(payload, dict):
         message = "model endpoint answered 200 with a body that is not a JSON object"
         route.fail(ProviderFailure(502, message))
-        return _error(502, message, "upstream_error")
+        return json_error(502, message, "upstream_error")
     if is_responses:
         payload = complete_response(payload, request)
     return _json(payload)
 
 
-def _reply_error(
+def _replyjson_error(
     route: Route, status: int, raw: bytes, request: dict[str, Any], *, is_responses: bool
 ) -> web.Response:
     """An error answer of the endpoint: verifiers refusing a call of a stopped rollout becomes an
@@ -444,7 +424,7 @@ def _reply_error(
     route.fail(ProviderFailure(status, message[:2000]))
     if isinstance(payload, dict):
         return _json(payload, status)
-    return _error(status, f"upstream answered {status}: {message}", "upstream_error")
+    return json_error(status, f"upstream answered {status}: {message}", "upstream_error")
 
 
 def _message(payload: Any) -> str:

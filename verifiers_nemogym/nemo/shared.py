@@ -1,6 +1,6 @@
 """One NeMo Gym stack per machine for every env process that asks for the same one.
 
-Design (see README "One stack for many env processes"):
+Design (see docs/shared-stacks.md):
 
 - A stack is identified by its *key*: nemo-gym version, the runtime's Python and venv, and the
   sorted set of NeMo Gym config files. Its folder `<cache>/stacks/<key>/` (mode 0700) holds
@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -43,15 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import pydantic_core
-from aiohttp import web
-
-from verifiers_nemogym.bridge.proxy import SECRET_KEY
+from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-from verifiers_nemogym.net import LOOPBACK, AppServer
+from verifiers_nemogym.net import LOOPBACK
 from verifiers_nemogym.util import cache_root
 
 logger = logging.getLogger(__name__)
@@ -367,114 +362,6 @@ async def attach_or_start(
 # ------------------------------------------------------------------------------ host side
 
 
-def _digest(secret: str) -> bytes:
-    return hashlib.sha256(secret.encode()).digest()
-
-
-@dataclass
-class _User:
-    pid: int
-    proxy_url: str
-    secret_digest: bytes
-
-
-class FrontForwarder(AppServer):
-    """NeMo Gym's `policy_model` for a shared stack: forwards each model call, bytes unchanged,
-    to the registered user proxy whose secret the call carries. Anything else gets 401; a user
-    whose proxy stopped answering gets 410 (never a status NeMo Gym retries forever)."""
-
-    def __init__(self, host: str = LOOPBACK, port: int = 0) -> None:
-        self.host = host
-        self.port = port
-        self.users: dict[bytes, _User] = {}
-        self.calls = 0
-        self._http: aiohttp.ClientSession | None = None
-
-    def _app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_get("/", self._health)
-        app.router.add_post("/v1/{tail:.*}", self._forward)
-        # NeMo Gym >= 0.7 with observability on: the path (kept as is) names the rollout,
-        # which the user's proxy routes like `/v1/...`.
-        app.router.add_post("/ng-rollout/{rollout_id}/v1/{tail:.*}", self._forward)
-        return app
-
-    async def start(self) -> None:
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1024),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            # The user's proxy bounds each call (ProxyLimits.call_timeout); this only caps a
-            # proxy that stopped answering without closing.
-            timeout=aiohttp.ClientTimeout(total=3700, connect=10),
-        )
-        await super().start()
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.close()
-
-    def add(self, user: _User) -> None:
-        self.users[user.secret_digest] = user
-
-    def remove(self, user: _User) -> None:
-        if self.users.get(user.secret_digest) is user:
-            del self.users[user.secret_digest]
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    def _user_for(self, secret: Any) -> _User | None:
-        if not isinstance(secret, str):
-            return None
-        user = self.users.get(_digest(secret))
-        # The digest lookup already matched; compare_digest keeps the check constant-time.
-        if user is None or not hmac.compare_digest(_digest(secret), user.secret_digest):
-            return None
-        return user
-
-    async def _forward(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        try:
-            body = pydantic_core.from_json(raw)
-        except ValueError:
-            body = None
-        metadata = body.get("metadata") if isinstance(body, dict) else None
-        secret = metadata.get(SECRET_KEY) if isinstance(metadata, dict) else None
-        if secret is None:
-            auth = request.headers.get("Authorization", "")
-            secret = auth[7:] if auth.startswith("Bearer ") else None
-        user = self._user_for(secret)
-        if user is None:
-            return _error(401, "missing or unknown proxy secret", "unauthorized")
-        self.calls += 1
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() in ("content-type", "authorization", "x-vf-nemogym-route")
-        }
-        assert self._http is not None
-        try:
-            async with self._http.post(
-                f"{user.proxy_url}{request.path}", data=raw, headers=headers
-            ) as upstream:
-                payload = await upstream.read()
-                return web.Response(
-                    body=payload,
-                    status=upstream.status,
-                    content_type=upstream.content_type or "application/json",
-                )
-        except (aiohttp.ClientError, TimeoutError) as e:
-            return _error(
-                410, f"the env process (pid {user.pid}) owning this call is gone: {e!r}", "gone"
-            )
-
-
-def _error(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind}}, status=status)
-
-
 class StackHost:
     """The stack host process's work: front + stack + lease socket, until idle or told down.
 
@@ -488,7 +375,7 @@ class StackHost:
         self.spec = spec
         self.front = FrontForwarder()
         self.stack: NeMoGymStack | None = None
-        self.leases: dict[asyncio.StreamWriter, _User] = {}
+        self.leases: dict[asyncio.StreamWriter, FrontUser] = {}
         self.idle_since = time.monotonic()
         self.started_at = time.time()
         self.leases_total = 0
@@ -588,7 +475,7 @@ class StackHost:
         }
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        user: _User | None = None
+        user: FrontUser | None = None
         try:
             message = await _receive(reader)
             if message is None:
@@ -612,10 +499,10 @@ class StackHost:
                 self.request_stop("stack down requested")
                 await _send(writer, {"ok": True, "pid": os.getpid()})
             elif op == "lease":
-                user = _User(
+                user = FrontUser(
                     pid=int(message["pid"]),
                     proxy_url=_loopback_url(str(message["proxy_url"])),
-                    secret_digest=_digest(str(message["secret"])),
+                    secret_digest=secret_digest(str(message["secret"])),
                 )
                 self.front.add(user)
                 self.leases[writer] = user

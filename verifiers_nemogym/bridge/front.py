@@ -1,0 +1,114 @@
+"""The front forwarder: NeMo Gym's `policy_model` for a shared stack.
+
+A shared stack (`nemo/shared.py`) serves the env processes of many owners; each owner runs its
+own model proxy (`bridge.proxy`). The front passes every model call on, bytes unchanged, to the
+registered proxy whose secret the call carries (`bridge.wire` defines where that secret is).
+Contract: an unknown or missing secret is 401; a registered proxy that stopped answering is 410
+(never a status NeMo Gym's client retries forever); nothing else is read from the body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+import aiohttp
+import pydantic_core
+from aiohttp import web
+
+from verifiers_nemogym.bridge import wire
+from verifiers_nemogym.net import LOOPBACK, AppServer
+
+FRONT_CALL_TIMEOUT = 3700.0
+"""Seconds the front waits for a proxy's answer: the proxy bounds each call itself
+(`ProxyLimits.call_timeout`, one hour); this only caps a proxy that stopped answering without
+closing its connection."""
+
+
+def secret_digest(secret: str) -> bytes:
+    """What the front keeps of a proxy's secret (never the secret itself)."""
+    return hashlib.sha256(secret.encode()).digest()
+
+
+@dataclass
+class FrontUser:
+    """A registered env process: its proxy's URL and the digest of its proxy's secret."""
+
+    pid: int
+    proxy_url: str
+    secret_digest: bytes
+
+
+class FrontForwarder(AppServer):
+    """See the module contract. `add`/`remove` register the proxies of the stack's users."""
+
+    def __init__(self, host: str = LOOPBACK, port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self.users: dict[bytes, FrontUser] = {}
+        self.calls = 0
+        self._http: aiohttp.ClientSession | None = None
+
+    def _app(self) -> web.Application:
+        return wire.model_call_app(self._forward)
+
+    async def start(self) -> None:
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1024),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=FRONT_CALL_TIMEOUT, connect=10),
+        )
+        await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.close()
+
+    def add(self, user: FrontUser) -> None:
+        self.users[user.secret_digest] = user
+
+    def remove(self, user: FrontUser) -> None:
+        if self.users.get(user.secret_digest) is user:
+            del self.users[user.secret_digest]
+
+    def _user_for(self, secret: str | None) -> FrontUser | None:
+        if secret is None:
+            return None
+        digest = secret_digest(secret)
+        user = self.users.get(digest)
+        # The digest lookup already matched; compare_digest keeps the check constant-time.
+        if user is None or not hmac.compare_digest(digest, user.secret_digest):
+            return None
+        return user
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            body = pydantic_core.from_json(raw)
+        except ValueError:
+            body = None
+        metadata = body.get("metadata") if isinstance(body, dict) else None
+        user = self._user_for(wire.secret_of(request, metadata))
+        if user is None:
+            return wire.json_error(401, "missing or unknown proxy secret", "unauthorized")
+        self.calls += 1
+        headers = {k: v for k, v in request.headers.items() if k.lower() in wire.FORWARDED_HEADERS}
+        assert self._http is not None
+        try:
+            # The path is kept: `/ng-rollout/<id>/v1/...` names the rollout to the proxy too.
+            async with self._http.post(
+                f"{user.proxy_url}{request.path}", data=raw, headers=headers
+            ) as upstream:
+                payload = await upstream.read()
+                return web.Response(
+                    body=payload,
+                    status=upstream.status,
+                    content_type=upstream.content_type or "application/json",
+                )
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return wire.json_error(
+                410, f"the env process (pid {user.pid}) owning this call is gone: {e!r}", "gone"
+            )

@@ -1,0 +1,66 @@
+"""The model-call wire NeMo Gym's agents speak to `policy_model`, defined once.
+
+Both servers that stand as `policy_model` use it: the per-process model proxy
+(`bridge.proxy`) and the shared stack's front forwarder (`bridge.front`), which passes each call
+on to the proxy owning it. A route NeMo Gym adds, a key or a limit changes here, for both.
+
+Contract: a model call is `POST /v1/<tail>` (or, NeMo Gym >= 0.7 with observability on,
+`POST /ng-rollout/<rollout id>/v1/<tail>`) whose JSON body's `metadata` carries `SECRET_KEY`
+and `ROUTE_KEY` (NeMo Gym forwards a row's metadata on every turn; agents cannot set headers),
+or the same as `Authorization: Bearer` and `ROUTE_HEADER` headers. `GET /` answers NeMo Gym's
+readiness poll without credentials. Every refusal is a JSON error body with a status NeMo Gym
+does not retry forever.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+ROUTE_KEY = "vf_nemogym_route"
+"""Metadata key (or `ROUTE_HEADER` header) carrying the per-rollout route id."""
+SECRET_KEY = "vf_nemogym_secret"
+"""Metadata key (or `Authorization: Bearer` header) carrying the proxy's secret."""
+ROUTE_HEADER = "X-VF-NeMoGym-Route"
+ROLLOUT_ID_KEY = "_ng_rollout_id"
+"""Row key NeMo Gym (>= 0.7) reads as the rollout's id: with observability or token capture on,
+its agents call the policy at `/ng-rollout/<id>/v1/...`. Tagged rows carry the route id there."""
+ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""What NeMo Gym accepts as a rollout id (a path segment); every route id matches it."""
+MAX_BODY_BYTES = 256 * 1024 * 1024
+"""Largest model-call body accepted (long multi-turn prompts with tool outputs run to MBs)."""
+FORWARDED_HEADERS = frozenset({"content-type", "authorization", ROUTE_HEADER.lower()})
+"""Request headers the front passes on to the owning proxy (the rest are hop-by-hop)."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def model_call_app(forward: Handler, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    """An aiohttp app answering NeMo Gym's readiness poll and sending every model-call route
+    to `forward` (`request.match_info["tail"]`, and `["rollout_id"]` on the prefixed route)."""
+    app = web.Application(client_max_size=max_body_bytes)
+    app.router.add_get("/", health)
+    app.router.add_post("/v1/{tail:.*}", forward)
+    app.router.add_post("/ng-rollout/{rollout_id}/v1/{tail:.*}", forward)
+    return app
+
+
+async def health(request: web.Request) -> web.Response:
+    """NeMo Gym polls every server's `GET /` for readiness, without credentials."""
+    return web.json_response({"status": "ok"})
+
+
+def secret_of(request: web.Request, metadata: Any) -> str | None:
+    """The secret a call carries: `metadata[SECRET_KEY]`, else the bearer token."""
+    if isinstance(metadata, dict) and isinstance(found := metadata.get(SECRET_KEY), str):
+        return found
+    auth = request.headers.get("Authorization", "")
+    return auth[7:] if auth.startswith("Bearer ") else None
+
+
+def json_error(status: int, message: str, kind: str) -> web.Response:
+    """An OpenAI-style error body (`{"error": {"message", "type"}}`) with `status`."""
+    return web.json_response({"error": {"message": message, "type": kind}}, status=status)

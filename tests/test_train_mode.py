@@ -99,8 +99,9 @@ def _check_tokens(trace: vf.Trace) -> int:
         assert call.node is not None, f"call without a node: {call.error}"
         node = trace.nodes[call.node]
         assert node.sampled and node.message.role == "assistant"
-        assert node.token_ids and len(node.mask) == len(node.token_ids)
-        assert len(node.logprobs) == sum(node.mask) > 0
+        # Lists in verifiers 0.4.0, numpy arrays in 0.4.1.dev: only len/sum/iteration on them.
+        assert len(node.token_ids) > 0 and len(node.mask) == len(node.token_ids)
+        assert node.logprobs is not None and len(node.logprobs) == sum(node.mask) > 0
         assert all(lp == -0.5 for lp in node.logprobs)  # the token server's synthetic value
     return len(trace.calls)
 

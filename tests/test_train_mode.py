@@ -128,6 +128,7 @@ def _train_ctx(server: TokenServer) -> vf.ModelContext:
     return vf.ModelContext(model="token-server", client=client)
 
 
+@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
 async def test_train_mode_records_tokens_on_every_call(
     servers: tuple[TokenServer, TokenServer], tmp_path: Path, secret_watch: Any, catalog: Catalog
 ) -> None:
@@ -271,6 +272,7 @@ def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> No
     )
 
 
+@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
 async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path: Path) -> None:
     """The README's command: `vf-eval nemo-gym-env --client.type train ...` against a
     vLLM-compatible server (the token server). With `--env.agent.max-turns 1` verifiers refuses

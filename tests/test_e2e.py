@@ -40,6 +40,7 @@ def runtime_flags(runtime: NeMoGymVenv) -> list[str]:
     return flags
 
 
+@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
 async def test_vf_eval_runs_rollouts_on_a_real_stack(
     policy: ScriptedPolicy, tmp_path: Path, any_nemo_venv: NeMoGymVenv
 ):

@@ -109,6 +109,46 @@ def test_the_library_wheel_alone_provides_the_env_module(install: Install):
         metadata = env.read(next(n for n in env.namelist() if n.endswith("METADATA"))).decode()
     version = install.library_wheel.name.split("-")[1]
     assert f"Requires-Dist: verifiers-nemogym=={version}" in metadata
+    # A direct verifiers requirement, a range: the Hub classifies v1 packages by it.
+    (verifiers,) = [r for r in metadata.splitlines() if r.startswith("Requires-Dist: verifiers<")]
+    assert "==" not in verifiers, verifiers
+
+
+def _prerelease() -> tuple[str, str]:
+    """The verifiers pre-release requirement tests/run.sh runs the suite on, and its version."""
+    lines = (REPO / "tests" / "verifiers-prerelease.txt").read_text().splitlines()
+    (requirement,) = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    name, version = requirement.split("==")
+    assert name == "verifiers", requirement
+    return requirement, version
+
+
+@pytest.mark.parametrize("route", ["uv-wheels", "pip-wheels", "uv-editable"])
+def test_an_installed_verifiers_prerelease_is_kept(install: Install, tmp_path: Path, route: str):
+    """prime-rl carries verifiers as an editable checkout with a dev version (0.4.1.devN).
+    Installing our package beside an installed pre-release keeps it (our requirement is a
+    range, not a pin that would replace it by a release), by each route: `uv pip install` or
+    `pip install` of both wheels, `uv pip install -e` of this checkout. The library then loads
+    the env by its id under that verifiers."""
+    uv = str(find_uv())
+    requirement, version = _prerelease()
+    venv = tmp_path / "venv"
+    seed = ["--seed"] if route == "pip-wheels" else []
+    _run([uv, "venv", *seed, "--python", sys.executable, str(venv)], cwd=tmp_path, timeout=120)
+    python = str(venv / "bin" / "python")
+    _run([uv, "pip", "install", "--python", python, requirement], cwd=tmp_path, timeout=600)
+    wheels = [str(install.library_wheel), str(install.env_wheel)]
+    install_ours = {
+        "uv-wheels": [uv, "pip", "install", "--python", python, *wheels],
+        "pip-wheels": [python, "-m", "pip", "install", "--disable-pip-version-check", *wheels],
+        "uv-editable": [uv, "pip", "install", "--python", python, "-e", str(REPO)],
+    }[route]
+    _run(install_ours, cwd=tmp_path, timeout=600)
+    show = "import importlib.metadata as m; print(m.version('verifiers'))"
+    assert _run([python, "-c", show], cwd=tmp_path, timeout=120).strip() == version
+    out = _run([python, "-c", PROBE], cwd=tmp_path, timeout=300)
+    _, _, _, env_class, rows = json.loads(out.splitlines()[-1])
+    assert env_class == "NeMoGymEnv" and rows == 5
 
 
 async def _run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float) -> tuple[int, str, str]:

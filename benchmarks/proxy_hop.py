@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.common import Helper, percentile, spawn, spawn_policy
-from verifiers_nemogym.bridge.proxy import RouteTag
+from verifiers_nemogym.bridge.wire import route_metadata
 
 # One turn of example_single_tool_call as NeMo Gym's simple_agent sends it.
 REQUEST: dict[str, Any] = {
@@ -75,7 +75,7 @@ async def load(
 
 def _tagged(route_id: str, secret: str) -> bytes:
     body = copy.deepcopy(REQUEST)
-    body["metadata"] = RouteTag(route_id, secret).metadata()
+    body["metadata"] = route_metadata(route_id, secret)
     return json.dumps(body).encode()
 
 

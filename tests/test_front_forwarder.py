@@ -7,7 +7,8 @@ from __future__ import annotations
 import aiohttp
 
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
-from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy, Route
+from verifiers_nemogym.bridge.wire import route_metadata
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 
@@ -28,20 +29,29 @@ async def test_front_forwards_by_secret_only() -> None:
             url = f"http://{front.host}:{front.port}/v1/responses"
             async with aiohttp.ClientSession() as http:
                 for route in routes:
-                    async with http.post(url, json=_body(route.metadata())) as response:
+                    async with http.post(url, json=_body(_meta(route))) as response:
                         assert response.status == 200, await response.text()
                 assert [r.calls for r in routes] == [1, 1]
                 # Route of proxy 0 with the secret of proxy 1: proxy 1 gets it and knows no
                 # such route (404); proxy 0 never sees it.
-                crossed = {**routes[0].metadata(), "vf_nemogym_secret": proxies[1].secret}
+                crossed = {
+                    **_meta(routes[0]),
+                    "vf_nemogym_secret": proxies[1].secret,
+                }
                 async with http.post(url, json=_body(crossed)) as response:
                     assert response.status == 404
                 assert [r.calls for r in routes] == [1, 1]
-                for tag in ({}, {**routes[0].metadata(), "vf_nemogym_secret": "wrong"}):
+                for tag in (
+                    {},
+                    {
+                        **_meta(routes[0]),
+                        "vf_nemogym_secret": "wrong",
+                    },
+                ):
                     async with http.post(url, json=_body(tag)) as response:
                         assert response.status == 401
                 await proxies[1].stop()  # its process "died" before its lease was noticed
-                async with http.post(url, json=_body(routes[1].metadata())) as response:
+                async with http.post(url, json=_body(_meta(routes[1]))) as response:
                     assert response.status == 410
                     assert "is gone" in (await response.json())["error"]["message"]
             assert front.calls == 4  # 2 ok + the crossed one + the gone one
@@ -63,9 +73,14 @@ async def test_front_forwards_rollout_prefixed_calls() -> None:
             url = f"http://{front.host}:{front.port}/ng-rollout/{route.id}/v1/responses"
             async with (
                 aiohttp.ClientSession() as http,
-                http.post(url, json=_body(route.metadata())) as response,
+                http.post(url, json=_body(_meta(route))) as response,
             ):
                 assert response.status == 200, await response.text()
             assert route.calls == 1 and proxy.rollout_path_calls == 1
         finally:
             await front.stop()
+
+
+def _meta(route: Route) -> dict[str, str]:
+    """The routing metadata that sends a body to `route` (as a tagged row carries it)."""
+    return route_metadata(route.id, route.proxy_secret)

@@ -18,7 +18,6 @@ from verifiers_nemogym.bridge.proxy import (
     ProviderFailure,
     ProxyLimits,
     Route,
-    RouteTag,
 )
 from verifiers_nemogym.bridge.wire import (
     ROLLOUT_ID_KEY,
@@ -26,6 +25,8 @@ from verifiers_nemogym.bridge.wire import (
     ROUTE_HEADER,
     ROUTE_KEY,
     SECRET_KEY,
+    route_metadata,
+    tag_row,
 )
 
 
@@ -89,7 +90,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 def body(proxy: NeMoGymModelProxy, route: Route | str | None, **extra: Any) -> dict[str, Any]:
     route_id = route.id if isinstance(route, Route) else route
-    metadata = proxy.tag(route_id).metadata() if route_id else {}
+    metadata = route_metadata(route_id, proxy.secret) if route_id else {}
     return {"input": [{"role": "user", "content": "hi"}], "metadata": metadata, **extra}
 
 
@@ -267,7 +268,7 @@ async def test_route_tag_is_the_one_routing_form(proxy, upstream, http):
         SECRET_KEY: proxy.secret,
     }
     assert row["responses_create_params"]["metadata"] == {"k": "v"}  # the row is untouched
-    assert RouteTag(route.id, proxy.secret).tag(row) == tagged  # another process's form
+    assert tag_row(row, route.id, proxy.secret) == tagged  # another process's form
     status, _ = await post(http, proxy, tagged["responses_create_params"])
     assert status == 200 and route.calls == 1
     assert up.seen[-1]["body"]["metadata"] == {"k": "v"}  # routing keys never go upstream

@@ -39,7 +39,6 @@ from verifiers_nemogym.bridge import chat, redact, wire
 from verifiers_nemogym.bridge.responses import complete_response, incomplete_response
 from verifiers_nemogym.bridge.wire import (
     MAX_BODY_BYTES,
-    ROLLOUT_ID_KEY,
     ROLLOUT_ID_PATTERN,
     ROUTE_HEADER,
     ROUTE_KEY,
@@ -65,29 +64,6 @@ class ProxyLimits:
     """Seconds one model call may take upstream before the proxy answers 504."""
     remembered_routes: int = 100_000
     """Finished route ids remembered, so their late calls get 410 rather than 404."""
-
-
-@dataclass(frozen=True)
-class RouteTag:
-    """What sends a Responses body to one route of one proxy: the route id and the proxy's
-    secret. The only place that knows how they are carried (the metadata keys); callers in
-    another process than the proxy (benchmarks) build it from the two values."""
-
-    route_id: str
-    proxy_secret: str
-
-    def metadata(self) -> dict[str, str]:
-        """The entries to add to a Responses body's `metadata`."""
-        return {ROUTE_KEY: self.route_id, SECRET_KEY: self.proxy_secret}
-
-    def tag(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A copy of the NeMo Gym `row` with the routing entries added to
-        `responses_create_params.metadata`, which NeMo Gym forwards on every model call."""
-        params = row["responses_create_params"]
-        metadata = {**(params.get("metadata") or {}), **self.metadata()}
-        tagged = {**row, "responses_create_params": {**params, "metadata": metadata}}
-        tagged[ROLLOUT_ID_KEY] = self.route_id
-        return tagged
 
 
 @dataclass(frozen=True)
@@ -127,7 +103,7 @@ class Route:
         self.endpoint = endpoint
         self.bearer = bearer
         self.session = session
-        self.route_tag = RouteTag(route_id, proxy_secret)
+        self.proxy_secret = proxy_secret
         self.stop_condition = stop_condition
         self.train = train
         self.calls = 0
@@ -137,12 +113,8 @@ class Route:
         """Set when `failure` is."""
 
     def tag(self, row: dict[str, Any]) -> dict[str, Any]:
-        """`RouteTag.tag` for this route."""
-        return self.route_tag.tag(row)
-
-    def metadata(self) -> dict[str, str]:
-        """`RouteTag.metadata` for this route."""
-        return self.route_tag.metadata()
+        """A copy of `row` whose model calls come to this route (`wire.tag_row`)."""
+        return wire.tag_row(row, self.id, self.proxy_secret)
 
     def stopped(self) -> str | None:
         """verifiers' stop condition for this rollout, if it stopped (None without a source)."""
@@ -271,10 +243,6 @@ class NeMoGymModelProxy(AppServer):
             yield route
         finally:
             await asyncio.shield(self.close_route(route))
-
-    def tag(self, route_id: str) -> RouteTag:
-        """The tag of `route_id` on this proxy (open or not: a finished route's calls get 410)."""
-        return RouteTag(route_id, self.secret)
 
     @property
     def open_routes(self) -> int:

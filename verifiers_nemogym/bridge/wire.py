@@ -38,6 +38,23 @@ FORWARDED_HEADERS = frozenset({"content-type", "authorization", ROUTE_HEADER.low
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def route_metadata(route_id: str, proxy_secret: str) -> dict[str, str]:
+    """The `metadata` entries that send a Responses body to one route of one proxy (also what
+    a process other than the proxy's builds from the two values, e.g. the benchmarks)."""
+    return {ROUTE_KEY: route_id, SECRET_KEY: proxy_secret}
+
+
+def tag_row(row: dict[str, Any], route_id: str, proxy_secret: str) -> dict[str, Any]:
+    """A copy of the NeMo Gym `row` whose model calls go to that route: the routing entries in
+    `responses_create_params.metadata` (NeMo Gym forwards it on every model call), and the route
+    id as NeMo Gym's rollout id (its `/ng-rollout/<id>/v1/...` calls)."""
+    params = row["responses_create_params"]
+    metadata = {**(params.get("metadata") or {}), **route_metadata(route_id, proxy_secret)}
+    tagged = {**row, "responses_create_params": {**params, "metadata": metadata}}
+    tagged[ROLLOUT_ID_KEY] = route_id
+    return tagged
+
+
 def model_call_app(forward: Handler, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
     """An aiohttp app answering NeMo Gym's readiness poll and sending every model-call route
     to `forward` (`request.match_info["tail"]`, and `["rollout_id"]` on the prefixed route)."""

@@ -23,7 +23,6 @@ from verifiers.v1.types import AssistantMessage, Response, ToolCall
 from verifiers_nemogym.bridge.chat import (
     ChatConversionError,
     chat_to_responses,
-    is_length_finish,
     is_overlong_prompt,
     output_items,
     overlong_response,
@@ -321,7 +320,6 @@ def test_length_finish_is_incomplete_and_helpers_tell_it_from_overlong() -> None
     out = chat_to_responses(reply, _request("q"))
     assert out["status"] == "incomplete"
     assert out["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert is_length_finish(reply) and not is_length_finish(_reply({"content": "x"}))
     overlong = {
         "error": {
             "message": "Prompt length (9000) exceeds maximum context length (8192).",

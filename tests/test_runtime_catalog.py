@@ -22,9 +22,13 @@ from verifiers_nemogym.nemo.venv import (
     NeMoGymVenv,
     base_interpreter,
     ensure_venv,
-    find_python,
+    find_python_for,
 )
 from verifiers_nemogym.util import clean_env, find_uv
+
+
+def find_python(spec: str | None = None) -> Path:
+    return find_python_for(spec)[0]
 
 
 def test_find_python_accepts_a_named_interpreter() -> None:

@@ -432,16 +432,6 @@ def overlong_response(request: JSON) -> JSON:
     return chat_to_responses(empty, request)
 
 
-def is_length_finish(reply: JSON) -> bool:
-    """Whether the chat completion `reply` stopped at the output token limit."""
-    choices: Any = reply.get("choices") if isinstance(reply, dict) else None
-    return (
-        bool(choices)
-        and isinstance(choices[0], dict)
-        and choices[0].get("finish_reason") == "length"
-    )
-
-
 def is_overlong_prompt(status: int, body: Any) -> bool:
     """Whether an error reply (`status`, parsed JSON `body` or text) says the prompt was too long.
 

@@ -17,7 +17,7 @@ from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.replay import Recording, ReplayIndex, load_recordings
-from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.policies.server import ResponsesServer
 from verifiers_nemogym.policies.token_server import TokenServer
 
 
@@ -36,7 +36,7 @@ def replay_index(
     return ReplayIndex(recordings)
 
 
-async def _serve(policy: ScriptedPolicy | TokenServer, what: str) -> None:
+async def _serve(policy: ResponsesServer | TokenServer, what: str) -> None:
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -56,7 +56,7 @@ async def _serve(policy: ScriptedPolicy | TokenServer, what: str) -> None:
         await policy.stop()
 
 
-def serve(policy: ScriptedPolicy | TokenServer, what: str) -> None:
+def serve(policy: ResponsesServer | TokenServer, what: str) -> None:
     """Serve `policy` until SIGINT/SIGTERM; `what` names it in the line written to stdout.
     A port that cannot be bound raises ConfigError."""
     asyncio.run(_serve(policy, what))

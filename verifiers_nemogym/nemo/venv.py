@@ -179,22 +179,6 @@ def check_interpreter(spec: str) -> None:
         raise VenvSetupError(f"Python interpreter {spec!r} does not exist or does not run.")
 
 
-def find_python(
-    spec: str | None = None,
-    *,
-    floor: tuple[int, ...] = MIN_PYTHON,
-    allow_below_floor: bool = False,
-) -> Path:
-    """Find a CPython >= `floor` (default 3.12) for the runtime venv.
-
-    `spec` (else $VF_NEMOGYM_PYTHON) is a path to an interpreter or a version such as "3.12" or
-    "3.12.1". A named interpreter that is unusable is an error (never silently replaced). With
-    `allow_below_floor`, an interpreter of the floor's minor version below its patch level is
-    accepted when none meets the floor.
-    """
-    return find_python_for(spec, floor=floor, allow_below_floor=allow_below_floor)[0]
-
-
 def find_python_for(
     spec: str | None,
     *,
@@ -202,8 +186,14 @@ def find_python_for(
     allow_below_floor: bool = False,
     what: str = "NeMo Gym",
 ) -> tuple[Path, str, bool]:
-    """(interpreter, its version, whether it is below `floor`) as for `find_python`; `what`
-    names the release in errors (e.g. "NeMo Gym 0.7.0")."""
+    """(interpreter, its version, whether it is below `floor`): a CPython >= `floor` (default
+    3.12) for the runtime venv, as its base interpreter (never a venv's, see
+    `base_interpreter`).
+
+    `spec` (else $VF_NEMOGYM_PYTHON) is a path to an interpreter or a version such as "3.12" or
+    "3.12.1". A named interpreter that is unusable is an error (never silently replaced). With
+    `allow_below_floor`, an interpreter of the floor's minor version below its patch level is
+    accepted when none meets the floor. `what` names the release in errors."""
     spec = spec or os.environ.get(PYTHON_ENV_VAR) or None
     floor_str = floor_text(floor)
     how_to_name = (
@@ -277,7 +267,7 @@ def interpreters_available() -> list[str]:
 
 def default_version(python: str | None = None) -> str:
     """The newest release of `KNOWN_RELEASES` whose declared floor an interpreter here meets
-    (`python`, else $VF_NEMOGYM_PYTHON, else every interpreter `find_python` can see). The
+    (`python`, else $VF_NEMOGYM_PYTHON, else every interpreter `find_python_for` can see). The
     below-floor opt-in permits a release the user names; it never picks one. Falls back to
     `DEFAULT_NEMO_GYM_VERSION` when nothing fits (its own error then names the problem)."""
     python = python or os.environ.get(PYTHON_ENV_VAR) or None

@@ -40,13 +40,13 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from aiohttp import web
 
 from verifiers_nemogym.bridge.responses import complete_response
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.policies.scripted import Call, ScriptedPolicy
+from verifiers_nemogym.policies.server import ResponsesServer
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ def _response(body: JSON, match: Match, n: int) -> JSON:
 
 
 @dataclass
-class ReplayPolicy(ScriptedPolicy):
+class ReplayPolicy(ResponsesServer):
     """Serve `index` on `host:port` (0 = a free port); `base_url` ends in `/v1`. Every call
     is kept in `calls` (with `record`), every unmatched one's reason in `misses`."""
 
@@ -360,14 +360,9 @@ class ReplayPolicy(ScriptedPolicy):
     misses: list[str] = field(default_factory=list)
     lenient: list[str] = field(default_factory=list)
     """Recording ids answered through the lenient pass (environment items drifted)."""
+    model_id: ClassVar[str] = "replay"
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "replay", "object": "model"}]})
-
-    async def _responses(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        if self.record:
-            self.calls.append(Call(request.headers.get("X-Session-ID"), body))
+    async def respond(self, body: dict[str, Any]) -> web.Response:
         try:
             match = self.index.match(body)
         except NoRecording as e:

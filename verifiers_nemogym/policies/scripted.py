@@ -15,45 +15,18 @@ is `huge_bytes` long).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from aiohttp import web
 
 from verifiers_nemogym.bridge.responses import complete_response
-from verifiers_nemogym.net import AppServer
+from verifiers_nemogym.policies.server import ResponsesServer, first_user_text
 
 ANSWER = "Done: I looked it up for you."
 _FAULT = re.compile(r"\[fault:(\w+)\]")
-
-
-@dataclass
-class Call:
-    """One model call as the policy saw it."""
-
-    session_id: str | None
-    body: dict[str, Any]
-
-    @property
-    def prompt(self) -> str:
-        """The first user message's text: which task the call belongs to."""
-        return first_user_text(self.body)
-
-
-def first_user_text(body: dict[str, Any]) -> str:
-    items = body.get("input")
-    if isinstance(items, str):
-        return items
-    for item in items or []:
-        if isinstance(item, dict) and item.get("role") == "user":
-            content = item.get("content")
-            if isinstance(content, str):
-                return content
-            return " ".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
-    return ""
 
 
 def _argument(schema: dict[str, Any]) -> Any:
@@ -78,42 +51,19 @@ def _answered(items: Any) -> bool:
 
 
 @dataclass
-class ScriptedPolicy(AppServer):
+class ScriptedPolicy(ResponsesServer):
     """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1`. `async with`, or
     `start()`/`stop()`."""
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    calls: list[Call] = field(default_factory=list)
-    record: bool = True
-    """Keep every call in `calls` (turn off for long benchmarks)."""
     hang_seconds: float = 600.0
     """How long a `[fault:hang]` request waits before it is answered."""
     huge_bytes: int = 50 * 1024 * 1024
     """Length of a `[fault:huge]` answer's text."""
-    _ids: itertools.count = field(default_factory=itertools.count)
+    model_id: ClassVar[str] = "scripted"
     # Hung `[fault:hang]` handlers must not hold up shutdown.
     shutdown_timeout: ClassVar[float] = 1.0
 
-    def _app(self) -> web.Application:
-        app = web.Application(client_max_size=1024**3)
-        app.router.add_get("/", self._health)  # NeMo Gym's readiness poll, if used directly
-        app.router.add_post("/v1/responses", self._responses)
-        app.router.add_get("/v1/models", self._models)
-        return app
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
-        )
-
-    async def _responses(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        if self.record:
-            self.calls.append(Call(request.headers.get("X-Session-ID"), body))
+    async def respond(self, body: dict[str, Any]) -> web.Response:
         fault = _FAULT.search(first_user_text(body))
         mode = fault.group(1) if fault else None
         if mode is not None and mode.isdigit() and 400 <= int(mode) <= 599:

@@ -6,6 +6,7 @@ replay policy answering with what the recorded model said."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -41,6 +42,7 @@ async def test_recorded_rollouts_replay_with_reward_parity_on_one_stack(any_nemo
         monkeypatch.setenv(BELOW_FLOOR_ENV_VAR, "1")
     reports = await run_conformance(
         CI_ENVS,
+        load_env=nemo_gym_env.load_environment,
         nemo_gym_version=any_nemo_venv.nemo_gym_version,
         python=str(any_nemo_venv.python),
         concurrency=8,
@@ -223,3 +225,23 @@ def test_errors_in_the_report_do_not_carry_the_proxy_secret():
     finally:
         redact.forget(secret)
     assert secret in _error_line(body)  # only live secrets are redacted
+
+
+async def test_a_start_failure_reaches_run_conformance_as_a_stack_error(nemo_venv):
+    """The env fails its rollouts when its stack cannot start (an env server must not die);
+    conformance still sees the start failure as one, so `run_in_stacks` can isolate it. Here
+    the start fails at once: the proxy's port is taken."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        def load_env(**fields):
+            return nemo_gym_env.load_environment(**fields, proxy_port=port)
+
+        with pytest.raises(StackError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await run_conformance(
+                ["example_single_tool_call"],
+                load_env=load_env,
+                nemo_gym_version=nemo_venv.nemo_gym_version,
+            )

@@ -3,7 +3,7 @@
 `run_conformance(envs)` takes every line of each environment's `data/example_rollouts.jsonl`
 (rollouts NeMo Gym recorded with a real model), turns it back into the row that produced it,
 and runs all rows of all environments as one verifiers evaluation in this process: ONE NeMo Gym
-stack (`nemo_gym_env.load_environment(nemo_env=envs, jsonl_path=...)`, `env.serving()`,
+stack (`load_env(nemo_env=envs, jsonl_path=...)`, `env.serving()`,
 `env.run_episode`), with the model played by `ReplayPolicy`, which answers every model call with
 the recorded turn. Each rollout's reward is then compared with the recorded one (exact float
 equality). A mismatch or error carries a reason: a known property of the environment from
@@ -32,7 +32,8 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,172 +60,33 @@ logger = logging.getLogger(__name__)
 
 _RESULT_KEYS = ("response", "reward", "terminated", "truncated", "info")
 
-KNOWN_REASONS: dict[str, str] = {
-    "blackjack": (
-        "nondeterministic environment: every reset deals new random cards (rows carry no "
-        "seed), so a replay follows the recording only when the deal happens to repeat"
-    ),
-    "equivalence_rule": (
-        "replay gap in the recording: its model turn is reasoning only and the recording does "
-        "not show how the agent's loop ended (no incomplete_details), so simple_agent asks "
-        "again and the recording has no answer"
-    ),
-    "grl_tetris": (
-        "nondeterministic environment: when a seeded reset fails, TetrisEnv retries with the "
-        "seed `hash(str(seed))`, which Python randomises per process, so some seeded games "
-        "deal other pieces than when recorded"
-    ),
-    "lc_niah": (
-        "the recordings were scored with another overlap metric than the shipped config: their "
-        "reasoning_overlap is their overlap_lcs, while lc_niah.yaml sets overlap_metric_rule "
-        "ngram16; the replayed reward is answer_score x (1 - the recorded overlap_ngram16)"
-    ),
-    "langgraph_reflection_math": (
-        "replay gap: the reflection agent asks for its critique in a conversation of its own (the "
-        "draft not as the assistant turn the recording holds, plus a reflection prompt the "
-        "recording's output lacks), so no recorded turn continues it"
-    ),
-    "openair_congestion": (
-        "gap in the recording: its `response` keeps only the episode's last model turn (the "
-        "steps are in a `trajectory` field of actions and observations, not Responses items), "
-        "so no recorded turn answers the agent's first call"
-    ),
-}
-"""Environment -> why its replayed reward may differ from the recording (found by runs)."""
-
-RESCORED: dict[str, dict[str, tuple[float, str]]] = {
-    "0.7.0": {
-        "mcqa:3": (
-            1.0,
-            "the release's own verifier scores it anew: the recorded answer ends "
-            "`\\boxed{C: <option text>}`; 0.4.0's strict box pattern read nothing (0.0, as "
-            "recorded), 0.7.0's letter-label pattern reads C, the right answer",
-        ),
-    },
-}
-"""Release -> recording -> (the reward that release's own verifier gives it, why): recordings
-NeMo Gym ships unchanged across releases whose verifier changed since."""
-
-CI_ENVS = ("example_single_tool_call", "example_multi_step", "example_multi_turn_gymnasium", "mcqa")
+_RELEASES = tomllib.loads(
+    (Path(__file__).with_name("conformance.toml")).read_text(encoding="utf-8")
+)
+# The release tables live as data in conformance.toml (what runs offline, known reasons,
+# rescored recordings); these names read them.
+CI_ENVS: tuple[str, ...] = tuple(_RELEASES["ci_envs"])
 """The fixed subset CI checks for exact parity."""
-
-DEFAULT_ENVS: tuple[str, ...] = (
-    *CI_ENVS,
-    "arc_agi",
-    "asr_with_pc",
-    "blackjack",
-    "bunsenbench_chemistry_mcq",
-    "calendar",
-    "circle_click",
-    "circle_count",
-    "code_gen",
-    "equivalence_rule",
-    "example_session_state_mgmt",
-    "example_tool_call_multireward",
-    "format_verification",
-    "gpqa_diamond",
-    "graphwalks",
-    "grl_sokoban",
-    "grl_tetris",
-    "hotpotqa_qa",
-    "imo_gradingbench",
-    "indirect_prompt_injection",
-    "math_advanced_calculations",
-    "math_proof_judgement",
-    "math_with_code",
-    "mrcr",
-    "nvarc",
-    "proof_genselect",
-    "reasoning_gym",
-    "ruler",
-    "single_step_tool_use_with_argument_comparison",
-    "structeval",
-    "structured_outputs",
-    "swe_pivot",
-    "swerl_llm_judge",
-    "terminal_multi_harness",
-    "workplace_assistant",
-    "xlam_fc",
-)
-"""What `nemo-gym-env conformance` runs without names on NeMo Gym 0.4.0 (and releases with no
-list of their own): the environments verified to run offline here (docs/conformance.md), run
-`STACK_ENVS` at a time."""
-
-DEFAULT_ENVS_07: tuple[str, ...] = (
-    *DEFAULT_ENVS,
-    # New in 0.7.0's resources_servers/ layout.
-    "string_match",
-    "ruler2",
-    "lc_niah",
-    "citation_if",
-    "ragtruth",
-    "openair_congestion",
-    "gui_coordinate",
-    "generative_reward_model",
-    "fukuyamabench",
-    "moldetox",
-    "assaybench",
-    "image_tools",
-    "scicodepile",
-    "math_with_judge",
-    "polymath",
-    # 0.7.0's environments/ layout: its own environments, and those it shares with the other.
-    "calendar_v2",
-    "langgraph_orchestrator_math",
-    "langgraph_parallel_thinking_math",
-    "langgraph_reflection_math",
-    "langgraph_rewoo_math",
-    "environments/arc_agi",
-    "environments/blackjack",
-    "environments/calendar",
-    "environments/circle_click",
-    "environments/circle_count",
-    "environments/code_gen",
-    "environments/reasoning_gym",
-    "environments/workplace_assistant",
-)
-"""The same for NeMo Gym 0.7.0 (its conformance survey, docs/conformance.md)."""
-
-VERIFIED_OFFLINE: dict[str, tuple[str, ...]] = {"0.4.0": DEFAULT_ENVS, "0.7.0": DEFAULT_ENVS_07}
+VERIFIED_OFFLINE: dict[str, tuple[str, ...]] = {
+    release: tuple(envs) for release, envs in _RELEASES["verified_offline"].items()
+}
 """Release -> the environments conformance runs verified to run offline here."""
+DEFAULT_ENVS = VERIFIED_OFFLINE["0.4.0"]
+KNOWN_REASONS: dict[str, str] = dict(_RELEASES["known_reasons"])
+"""Environment -> why its replayed reward may differ from the recording (found by runs)."""
+RESCORED: dict[str, dict[str, tuple[float, str]]] = {
+    release: {rec: (float(v["reward"]), str(v["why"])) for rec, v in recs.items()}
+    for release, recs in _RELEASES["rescored"].items()
+}
+"""Release -> recording -> (the reward that release's own verifier gives it, why)."""
+NOT_OFFLINE: dict[str, str] = dict(_RELEASES["not_offline"])
+"""Environments that do not run offline for a reason their config does not show."""
 
 
 def default_envs(release: str) -> tuple[str, ...]:
     """What `nemo-gym-env conformance` runs without names on `release`: its verified list, else
     0.4.0's."""
     return VERIFIED_OFFLINE.get(release, DEFAULT_ENVS)
-
-
-NOT_OFFLINE: dict[str, str] = {
-    "wordle": "downloads its word list at run time",
-    "iheval": "downloads nltk data at run time",
-    "rolemrc": "downloads a bert-score model at run time",
-    "wmt_translation": "downloads torch and a COMET model from Hugging Face at run time",
-    "competitive_coding_challenges": "pre-loads a ~27 GB test-metadata file not in the wheel",
-    "scicode": "needs SciCode's test_data.h5 (not in the wheel); its agent's calls cannot be "
-    "routed",
-    "bigcodebench": "fetches evaluation requirements at start",
-    "evalplus": "downloads the HumanEval+ release file at start",
-    "ether0": "clones its repository from GitHub at import",
-    "newton_bench": "clones NewtonBench from GitHub at start",
-    "vlm_eval_kit": "clones VLMEvalKit from GitHub at start",
-    "bird_sql": "downloads the BIRD dev databases",
-    "spider2_lite": "downloads SQLite databases from Google Drive",
-    "critpt": "scored by the Artificial Analysis web API (needs its key)",
-    "gymnasium": "a base class, not a standalone server",
-    "code_fim": "its requirement does not provide the module the server imports",
-    "gdpval": "external agent runtime (stirrup); its config defines no agent",
-    "cvdp": "runs Docker",
-    "example_mcp_weather": "external agent runtime (Claude Code CLI and key)",
-    "math_formal_lean": "compiles Lean in a sandbox server",
-    "interactive_browser": "installs Playwright's Chromium at run time (a download)",
-    "google_search": "needs a Google API key (`google_api_key`, required by its server's "
-    "config class): its server exits at start without one",
-    "spartqa": "NeMo Gym 0.7.0 refuses its own config: a dataset's license 'CC-BY-SA-4.0' is "
-    "not one its config schema allows",
-}
-"""Environments that do not run offline for a reason their config does not show (found by
-runs and source reading, docs/conformance.md and the 0.7.0 survey)."""
 
 
 def offline_status(
@@ -496,17 +358,19 @@ def _start_error_line(text: str) -> str:
 async def run_conformance(
     envs: Sequence[str],
     *,
+    load_env: Callable[..., NeMoGymEnv],
     nemo_gym_version: str | None = None,
     python: str | None = None,
     concurrency: int = 8,
     start_timeout: float = 1800.0,
     run_timeout: float = 180.0,
 ) -> list[EnvReport]:
-    """Replay every recorded rollout of `envs` on one stack; one report per environment."""
+    """Replay every recorded rollout of `envs` on one stack; one report per environment.
+    `load_env(**taskset_fields)` builds the env (the CLI passes the env package's
+    `load_environment`; the library does not import the plug-in). A stack that does not start
+    raises StackError with its reason (see `run_in_stacks`)."""
     import verifiers.v1 as vf
     from verifiers.v1.configs.client import EvalClientConfig
-
-    import nemo_gym_env
 
     if not envs:
         raise ConfigError("conformance needs at least one NeMo Gym environment name")
@@ -518,7 +382,7 @@ async def run_conformance(
     with tempfile.TemporaryDirectory(prefix="vf-nemogym-conformance-") as tmp:
         rows_file = Path(tmp) / "rows.jsonl"
         rows_file.write_text("".join(json.dumps(r) + "\n" for r in plan.rows), encoding="utf-8")
-        env = nemo_gym_env.load_environment(
+        env = load_env(
             nemo_env=plan.runnable,
             jsonl_path=str(rows_file),
             nemo_gym_version=runtime.nemo_gym_version,
@@ -538,6 +402,8 @@ async def run_conformance(
             )
             began = time.monotonic()
             async with env.serving():
+                if env.start_error is not None:  # the env fails rollouts with it; we report it
+                    raise StackError(env.start_error)
                 logger.info("conformance: stack up in %.0f s", time.monotonic() - began)
                 await _replay_all(
                     env, tasks, ctx, plan, policy, concurrency, runtime.nemo_gym_version

@@ -54,6 +54,12 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             return self._lease.marker
         return self._stack.marker if self._stack is not None else None
 
+    @property
+    def start_error(self) -> str | None:
+        """Why the last `start()` could not bring the stack up (every rollout fails with it),
+        or None."""
+        return cast(NeMoGymTaskset, self.taskset).config.task._start_error
+
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:
         await agents.agent.run(task)
 

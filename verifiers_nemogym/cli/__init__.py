@@ -165,6 +165,7 @@ def _describe(info: dict[str, Any]) -> str:
 
 def _conformance(args: argparse.Namespace) -> int:
     """Run, print the table (or JSON) on stdout; exit 1 on parity loss with `--strict`."""
+    import nemo_gym_env
     from verifiers_nemogym.conformance import default_envs, format_report, run_in_stacks
 
     envs = list(args.envs)
@@ -173,6 +174,7 @@ def _conformance(args: argparse.Namespace) -> int:
     reports = asyncio.run(
         run_in_stacks(
             envs,
+            load_env=nemo_gym_env.load_environment,
             nemo_gym_version=args.nemo_gym_version,
             python=args.python,
             concurrency=args.concurrency,

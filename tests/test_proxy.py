@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pydantic_core
 import pytest
 from aiohttp import web
 from openai.types.responses import Response
@@ -327,10 +328,52 @@ async def test_large_bodies_pass_and_oversized_are_413(proxy, upstream, http):
     assert status == 413 and reply["error"]["type"] == "request_too_large"
 
 
-async def test_malformed_json_is_400(proxy, http):
-    async with http.post(f"{proxy.url}/v1/responses", data=b"{not json") as r:
+async def test_malformed_json_is_400_once_authenticated_else_401(proxy, http):
+    auth = {"Authorization": f"Bearer {proxy.secret}"}
+    async with http.post(f"{proxy.url}/v1/responses", data=b"{not json", headers=auth) as r:
         assert r.status == 400
         assert "not JSON" in json.loads(await r.text())["error"]["message"]
+    async with http.post(f"{proxy.url}/v1/responses", data=b"{not json") as r:
+        assert r.status == 401  # an unauthenticated body is not even parsed
+
+
+@pytest.mark.parametrize("server", ["proxy", "front"])
+async def test_unauthenticated_bodies_are_refused_before_parsing(
+    server: str, proxy, http, monkeypatch: pytest.MonkeyPatch
+):
+    """A 6 MB body of 1.5 million small objects (what cost 27x its size in memory when parsed)
+    without the secret, with a wrong one, a non-ASCII one: 401, and no JSON parse anywhere
+    (counted at the parser both servers would use)."""
+    from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
+
+    parses = []
+    real = pydantic_core.from_json
+    monkeypatch.setattr(
+        pydantic_core, "from_json", lambda *a, **k: parses.append(1) or real(*a, **k)
+    )
+    big = {"input": [{}] * 1_500_000}
+    bodies = [
+        big,
+        {**big, "metadata": {SECRET_KEY: "wrong-secret"}},
+        {"input": "hi", "metadata": {SECRET_KEY: "\u00e9t\u00e9"}},
+    ]
+    async with FrontForwarder() as front:
+        front.add(FrontUser(1, proxy.url, secret_digest(proxy.secret)))
+        url = f"{front.url if server == 'front' else proxy.url}/v1/responses"
+        for payload in bodies:
+            async with http.post(url, data=json.dumps(payload).encode()) as r:
+                assert r.status == 401, await r.text()
+        async with http.post(url, data=b"x", headers={"Authorization": "Bearer \u00e9"}) as r:
+            assert r.status == 401
+    assert parses == []
+
+
+async def test_a_route_id_that_is_not_a_string_is_404(proxy, http):
+    metadata = {SECRET_KEY: proxy.secret, ROUTE_KEY: ["x"]}
+    async with http.post(
+        f"{proxy.url}/v1/responses", json={"input": "hi", "metadata": metadata}
+    ) as r:
+        assert r.status == 404
 
 
 async def test_train_route_carries_responses_calls_as_chat(proxy, upstream, http):

@@ -14,7 +14,6 @@ import hmac
 from dataclasses import dataclass
 
 import aiohttp
-import pydantic_core
 from aiohttp import web
 
 from verifiers_nemogym.bridge import wire
@@ -74,10 +73,8 @@ class FrontForwarder(AppServer):
         if self.users.get(user.secret_digest) is user:
             del self.users[user.secret_digest]
 
-    def _user_for(self, secret: str | None) -> FrontUser | None:
-        if secret is None:
-            return None
-        digest = secret_digest(secret)
+    def _user_for(self, secret: bytes) -> FrontUser | None:
+        digest = hashlib.sha256(secret).digest()
         user = self.users.get(digest)
         # The digest lookup already matched; compare_digest keeps the check constant-time.
         if user is None or not hmac.compare_digest(digest, user.secret_digest):
@@ -86,12 +83,8 @@ class FrontForwarder(AppServer):
 
     async def _forward(self, request: web.Request) -> web.Response:
         raw = await request.read()
-        try:
-            body = pydantic_core.from_json(raw)
-        except ValueError:
-            body = None
-        metadata = body.get("metadata") if isinstance(body, dict) else None
-        user = self._user_for(wire.secret_of(request, metadata))
+        # The body is never parsed: the user is picked by the secret its bytes carry.
+        user = next(filter(None, map(self._user_for, wire.claimed_secrets(request, raw))), None)
         if user is None:
             return wire.json_error(401, "missing or unknown proxy secret", "unauthorized")
         self.calls += 1

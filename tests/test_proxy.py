@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -427,3 +428,84 @@ async def test_train_route_carries_responses_calls_as_chat(proxy, upstream, http
     got, reply = await post(http, proxy, body(proxy, other))
     assert (got, reply["error"]["message"]) == (500, "boom")
     assert other.failure == ProviderFailure(500, "boom")
+
+
+class SlowUpstream:
+    """An endpoint that answers after `delay` seconds, or never (`delay` None); counts the
+    calls it saw end without answering (their client went away)."""
+
+    def __init__(self, delay: float | None) -> None:
+        self.delay = delay
+        self.abandoned = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            await asyncio.sleep(self.delay if self.delay is not None else 3600)
+        except asyncio.CancelledError:
+            self.abandoned.set()
+            raise
+        return web.json_response({"output": []})
+
+
+@contextlib.asynccontextmanager
+async def slow_upstream(delay: float | None) -> AsyncIterator[tuple[SlowUpstream, str]]:
+    up = SlowUpstream(delay)
+    app = web.Application()
+    app.router.add_post("/v1/{tail:.*}", up.handle)
+    # handler_cancellation: the endpoint notices a client that goes away (what we assert).
+    async with serve_upstream(app) as url:
+        yield up, url
+
+
+@contextlib.asynccontextmanager
+async def serve_upstream(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_calls_beyond_the_pool_wait_for_a_connection_and_succeed(http):
+    """Pool of 2, three 2 s calls at once: the third waits for a slot (longer than the 1 s
+    connect timeout) and still succeeds."""
+    limits = ProxyLimits(pool_size=2, connect_timeout=1, call_timeout=30)
+    async with slow_upstream(2.0) as (_, endpoint), NeMoGymModelProxy(limits=limits) as proxy:
+        routes = [proxy.open_route(endpoint, "s") for _ in range(3)]
+        results = await asyncio.gather(*(post(http, proxy, body(proxy, r)) for r in routes))
+    assert [status for status, _ in results] == [200, 200, 200], results
+
+
+async def test_the_front_lets_calls_beyond_its_pool_wait_too(http):
+    from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
+
+    async with (
+        slow_upstream(12.0) as (_, endpoint),
+        NeMoGymModelProxy() as proxy,
+        FrontForwarder(pool_size=2) as front,
+    ):
+        front.add(FrontUser(1, proxy.url, secret_digest(proxy.secret)))
+        routes = [proxy.open_route(endpoint, "s") for _ in range(3)]
+
+        async def call(route: Route) -> int:
+            async with http.post(f"{front.url}/v1/responses", json=body(proxy, route)) as r:
+                return r.status
+
+        # The third waits ~12 s for a connection: beyond the front's 10 s connect bound.
+        assert await asyncio.gather(*(call(r) for r in routes)) == [200, 200, 200]
+
+
+async def test_closing_a_route_cancels_its_calls_still_upstream(http):
+    async with slow_upstream(None) as (up, endpoint), NeMoGymModelProxy() as proxy:
+        route = proxy.open_route(endpoint, "s")
+        pending = asyncio.ensure_future(post(http, proxy, body(proxy, route)))
+        await asyncio.sleep(0.5)  # the call is upstream now
+        assert len(route.inflight) == 1
+        await proxy.close_route(route)
+        await asyncio.wait_for(up.abandoned.wait(), 2)  # the endpoint saw the call go away
+        status, reply = await asyncio.wait_for(pending, 2)
+        assert status == 410 and reply["error"]["type"] == "route_finished"
+        assert route.inflight == set()

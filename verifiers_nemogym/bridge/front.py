@@ -42,9 +42,11 @@ class FrontUser:
 class FrontForwarder(AppServer):
     """See the module contract. `add`/`remove` register the proxies of the stack's users."""
 
-    def __init__(self, host: str = LOOPBACK, port: int = 0) -> None:
+    def __init__(self, host: str = LOOPBACK, port: int = 0, *, pool_size: int = 1024) -> None:
         self.host = host
         self.port = port
+        self.pool_size = pool_size
+        """Connections to the proxies open at most; a call beyond waits for one."""
         self.users: dict[bytes, FrontUser] = {}
         self.calls = 0
         self._http: aiohttp.ClientSession | None = None
@@ -54,9 +56,11 @@ class FrontForwarder(AppServer):
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1024),
+            connector=aiohttp.TCPConnector(limit=self.pool_size),
             cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=aiohttp.ClientTimeout(total=FRONT_CALL_TIMEOUT, connect=10),
+            # sock_connect, not connect: a call beyond the pool waits for a free connection;
+            # aiohttp's `connect` would fail it after 10 s, as if its env process were gone.
+            timeout=aiohttp.ClientTimeout(total=FRONT_CALL_TIMEOUT, sock_connect=10),
         )
         await super().start()
 

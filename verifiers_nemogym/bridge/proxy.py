@@ -56,9 +56,11 @@ class ProxyLimits:
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body accepted (413 above it). NeMo Gym resends the whole conversation."""
     pool_size: int = 1024
-    """Upstream connections kept open at most, across all routes."""
+    """Upstream connections open at most, across all routes; a call beyond waits for one
+    (within its `call_timeout`), it does not fail."""
     connect_timeout: float = 10.0
-    """Seconds to connect to an upstream endpoint."""
+    """Seconds to open a connection to an upstream endpoint (not counting the wait for a
+    free connection of the pool)."""
     call_timeout: float = 3600.0
     """Seconds one model call may take upstream before the proxy answers 504."""
     remembered_routes: int = 100_000
@@ -110,6 +112,8 @@ class Route:
         self.failure: ProviderFailure | None = None
         self.failed = asyncio.Event()
         """Set when `failure` is."""
+        self.inflight: set[asyncio.Future[tuple[int, bytes]]] = set()
+        """Its calls now upstream (cancelled when the route closes)."""
 
     def tag(self, row: dict[str, Any]) -> dict[str, Any]:
         """A copy of `row` whose model calls come to this route (`wire.tag_row`)."""
@@ -204,8 +208,10 @@ class NeMoGymModelProxy(AppServer):
             connector_owner=False,
             # unsafe: endpoints are IP addresses (loopback), whose cookies aiohttp drops otherwise.
             cookie_jar=aiohttp.CookieJar(unsafe=True),
+            # sock_connect, not connect: aiohttp's `connect` also bounds the wait for a free
+            # pool slot, which would fail call 1,025 of a busy process after 10 s.
             timeout=aiohttp.ClientTimeout(
-                total=self.limits.call_timeout, connect=self.limits.connect_timeout
+                total=self.limits.call_timeout, sock_connect=self.limits.connect_timeout
             ),
         )
         route = Route(
@@ -225,6 +231,10 @@ class NeMoGymModelProxy(AppServer):
         while len(self._finished) > self.limits.remembered_routes:
             self._finished.popitem(last=False)
         redact.forget(closing.bearer)
+        # Its calls still upstream (a rollout that hit its deadline on a hung model) would hold
+        # a pooled connection until `call_timeout`: cancel them; their agents get 410.
+        for call in list(closing.inflight):
+            call.cancel()
         await closing.session.close()
         return closing.calls
 
@@ -311,11 +321,20 @@ class NeMoGymModelProxy(AppServer):
             "Authorization": f"Bearer {route.bearer}",
             "Content-Type": "application/json",
         }
+        call = asyncio.ensure_future(
+            _send(route.session, url, pydantic_core.to_json(body), headers)
+        )
+        route.inflight.add(call)
+        call.add_done_callback(route.inflight.discard)
         try:
-            async with route.session.post(
-                url, data=pydantic_core.to_json(body), headers=headers
-            ) as upstream:
-                return upstream.status, await upstream.read(), None
+            status, raw = await call
+            return status, raw, None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this handler itself is being cancelled (the proxy stops)
+            # close_route cancelled the call: the rollout is over, nobody waits for it.
+            return 0, b"", json_error(410, f"route {route.id!r} has finished", "route_finished")
         except TimeoutError:
             message = f"model endpoint {url} did not answer within {self.limits.call_timeout:g} s"
             route.fail(ProviderFailure(504, message))
@@ -355,6 +374,13 @@ class NeMoGymModelProxy(AppServer):
             message = redact.redact(f"model endpoint answered 200 with no chat completion: {e}")
             route.fail(ProviderFailure(502, message[:2000]))
             return json_error(502, message[:2000], "upstream_error")
+
+
+async def _send(
+    session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str]
+) -> tuple[int, bytes]:
+    async with session.post(url, data=data, headers=headers) as upstream:
+        return upstream.status, await upstream.read()
 
 
 _PARSE_IN_THREAD_BYTES = 1024 * 1024

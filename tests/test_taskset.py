@@ -68,6 +68,8 @@ def test_jsonl_rows_keep_their_agent_ref(tmp_path: Path, nemo_venv):
         ('{"input": "hi"}', "no `responses_create_params`"),
         ('{"responses_create_params": {"tools": []}}', "input` must be"),
         ('{"responses_create_params": {"input": "hi"}, "agent_ref": "x"}', "agent_ref"),
+        ('{"responses_create_params": {"input": "hi", "metadata": "x"}}', "metadata` must be"),
+        ('{"responses_create_params": {"input": "hi", "metadata": {"k": 1}}}', "of strings"),
     ],
 )
 def test_bad_rows_name_file_and_line(line: str, message: str):
@@ -81,6 +83,13 @@ def test_malformed_line_in_file_names_its_line(tmp_path: Path, nemo_venv):
     path.write_text(json.dumps(ROW) + "\n" + '{"responses_create_params": \n')
     with pytest.raises(ConfigError, match=f"{path}:2: not valid JSON"):
         list(taskset(jsonl_path=path, agent="a"))
+
+
+def test_a_line_that_is_not_utf8_names_its_line(tmp_path: Path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(json.dumps(ROW).encode() + b"\n" + b'{"x": "\xff"}\n')
+    with pytest.raises(ConfigError, match=f"^{path}:2: not UTF-8"):
+        list(taskset(jsonl_path=path, agent="example_single_tool_call_simple_agent"))
 
 
 def test_missing_and_empty_files(tmp_path: Path, nemo_venv):

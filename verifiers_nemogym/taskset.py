@@ -297,8 +297,14 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
         if not path.is_file():
             raise ConfigError(f"NeMo Gym rows file not found: {path}")
         found = False
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
+        with path.open("rb") as lines:  # decoded per line: an error can name its line
+            for number, raw in enumerate(lines, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ConfigError(
+                        f"{path}:{number}: not UTF-8 (byte {e.start + 1} of the line)"
+                    ) from None
                 if not line.strip():
                     continue
                 found = True
@@ -328,6 +334,14 @@ def parse_row(line: str, where: str, default_agent: str | None) -> NeMoGymData:
         raise ConfigError(f"{where}: row has no `responses_create_params` object")
     if not isinstance(params.get("input"), str | list):
         raise ConfigError(f"{where}: `responses_create_params.input` must be a string or list")
+    metadata = params.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        # Routing rides in it on every model call; NeMo Gym's request model wants strings.
+        raise ConfigError(
+            f"{where}: `responses_create_params.metadata` must be an object of strings"
+        )
     agent = default_agent
     ref = row.get("agent_ref")
     if ref is not None:

@@ -509,3 +509,17 @@ async def test_closing_a_route_cancels_its_calls_still_upstream(http):
         status, reply = await asyncio.wait_for(pending, 2)
         assert status == 410 and reply["error"]["type"] == "route_finished"
         assert route.inflight == set()
+
+
+async def test_a_refused_call_is_charged_to_the_open_route_it_names(proxy, upstream, http):
+    """M4: a call of an open route without the proxy's secret is refused (401) and fails that
+    route, so the rollout is an error whatever the agent makes of the refusal."""
+    _, endpoint = upstream
+    route = proxy.open_route(endpoint, "bearer")
+    other = proxy.open_route(endpoint, "bearer2")
+    metadata = {ROUTE_KEY: route.id, SECRET_KEY: "not-the-secret"}
+    status, _ = await post(http, proxy, {"input": "hi", "metadata": metadata})
+    assert status == 401
+    assert route.failure is not None and route.failure.status == 401
+    assert "refused by the proxy" in route.failure.message
+    assert other.failure is None

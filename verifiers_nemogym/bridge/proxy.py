@@ -269,7 +269,14 @@ class NeMoGymModelProxy(AppServer):
             )
         # Authenticate before parsing: an unauthenticated body is never parsed.
         if not wire.is_secret(wire.claimed_secrets(request, raw), self._secret_bytes):
-            return json_error(401, "missing or wrong proxy secret", "unauthorized")
+            message = "missing or wrong proxy secret"
+            # Charged to the rollout it names, if open: an agent that swallows the refusal and
+            # lets NeMo Gym verify the truncated work must not turn it into a reward.
+            if (named := self._routes.get(wire.claimed_route(request, raw) or "")) is not None:
+                named.fail(
+                    ProviderFailure(401, f"a model call was refused by the proxy: {message}")
+                )
+            return json_error(401, message, "unauthorized")
         try:
             # Large bodies (long multi-turn prompts) are parsed off the event loop, which
             # serves every other rollout of this process meanwhile.

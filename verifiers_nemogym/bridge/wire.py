@@ -95,6 +95,18 @@ def claimed_secrets(request: web.Request, raw: bytes) -> list[bytes]:
     return found
 
 
+_ROUTE_IN_BODY = re.compile(rb'"' + ROUTE_KEY.encode() + rb'"\s*:\s*"([A-Za-z0-9._-]{1,128})"')
+
+
+def claimed_route(request: web.Request, raw: bytes) -> str | None:
+    """The route id a call names, found without parsing its body: the route header, the
+    `/ng-rollout/<id>/` path segment, else the first `"vf_nemogym_route": "<id>"` entry."""
+    if found := request.headers.get(ROUTE_HEADER) or request.match_info.get("rollout_id"):
+        return found
+    match = _ROUTE_IN_BODY.search(raw)
+    return match.group(1).decode() if match else None
+
+
 def is_secret(claimed: list[bytes], secret: bytes) -> bool:
     """Whether one of `claimed` is `secret` (compared in constant time)."""
     return any(hmac.compare_digest(c, secret) for c in claimed)

@@ -12,8 +12,10 @@ import pytest
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
+    ENVIRONMENT_SERVERS,
     Catalog,
     load_config,
+    run_targets,
     server_blocks,
     write_policy_placeholder,
 )
@@ -202,3 +204,36 @@ def test_catalog_reports_unparsable_yaml(tmp_path: Path, nemo_venv: NeMoGymVenv)
     )
     with pytest.raises(ConfigError, match=str(configs / "broken.yaml")):
         Catalog(fake).env("broken")
+
+
+def _block(kind: str, impl: str, port: int | None, **settings: object) -> dict[str, object]:
+    address = {"host": "127.0.0.1", "port": port} if port else {}
+    return {kind: {impl: {"entrypoint": "app.py", **address, **settings}}}
+
+
+def test_run_targets_send_each_agent_to_the_environment_server_fronting_it() -> None:
+    """A merged config as NeMo Gym 0.7's head server returns it: a fronted agent's `/run` goes
+    to its environment server; an unfronted one, or one whose front has no address, keeps its
+    own; a front of an agent the stack does not run adds nothing; IPv6 hosts are bracketed."""
+
+    def front(agent: str, port: int | None) -> dict[str, object]:
+        ref = {"type": AGENTS, "name": agent}
+        return _block(ENVIRONMENT_SERVERS, "legacy_agent", port, agent_server=ref)
+
+    merged = {
+        "fronted": _block(AGENTS, "simple_agent", 1001),
+        "fronted_env": front("fronted", 2001),
+        "alone": _block(AGENTS, "simple_agent", 1002),
+        "unaddressed_front": _block(AGENTS, "simple_agent", 1003),
+        "unaddressed_front_env": front("unaddressed_front", None),
+        "stray_env": front("no_such_agent", 2004),
+        "no_address": _block(AGENTS, "simple_agent", None),
+        "v6": {AGENTS: {"simple_agent": {"entrypoint": "app.py", "host": "::1", "port": 1005}}},
+        "head_server": {"host": "127.0.0.1", "port": 11000},
+    }
+    assert run_targets(merged) == {
+        "fronted": "http://127.0.0.1:2001",
+        "alone": "http://127.0.0.1:1002",
+        "unaddressed_front": "http://127.0.0.1:1003",
+        "v6": "http://[::1]:1005",
+    }

@@ -116,7 +116,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
                 remote.head_url,
                 self._proxy.url,
             )
-            agents = dict(remote.agents)
+            agents = dict(remote.run_urls)
         elif config.shared_stack:
             attach_began = time.monotonic()
             self._lease = await attach_or_start(

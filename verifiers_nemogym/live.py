@@ -24,8 +24,9 @@ class LiveStack:
 
     proxy: NeMoGymModelProxy
     agents: dict[str, str]
-    """Agent instance name -> base URL its rollouts' `POST /run` goes to (`NeMoGymStack.run_urls`:
-    the environment server fronting it on NeMo Gym >= 0.7, else the agent)."""
+    """Agent instance name -> base URL its rollouts' `POST /run` goes to (`catalog.run_targets` of
+    the stack's merged config: the environment server fronting it on NeMo Gym >= 0.7, else the
+    agent), whichever way the stack was started or attached."""
     http: aiohttp.ClientSession
     run_timeout: float
     """Seconds one `/run` may take (`--env.taskset.task.run-timeout`)."""

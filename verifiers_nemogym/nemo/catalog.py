@@ -12,7 +12,8 @@ merged config). Configs that include others (a top-level `config_paths:` list) o
 and cached on disk per runtime and file content); plain configs are read directly. Everything
 else asks a `Catalog` for an `EnvSpec` (absolute paths back), or for `entries()` (a cheap scan
 of both layouts for listing), reads server blocks through `server_blocks`, and registers the
-external policy model with `write_policy_placeholder`.
+external policy model with `write_policy_placeholder`. From a running stack's merged config it
+derives server URLs (`server_urls`) and where each agent's `/run` goes (`run_targets`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ RESOURCES_SERVERS = "resources_servers"
 ENVIRONMENTS = "environments"
 AGENTS = "responses_api_agents"
 MODELS = "responses_api_models"
+ENVIRONMENT_SERVERS = "environment_servers"
+"""NeMo Gym >= 0.7: servers fronting agents; its own rollout collection posts `/run` to them."""
 LAYOUTS = (RESOURCES_SERVERS, ENVIRONMENTS)
 """The two places environments live; a name prefixed `<layout>/` picks one explicitly."""
 _TOMBSTONE = ".nemo_gym_tombstone"
@@ -215,6 +218,52 @@ def server_blocks(
         if isinstance(settings, dict) and "entrypoint" in settings:
             found[str(name)] = (str(impl), settings)
     return found
+
+
+def server_url(settings: dict[str, Any]) -> str | None:
+    """`http://<host>:<port>` of a server block's settings (as `server_blocks` returns them), or
+    None when the block has no address (NeMo Gym fills both in the running stack's merged
+    config; a config file may leave them out)."""
+    host, port = settings.get("host"), settings.get("port")
+    if not host or not port:
+        return None
+    host = str(host)
+    # An IPv6 literal (`+default_host=::1`) needs brackets in a URL; names and IPv4 do not.
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def server_urls(config: dict[str, Any], server_type: str) -> dict[str, str]:
+    """Instance name -> base URL (`server_url`) of every `server_type` block of `config` that
+    has an address; blocks without one are left out."""
+    found: dict[str, str] = {}
+    for name, (_, settings) in server_blocks(config, server_type).items():
+        if (url := server_url(settings)) is not None:
+            found[name] = url
+    return found
+
+
+def run_targets(merged: dict[str, Any]) -> dict[str, str]:
+    """Agent instance name -> base URL a rollout of that agent posts `/run` to, from a running
+    stack's merged config (its head server's `/global_config_dict_yaml`).
+
+    Contract: every agent with an address is a key. Its value is the environment server whose
+    `agent_server` names it when there is one (NeMo Gym >= 0.7, where that is where NeMo Gym's
+    own rollout collection posts `/run` and the environment server relays to the agent; if
+    several name it, the last in the config), else the agent itself (older releases, or an
+    agent no environment server fronts). The one place this is decided: a stack started here,
+    the shared stack's host and a stack attached by URL all read it from here."""
+    agents = server_urls(merged, AGENTS)
+    targets = dict(agents)
+    for _, settings in server_blocks(merged, ENVIRONMENT_SERVERS).values():
+        agent = settings.get("agent_server")
+        url = server_url(settings)
+        # An environment server without an address, or fronting an agent the stack does not
+        # run, cannot take that agent's `/run`: the agent keeps it.
+        if isinstance(agent, dict) and agent.get("name") in agents and url is not None:
+            targets[str(agent["name"])] = url
+    return targets
 
 
 def write_policy_placeholder(workdir: Path, host: str, port: int) -> Path:

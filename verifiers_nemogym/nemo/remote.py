@@ -1,12 +1,14 @@
 """Attach to a NeMo Gym stack started elsewhere, by its head server URL (`--env.taskset.stack-url`).
 
 Contract: `await describe_remote(url, proxy_host, proxy_port)` reads the running stack's merged
-config from `GET <url>/global_config_dict_yaml` (parsed by nemo/catalog.py, the one reader of
-NeMo Gym config) and returns its agents' base URLs. It raises StackError when the head server
-cannot be reached or returns no config, and ConfigError when the stack does not match this env
-process: its `policy_model` must be an address this process's model proxy listens on (the proxy
-IS the stack's policy model), and agents bound to loopback cannot be used from another host.
-Nothing is started or stopped here: the stack belongs to whoever started it.
+config (head.py's `fetch_merged_config`, as a stack started here is read) and returns its agents'
+base URLs and, per agent, where a rollout's `POST /run` goes (catalog.py's `run_targets`: the
+environment server fronting the agent on NeMo Gym >= 0.7, else the agent). It raises StackError
+when the head server cannot be reached or returns no usable config, and ConfigError when the
+stack does not match this env process: its `policy_model` must be an address this process's
+model proxy listens on (the proxy IS the stack's policy model), and a `/run` target bound to
+loopback cannot be used from another host. Nothing is started or stopped here: the stack
+belongs to whoever started it.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     MODELS,
     POLICY_INSTANCE,
-    parse_config,
+    run_targets,
     server_blocks,
+    server_urls,
 )
+from verifiers_nemogym.nemo.head import fetch_merged_config
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +40,13 @@ _WILDCARD = ("0.0.0.0", "::")
 
 @dataclass(frozen=True)
 class RemoteStack:
-    """A running stack's head server and agents (instance name -> base URL)."""
+    """A running stack's head server, agents and `/run` targets."""
 
     head_url: str
     agents: dict[str, str]
+    """Agent instance name -> the agent's base URL."""
+    run_urls: dict[str, str]
+    """Agent instance name -> base URL its rollouts' `POST /run` goes to (`run_targets`)."""
     policy_address: tuple[str, int]
 
 
@@ -58,37 +65,21 @@ async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteS
     parts = urlsplit(head_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"--env.taskset.stack-url {url!r} is not an http(s) URL of a head server")
-    where = f"{head_url}/global_config_dict_yaml"
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
-            http.get(where) as response,
-        ):
-            if response.status != 200:
-                raise StackError(f"NeMo Gym head server {head_url} answered {response.status}")
-            # A JSON-encoded YAML string with secrets in clear text: parse it, never log it.
-            raw = await response.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-        raise StackError(
-            f"NeMo Gym head server {head_url} is unreachable ({type(e).__name__}); "
-            "is the stack running, and is its head server reachable from this machine?"
-        ) from None
-    if not isinstance(raw, str):
-        raise StackError(f"NeMo Gym head server {head_url} returned no config")
-    config = parse_config(raw, where)
-    agents: dict[str, str] = {}
-    for name, (_, settings) in server_blocks(config, AGENTS).items():
-        host, port = settings.get("host"), settings.get("port")
-        if not host or not port:
-            continue
-        if _is_loopback(str(host)) and not _is_loopback(parts.hostname):
-            raise ConfigError(
-                f"agent {name!r} of the stack at {head_url} listens on {host} of that machine; "
-                "start ng_run there with +default_host=<its routable address>"
-            )
-        agents[name] = f"http://{host}:{port}"
+    config = await fetch_merged_config(head_url)
+    agents = server_urls(config, AGENTS)
     if not agents:
         raise ConfigError(f"the NeMo Gym stack at {head_url} defines no agent server")
+    run_urls = run_targets(config)
+    for name, target in run_urls.items():
+        # This process connects to the `/run` target only (an environment server reaches its
+        # agent on the stack's own machine), so only the target's address must be routable.
+        host = urlsplit(target).hostname or ""
+        if _is_loopback(host) and not _is_loopback(parts.hostname):
+            server = "agent" if target == agents[name] else "environment server fronting agent"
+            raise ConfigError(
+                f"the {server} {name!r} of the stack at {head_url} listens on {host} of that "
+                "machine; start ng_run there with +default_host=<its routable address>"
+            )
     policy = server_blocks(config, MODELS).get(POLICY_INSTANCE)
     if policy is None or not policy[1].get("host") or not policy[1].get("port"):
         raise ConfigError(
@@ -108,7 +99,7 @@ async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteS
             f"{proxy_host}:{proxy_port or policy_port}; set --env.taskset.proxy-host and "
             "--env.taskset.proxy-port to match"
         )
-    return RemoteStack(head_url, agents, (policy_host, policy_port))
+    return RemoteStack(head_url, agents, run_urls, (policy_host, policy_port))
 
 
 WATCH_INTERVAL = 5.0

@@ -4,8 +4,9 @@ venv) whose policy model is our proxy.
 Contract: `await start()` returns once every server answers HTTP and NeMo Gym reported them ready
 (its ready line; on >= 0.7 the head server's `/readyz`), or raises StackError with nothing left
 running; `agents` then maps agent instance names to base URLs and `run_urls` maps them to the
-server a rollout's `POST /run` goes to (the environment server fronting the agent on >= 0.7, as
-NeMo Gym's own rollout collection does; else the agent). `await stop()` is idempotent and takes
+server a rollout's `POST /run` goes to (catalog.py's `run_targets` of the merged config: the
+environment server fronting the agent on >= 0.7, as NeMo Gym's own rollout collection does; else
+the agent). `await stop()` is idempotent and takes
 the whole process tree down; if the owning process dies instead, the supervisor (supervisor.py)
 does the same. Stacks share no state in this module.
 """
@@ -32,17 +33,19 @@ from typing import IO, Any
 
 import aiohttp
 
-from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     POLICY_INSTANCE,
     RESOURCES_SERVERS,
     Catalog,
-    parse_config,
     placeholder_server_venv,
+    run_targets,
     server_blocks,
+    server_urls,
     write_policy_placeholder,
 )
+from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
@@ -63,8 +66,6 @@ _FIRST_ERROR = re.compile(r"^\w*(Error|Exception): .+$", re.MULTILINE)
 _SERVER_LINE = re.compile(r"^\([\w.-]+\) ")
 _CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
-# NeMo Gym 0.7: environment servers front agents; its rollout collection posts `/run` to them.
-ENVIRONMENT_SERVERS = "environment_servers"
 # A resources server may restrict which model-server types its agents may use (NeMo Gym 0.7).
 _ALLOWED_MODEL_TYPES = "allowed_model_types"
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
@@ -74,15 +75,6 @@ _STOP_TIMEOUT = 30.0
 def _version_at_least(version: str, floor: tuple[int, int]) -> bool:
     parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
     return parts >= floor
-
-
-def _addresses(blocks: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, str]:
-    """Instance name -> base URL for server blocks (`server_blocks`) that have an address."""
-    return {
-        name: f"http://{settings['host']}:{settings['port']}"
-        for name, (_, settings) in blocks.items()
-        if settings.get("host") and settings.get("port")
-    }
 
 
 def _hydra_list(paths: list[Path]) -> str:
@@ -125,8 +117,9 @@ class NeMoGymStack:
         self.marker = uuid.uuid4().hex
         self.agents: dict[str, str] = {}
         self.run_urls: dict[str, str] = {}
-        """Agent instance name -> base URL of the server its rollouts' `POST /run` goes to: the
-        one environment server fronting it (NeMo Gym >= 0.7), else the agent itself."""
+        """Agent instance name -> base URL of the server its rollouts' `POST /run` goes to
+        (`catalog.run_targets`): the environment server fronting it (NeMo Gym >= 0.7), else the
+        agent itself."""
         self.head_url = ""
         self.gym_07 = _version_at_least(venv.nemo_gym_version, (0, 7))
         """NeMo Gym >= 0.7: `gym env start`, `server_spinup_timeout_seconds`, head `/readyz`,
@@ -221,14 +214,11 @@ class NeMoGymStack:
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             await self._wait_ready(session, started, deadline)
-            config = await self._fetch_config(session)
-        self.agents = _addresses(server_blocks(config, AGENTS))
-        self.run_urls = dict(self.agents)
-        for name, (_, settings) in server_blocks(config, ENVIRONMENT_SERVERS).items():
-            agent = settings.get("agent_server")
-            url = _addresses({name: ("", settings)}).get(name)
-            if isinstance(agent, dict) and agent.get("name") in self.agents and url:
-                self.run_urls[str(agent["name"])] = url
+        # The merged config as NeMo Gym resolved it (includes, inheritance, generated servers),
+        # read the way a stack attached by URL is read (remote.py).
+        config = await fetch_merged_config(self.head_url)
+        self.agents = server_urls(config, AGENTS)
+        self.run_urls = run_targets(config)
         if not self.agents:
             raise StackError(
                 f"NeMo Gym started but its config defines no agent server "
@@ -416,16 +406,6 @@ class NeMoGymStack:
         except (aiohttp.ClientError, TimeoutError):
             pass
         return False
-
-    async def _fetch_config(self, session: aiohttp.ClientSession) -> dict[str, Any]:
-        # A JSON-encoded YAML string with secrets in clear text: parse it, never log it.
-        raw = await self._get_json(session, f"{self.head_url}/global_config_dict_yaml")
-        if not isinstance(raw, str):
-            raise StackError(f"NeMo Gym head server {self.head_url} returned no config")
-        try:
-            return parse_config(raw, f"{self.head_url}/global_config_dict_yaml")
-        except ConfigError as e:
-            raise StackError(f"NeMo Gym head server returned a malformed config: {e}") from None
 
     # ----------------------------------------------------------------------------- logs
 

@@ -4,7 +4,10 @@ Gym retries forever."""
 
 from __future__ import annotations
 
+import re
+
 import aiohttp
+import pytest
 
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy, Route
@@ -84,3 +87,26 @@ async def test_front_forwards_rollout_prefixed_calls() -> None:
 def _meta(route: Route) -> dict[str, str]:
     """The routing metadata that sends a body to `route` (as a tagged row carries it)."""
     return route_metadata(route.id, route.proxy_secret)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:1@evil.example.com:8080",
+        "http://localhost:8000",
+        "http://[::1]:8000",
+        "http://127.0.0.1:8000/elsewhere",
+        "http://127.0.0.1:8000?x=1",
+        "https://127.0.0.1:8000",
+        "http://127.0.0.1",
+        "http://127.0.0.1:notaport",
+    ],
+)
+def test_a_user_proxy_must_be_plainly_on_loopback(url: str):
+    """L1: the front forwards only to `http://127.0.0.1:<port>` (userinfo, other hosts, paths
+    refused), so a registered user can never point it off the machine."""
+    from verifiers_nemogym.nemo.shared import _loopback_url
+
+    with pytest.raises(ValueError, match=re.escape("is not http://127.0.0.1:<port>")):
+        _loopback_url(url)
+    assert _loopback_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"

@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 from verifiers_nemogym.errors import StackError
@@ -543,10 +544,24 @@ class StackHost:
 
 
 def _loopback_url(url: str) -> str:
-    """Users' proxies must be on loopback: the front never forwards off the machine."""
-    if not url.startswith(f"http://{LOOPBACK}:"):
-        raise ValueError(f"user proxy {url!r} is not on {LOOPBACK}")
-    return url.rstrip("/")
+    """Users' proxies must be on loopback: the front never forwards off the machine. Parsed,
+    not prefix-matched: `http://127.0.0.1:1@elsewhere:80` starts like a loopback URL."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if (
+        parts.scheme != "http"
+        or parts.hostname != LOOPBACK
+        or "@" in parts.netloc
+        or port is None
+        or parts.path.strip("/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ValueError(f"user proxy {url!r} is not http://{LOOPBACK}:<port>")
+    return f"http://{LOOPBACK}:{port}"
 
 
 @dataclass

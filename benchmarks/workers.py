@@ -50,7 +50,7 @@ from benchmarks import warm
 from benchmarks.common import ENV, rss_mb, spawn_policy
 from verifiers_nemogym.nemo import shared
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import processes_with_env
+from verifiers_nemogym.nemo.supervisor import count_stack_programs, processes_with_env
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.net import free_port
 
@@ -171,7 +171,7 @@ class ProgramWatch:
 
     async def _run(self) -> None:
         while True:
-            counts = await asyncio.to_thread(count_programs, self.entries())
+            counts = await asyncio.to_thread(count_stack_programs, *self.entries())
             self.most = {k: max(v, counts[k]) for k, v in self.most.items()}
             self.samples += 1
             await asyncio.sleep(0.5)
@@ -189,26 +189,6 @@ class ProgramWatch:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return {**self.most, "samples": self.samples}
-
-
-def count_programs(entries: list[str]) -> dict[str, int]:
-    """`ng_run` orchestrators and Ray GCS servers among the processes carrying any of
-    `entries`."""
-    pids = {p for entry in entries for p in processes_with_env(entry)}
-    counts = {"ng_run": 0, "gcs_server": 0}
-    for pid in pids:
-        # A child ng_run forked carries ng_run's argv until it execs: not a second ng_run.
-        counts["ng_run"] += _is_ng_run(pid) and pid not in _children_of_ng_run(pids)
-        counts["gcs_server"] += _cmdline(pid).split("\0")[0].endswith("gcs_server")
-    return counts
-
-
-def _is_ng_run(pid: int) -> bool:
-    return any(a.endswith("/ng_run") for a in _cmdline(pid).split("\0")[:2])
-
-
-def _children_of_ng_run(pids: set[int]) -> set[int]:
-    return {c for p in pids if _is_ng_run(p) for c in _children(p)}
 
 
 def total_rss_mb(pids: list[int]) -> float:

@@ -121,6 +121,26 @@ def wait_gone(pids: list[int] | int, seconds: float) -> bool:
         time.sleep(0.2)
 
 
+def server_pid(port: int) -> int:
+    """PID of the process listening on 127.0.0.1:`port` (from /proc/net/tcp and fd links)."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+            inode = fields[9]
+    assert inode is not None, f"nothing listens on port {port}"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) == f"socket:[{inode}]":
+                    return int(proc.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process owns the socket on port {port}")
+
+
 def script(name: str) -> str:
     """Path of a console script (`vf-eval`, `nemo-gym-env`) of the test interpreter's venv."""
     return str(Path(sys.executable).with_name(name))

@@ -21,7 +21,16 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import error_text, gone, model_context, run_command, run_tag, script, write_rows
+from helpers import (
+    error_text,
+    gone,
+    model_context,
+    run_command,
+    run_tag,
+    script,
+    server_pid,
+    write_rows,
+)
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
@@ -163,26 +172,6 @@ async def test_killed_server_is_reported_and_fails_remaining_rollouts(
     assert len(later) == len(tasks) and not any(e.ok for e in later)
     assert all(live.failure in error_text(e) for e in later), [error_text(e) for e in later]
     assert await gone(marker) == []
-
-
-def server_pid(port: int) -> int:
-    """PID of the process listening on 127.0.0.1:`port` (from /proc/net/tcp and fd links)."""
-    inode = None
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
-            inode = fields[9]
-    assert inode is not None, f"nothing listens on port {port}"
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            for fd in (proc / "fd").iterdir():
-                if os.readlink(fd) == f"socket:[{inode}]":
-                    return int(proc.name)
-        except OSError:
-            continue
-    raise AssertionError(f"no process owns the socket on port {port}")
 
 
 async def test_thousand_rollouts_256_in_flight(policy: ScriptedPolicy):

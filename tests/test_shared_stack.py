@@ -30,7 +30,7 @@ from verifiers.v1.serve.pool import env_config_data
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo import shared
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, count_stack_programs
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
@@ -104,41 +104,9 @@ async def assert_no_stack(nemo_venv: NeMoGymVenv) -> None:
     assert found is None, f"a shared stack for {ENV} is already running: {found}"
 
 
-def _argv(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _is_ng_run(pid: int) -> bool:
-    return any(a.endswith("/ng_run") for a in _argv(pid)[:2])
-
-
-def count_programs(entry: str) -> dict[str, int]:
-    """How many `ng_run` orchestrators and Ray GCS servers carry `entry` in their environment.
-    A child ng_run forked carries ng_run's argv until it execs its program: not a second one."""
-    counts = {"ng_run": 0, "gcs_server": 0}
-    for pid in processes_with_env(entry):
-        head = _argv(pid)[:2]
-        if _is_ng_run(pid) and not _is_ng_run(_parent(pid)):
-            counts["ng_run"] += 1
-        if head and head[0].endswith("gcs_server"):
-            counts["gcs_server"] += 1
-    return counts
-
-
 class ProgramWatch:
-    """Samples `count_programs` for a tag and a stack marker until stopped; keeps the maxima."""
+    """Samples `count_stack_programs` for a tag and a stack marker until stopped; keeps the
+    maxima."""
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
@@ -152,7 +120,7 @@ class ProgramWatch:
         while True:
             for counts, entry in ((self.max_tagged, self.tag), (self.max_marked, self.marker)):
                 if entry:
-                    for name, n in (await asyncio.to_thread(count_programs, entry)).items():
+                    for name, n in (await asyncio.to_thread(count_stack_programs, entry)).items():
                         counts[name] = max(counts[name], n)
             self.samples += 1
             await asyncio.sleep(0.5)

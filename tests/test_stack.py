@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from helpers import gone
+from helpers import gone, server_pid
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
@@ -155,3 +155,57 @@ async def test_server_dying_during_start_raises_and_leaves_nothing(
     assert "boom" in str(caught.value)
     assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
     await stack.stop()
+
+
+async def _refuses(url: str) -> bool:
+    """Whether nothing listens at `url` (as the stack's own liveness check decides it)."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.get(url) as response,
+        ):
+            await response.read()
+    except aiohttp.ClientConnectorError:
+        return True
+    return False
+
+
+async def test_check_alive_names_the_server_that_died_first(
+    nemo_venv: NeMoGymVenv, single_tool_env: EnvSpec, policy: ScriptedPolicy
+) -> None:
+    """The watchdog's race, held still: the agent server is SIGKILLed, then the resources
+    server gets the SIGINT that NeMo Gym's shutdown (or the supervisor's teardown) sends every
+    other server once one died, while ng_run has not yet written which one died. Both refuse
+    connections, the resources server first in check order; the agent must be named."""
+    stack = NeMoGymStack(
+        nemo_venv,
+        single_tool_env.config_paths,
+        policy_host=policy.host,
+        policy_port=policy.port,
+        start_timeout=300,
+    )
+    agent = single_tool_env.agent.name
+    try:
+        await stack.start()
+        # Once ready, ng_run polls its servers once a minute: nothing below is noticed by it.
+        async with asyncio.timeout(60):
+            while "servers ready" not in stack.log_path.read_text(errors="replace"):
+                await asyncio.sleep(0.2)
+        order = list(stack.servers)
+        assert order.index(ENV_NAME) < order.index(agent)  # the order the race lost by
+        os.kill(server_pid(int(stack.servers[agent].rsplit(":", 1)[1])), signal.SIGKILL)
+        os.kill(server_pid(int(stack.servers[ENV_NAME].rsplit(":", 1)[1])), signal.SIGINT)
+        async with asyncio.timeout(30):
+            while not (
+                await _refuses(stack.servers[agent]) and await _refuses(stack.servers[ENV_NAME])
+            ):
+                await asyncio.sleep(0.1)
+        with pytest.raises(StackError) as caught:
+            await stack.check_alive()
+        assert str(caught.value).startswith(f"NeMo Gym server {agent!r} "), caught.value
+        assert f"also down now: {ENV_NAME}" in str(caught.value), caught.value
+        # Decided by the servers' own logs: NeMo Gym had not said which one died.
+        assert "finished unexpectedly" not in stack.log_path.read_text(errors="replace")
+    finally:
+        await stack.stop()
+    assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []

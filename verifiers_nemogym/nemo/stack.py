@@ -60,6 +60,13 @@ _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 # ng_run before this line makes it exit without running its own shutdown.
 _READY_LINE = re.compile(r"All (\d+) / (\d+) servers ready")
 _DIED_LINE = re.compile(r"Process `([^`]+)` finished unexpectedly")
+# uvicorn logs this in `Server.shutdown` before it closes its listening socket, and NeMo Gym's
+# servers write their output unbuffered (PYTHONUNBUFFERED) straight into the stack log: a server
+# that refuses connections without this line in its log was not stopped, it died.
+_SHUTDOWN_LINE = re.compile(r"\bShutting down\s*$")
+# How long `check_alive` waits for NeMo Gym to name the server that died when the log cannot
+# tell yet (NeMo Gym notices a death at its next poll, and prints the line once it exits).
+_DIED_LINE_WAIT = 5.0
 # The first exception ng_run itself raised (`RuntimeError: Missing pyproject.toml ... <dir>`):
 # the cause; what follows it (the head server's 500s while shutting down) is noise.
 _FIRST_ERROR = re.compile(r"^\w*(Error|Exception): .+$", re.MULTILINE)
@@ -75,6 +82,12 @@ _STOP_TIMEOUT = 30.0
 def _version_at_least(version: str, floor: tuple[int, int]) -> bool:
     parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
     return parts >= floor
+
+
+def _also_down(refusing: list[str], named: str) -> str:
+    """The part of a death report listing the servers found down besides `named`."""
+    others = [name for name in refusing if name != named]
+    return f"; also down now: {', '.join(others)}" if others else ""
 
 
 def _hydra_list(paths: list[Path]) -> str:
@@ -448,10 +461,25 @@ class NeMoGymStack:
         parts.append(f"--- ng_run ({self.log_path}) ---\n{self._ng_run_tail()}")
         return "\n".join(parts)
 
+    def _died_first(self) -> str | None:
+        """The server NeMo Gym's first "Process `x` finished unexpectedly" line names, if any.
+
+        Only ng_run's own (unprefixed) lines count: a server's output could quote the phrase."""
+        for line in self._read_log().splitlines():
+            if not _SERVER_LINE.match(line) and (died := _DIED_LINE.search(line)):
+                return died.group(1)
+        return None
+
+    def _shut_down_normally(self, name: str) -> bool:
+        """Whether server `name`'s log shows uvicorn's graceful shutdown (see _SHUTDOWN_LINE)."""
+        prefix = f"({name}) "
+        return any(
+            line.startswith(prefix) and _SHUTDOWN_LINE.search(line)
+            for line in self._read_log().splitlines()
+        )
+
     def _death_message(self, code: int) -> str:
-        died = _DIED_LINE.findall(self._read_log())
-        if died:
-            name = died[0]
+        if (name := self._died_first()) is not None:
             return (
                 f"NeMo Gym server {name!r} died (ng_run exit {code}); its log:\n"
                 f"{self.server_log_tail(name, 20)}\n"
@@ -468,21 +496,56 @@ class NeMoGymStack:
     # ----------------------------------------------------------------------------- health
 
     async def check_alive(self) -> None:
-        """Raise StackError naming a dead server (or ng_run itself)."""
+        """Raise StackError naming the server that died first (or ng_run itself), if one did.
+
+        Once NeMo Gym notices a dead server it stops all the others (and our supervisor stops
+        what is left once ng_run exits), so a check may find several servers refusing
+        connections. The one named is the one NeMo Gym names in its "Process `x` finished
+        unexpectedly" line; before that line is written, the only refusing server whose log
+        shows no graceful shutdown. If neither tells (several died at once, or none shows how
+        it stopped), this waits up to _DIED_LINE_WAIT s for NeMo Gym's line or ng_run's exit,
+        then names the first refusing server that did not shut down gracefully, else the first
+        refusing one. The message also lists the other servers found down.
+        """
         if self._proc is None or not self._started:
             raise StackError("the NeMo Gym stack is not running")
         if (code := self._proc.poll()) is not None:
             raise StackError(self._death_message(code))
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            for name, url in self.servers.items():
-                if name == POLICY_INSTANCE:  # the proxy belongs to our owner, not to the stack
-                    continue
-                if await self._refuses(session, url):
-                    raise StackError(
-                        f"NeMo Gym server {name!r} at {url} refuses connections; log tail:\n"
-                        f"{self.server_log_tail(name, 20)}"
-                    )
+            # Every server, not just up to the first that refuses: which one died first is
+            # decided below, not by the order the servers are checked in.
+            refusing = [
+                name
+                for name, url in self.servers.items()
+                # The policy is the proxy of our owner, not part of the stack.
+                if name != POLICY_INSTANCE and await self._refuses(session, url)
+            ]
+        if not refusing:
+            return
+        deadline = time.monotonic() + _DIED_LINE_WAIT
+        while not self._log_tells_first_dead(refusing) and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            if (code := self._proc.poll()) is not None:
+                raise StackError(self._death_message(code))
+        if (name := self._died_first()) is not None:
+            raise StackError(
+                f"NeMo Gym server {name!r} died (NeMo Gym: process finished unexpectedly)"
+                f"{_also_down(refusing, name)}; its log:\n{self.server_log_tail(name, 20)}"
+            )
+        died = [n for n in refusing if not self._shut_down_normally(n)]
+        name = (died or refusing)[0]
+        raise StackError(
+            f"NeMo Gym server {name!r} at {self.servers[name]} refuses connections"
+            f"{_also_down(refusing, name)}; log tail:\n{self.server_log_tail(name, 20)}"
+        )
+
+    def _log_tells_first_dead(self, refusing: list[str]) -> bool:
+        """Whether the log names the first server to die: NeMo Gym's line, or exactly one of
+        the `refusing` servers without a graceful shutdown (see `check_alive`)."""
+        if self._died_first() is not None:
+            return True
+        return sum(not self._shut_down_normally(n) for n in refusing) == 1
 
     # ----------------------------------------------------------------------------- stop
 

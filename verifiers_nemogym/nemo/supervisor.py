@@ -15,7 +15,8 @@ Exit status: the command's exit status, or 0 if it was stopped by the teardown.
 Its argument parsing and exit stay here rather than in `verifiers_nemogym.cli`: it is a program
 of its own, run by file path with `python -I`, that must not import the package (or anything
 outside the standard library). `processes_with_env` is also the package's, the tests' and the
-benchmarks' one scan for processes by an environment entry.
+benchmarks' one scan for processes by an environment entry, and `count_stack_programs` their one
+count of a stack's programs among those processes.
 """
 
 from __future__ import annotations
@@ -63,6 +64,54 @@ def processes_with_env(entry: str) -> list[int]:
         if needle in environ.split(b"\0"):
             found.append(int(pid))
     return found
+
+
+STACK_PROGRAMS = ("ng_run", "gcs_server")
+"""The programs a NeMo Gym stack runs exactly one of: its orchestrator and Ray's GCS server."""
+
+
+def count_stack_programs(*entries: str) -> dict[str, int]:
+    """How many of each of `STACK_PROGRAMS` run among the live processes whose initial
+    environment holds any of `entries` (`NAME=value`, as in `processes_with_env`).
+
+    An `ng_run` counts once per orchestrator: a process whose parent runs `ng_run` too is not
+    counted, because a child ng_run forks (a server's shell) carries ng_run's argv until it
+    execs its own program. A `gcs_server` is a process whose argv[0] names it. A process that
+    exits during the scan counts as whatever it was last seen as, or not at all.
+    """
+    pids = {pid for entry in entries for pid in processes_with_env(entry)}
+    counts = dict.fromkeys(STACK_PROGRAMS, 0)
+    for pid in pids:
+        argv = _argv(pid)
+        if _runs_ng_run(argv) and not _runs_ng_run(_argv(_parent(pid))):
+            counts["ng_run"] += 1
+        if argv and argv[0].endswith("gcs_server"):
+            counts["gcs_server"] += 1
+    return counts
+
+
+def _runs_ng_run(argv: list[str]) -> bool:
+    # argv[0] is ng_run's interpreter when it runs as a script, argv[1] the script.
+    return any(arg.endswith("/ng_run") for arg in argv[:2])
+
+
+def _argv(pid: int) -> list[str]:
+    """`pid`'s command line; empty if it is gone, a zombie or a kernel thread."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _parent(pid: int) -> int:
+    """`pid`'s parent PID; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            # The command name (field 2) may hold spaces and parentheses: split after the last.
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class _Supervisor:

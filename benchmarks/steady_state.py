@@ -28,6 +28,7 @@ from verifiers.v1.configs.client import EvalClientConfig
 from benchmarks.common import ENV, cpu_s, spawn_policy
 from benchmarks.native import native_stack
 from verifiers_nemogym.nemo.supervisor import processes_with_marker
+from verifiers_nemogym.stacks import PrivateStack
 
 N, IN_FLIGHT = 100, 20
 
@@ -66,7 +67,9 @@ async def measure(repeats: int) -> tuple[Rates, CpuMs]:
         async with env.serving():
             await direct.start()
             try:
-                proxy, agents = env._proxy, env._stack.agents
+                assert isinstance(env.stack, PrivateStack) and env._proxy is not None
+                # The agents themselves, not the /run targets: the raw drivers post to agents.
+                proxy, agents = env._proxy, env.stack.process.agents
                 http = aiohttp.ClientSession(
                     cookie_jar=aiohttp.DummyCookieJar(),
                     connector=aiohttp.TCPConnector(limit=0),
@@ -94,7 +97,7 @@ async def measure(repeats: int) -> tuple[Rates, CpuMs]:
                     await post(direct.agents[data.agent], data.row)
 
                 ways = {"ours": ours, "raw_proxy": raw_proxy, "raw_direct": raw_direct}
-                markers = {"ours": env._stack.marker, "raw_proxy": env._stack.marker}
+                markers = {"ours": env.stack.marker, "raw_proxy": env.stack.marker}
                 markers["raw_direct"] = direct.marker
 
                 def cpu_now(way: str) -> dict[str, float]:

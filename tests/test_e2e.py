@@ -15,6 +15,7 @@ from helpers import gone, model_context, read_episodes, run_command, run_tag, sc
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
+from verifiers_nemogym.stacks import PrivateStack, SharedStack
 
 pytestmark = pytest.mark.stack
 
@@ -104,7 +105,8 @@ async def _run_all(env: Any, policy: ScriptedPolicy) -> tuple[list[Any], int, di
         assert processes_with_env(marker) != []
         eps = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
         prefixed = env._proxy.rollout_path_calls
-        stack = env._stack
+        assert isinstance(env.stack, PrivateStack)
+        stack = env.stack.process
         relayed = {a: u for a, u in stack.run_urls.items() if u != stack.agents[a]}
         assert set(stack.servers.values()) >= set(stack.run_urls.values())
     assert [e.ok for e in eps] == [True] * len(tasks), [e.errors for e in eps if not e.ok][:2]
@@ -149,7 +151,7 @@ async def test_observability_on_a_shared_stack_routes_through_the_front(
     )
     tasks = list(env.taskset)
     async with env.serving():
-        assert env._lease is not None  # attached to (here: started) the shared stack
+        assert isinstance(env.stack, SharedStack)  # attached to (here: started) the shared stack
         marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
         prefixed = env._proxy.rollout_path_calls

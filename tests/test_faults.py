@@ -37,6 +37,7 @@ import nemo_gym_env
 from verifiers_nemogym.env import NeMoGymEnv
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.stacks import PrivateStack
 
 pytestmark = pytest.mark.stack
 
@@ -155,8 +156,8 @@ async def test_killed_server_is_reported_and_fails_remaining_rollouts(
     tasks = list(env.taskset)
     ctx = model_context(policy)
     async with env.serving():
-        stack = env._stack
-        assert stack is not None
+        assert isinstance(env.stack, PrivateStack)
+        stack = env.stack.process
         marker = f"{MARKER_ENV_VAR}={stack.marker}"
         first = await run_all(env, ctx, tasks, concurrency=5)
         assert all(e.ok for e in first)

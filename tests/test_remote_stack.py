@@ -21,6 +21,7 @@ from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port, serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.stacks import AttachedStack
 
 pytestmark = pytest.mark.stack
 
@@ -80,7 +81,8 @@ async def test_attach_by_stack_url(nemo_venv: NeMoGymVenv, policy: ScriptedPolic
         tasks = list(env.taskset)
         async with env.serving():
             assert env._proxy is not None and env._proxy.port == policy_port
-            assert env._lease is None and env._stack is None  # nothing of ours started
+            assert isinstance(env.stack, AttachedStack)  # nothing of ours started
+            assert env.stack_marker is None
             eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
         assert [e.ok for e in eps] == [True] * len(tasks), [e.errors for e in eps]
         assert all(t.reward == 1.0 for e in eps for t in e.traces)
@@ -117,8 +119,8 @@ async def test_attach_by_stack_url_on_07_posts_run_to_the_environment_server(
         env = nemo_gym_env.load_environment(nemo_env=ENV, stack_url=stack.head_url, **options)
         tasks = list(env.taskset)
         async with env.serving():
-            assert env._lease is None and env._stack is None  # nothing of ours started
-            run_targets = dict(env.taskset.config.task._live.agents)
+            assert isinstance(env.stack, AttachedStack)  # nothing of ours started
+            run_targets = dict(env.stack.run_urls)
             eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
         assert [e.ok for e in eps] == [True] * len(tasks), [e.errors for e in eps]
         assert all(t.reward == 1.0 for e in eps for t in e.traces)

@@ -1,10 +1,11 @@
 """NeMoGymEnv: gets a NeMo Gym stack for its env process and hands it to every rollout.
 
-`start()` brings up the model proxy, then attaches to the machine's shared stack for the
-taskset's environments (starting it if none runs; see nemo/shared.py), or with
-`shared_stack=False` starts a private stack with the proxy registered as `policy_model`.
-`stop()` takes down what this process owns and releases its lease (also after a failed or
-partial start). Everything else is verifiers' single-agent env.
+`start()` brings up the model proxy (NeMo Gym's `policy_model`, or what the shared stack's front
+forwards to), then opens the `Stack` the taskset config asks for (`stacks.open_stack`: the
+machine's shared stack by default, a private one, or one started elsewhere) and hands its
+`/run` targets to the rollouts. A start that fails does not raise (see `start`). `stop()` gives
+the stack up and stops the proxy (also after a failed or partial start). It runs each task
+with verifiers' single agent seat (`run`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import verifiers.v1 as vf
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import redact
-from verifiers_nemogym.errors import ConfigError, NeMoGymError, StackError
+from verifiers_nemogym.errors import ConfigError, NeMoGymError
 from verifiers_nemogym.live import LiveStack
-from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote, watch_remote
-from verifiers_nemogym.nemo.shared import Lease, attach_or_start
-from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.remote import describe_remote
+from verifiers_nemogym.stacks import Stack, open_stack
 from verifiers_nemogym.taskset import NeMoGymTaskset
 
 logger = logging.getLogger(__name__)
@@ -38,20 +38,22 @@ class NeMoGymEnvConfig(vf.EnvConfig):
 
 
 class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
-    """One agent seat playing NeMo Gym rows on a stack this env process owns."""
+    """One agent seat playing NeMo Gym rows on the stack of its env process."""
 
     _proxy: NeMoGymModelProxy | None = None
-    _stack: NeMoGymStack | None = None
-    _lease: Lease | None = None
+    _stack: Stack | None = None
     _http: aiohttp.ClientSession | None = None
     _watchdog: asyncio.Task[None] | None = None
 
     @property
+    def stack(self) -> Stack | None:
+        """The stack rollouts use while started (`stacks.Stack`), else None."""
+        return self._stack
+
+    @property
     def stack_marker(self) -> str | None:
         """The running stack's process marker (`VF_NEMOGYM_STACK=<marker>` in the environment
-        of every NeMo Gym process of it), shared or private; None when not started."""
-        if self._lease is not None:
-            return self._lease.marker
+        of every NeMo Gym process of it); None when not started or started elsewhere."""
         return self._stack.marker if self._stack is not None else None
 
     @property
@@ -88,16 +90,17 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         began = time.monotonic()
         # Input was checked where the taskset loaded; the runtime is built here, where
         # rollouts run (an env server's worker, or vf-eval's process).
-        venv = await asyncio.to_thread(lambda: taskset.nemo_venv)
+        runtime = await asyncio.to_thread(lambda: taskset.nemo_venv)
         config_paths = await asyncio.to_thread(taskset.config_paths)
         logger.info(
             "NeMo Gym %s on Python %s%s (runtime %s)",
-            venv.nemo_gym_version,
-            venv.python_version,
-            ", below the release's declared Python floor (opted in)" if venv.below_floor else "",
-            venv.venv.name,
+            runtime.nemo_gym_version,
+            runtime.python_version,
+            ", below the release's declared Python floor (opted in)" if runtime.below_floor else "",
+            runtime.venv.name,
         )
-        remote: RemoteStack | None = None
+        # A stack started elsewhere names the proxy's port (its `policy_model`).
+        remote = None
         proxy_port = config.proxy_port
         if config.stack_url is not None:
             remote = await describe_remote(config.stack_url, config.proxy_host, proxy_port)
@@ -110,45 +113,22 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
                 f"model proxy cannot listen on {config.proxy_host}:{proxy_port} "
                 f"({e.strerror}); choose another --env.taskset.proxy-port (0 picks a free one)"
             ) from None
-        if remote is not None:
-            logger.info(
-                "attached to the NeMo Gym stack at %s (model proxy on %s)",
-                remote.head_url,
-                self._proxy.url,
-            )
-            agents = dict(remote.run_urls)
-        elif config.shared_stack:
-            attach_began = time.monotonic()
-            self._lease = await attach_or_start(
-                taskset.nemo_venv,
-                config_paths,
-                proxy_url=self._proxy.url,
-                proxy_secret=self._proxy.secret,
-                idle_timeout=config.stack_idle_grace,
-                start_timeout=config.start_timeout,
-                log=logger,
-            )
-            logger.info(
-                "%s shared NeMo Gym stack in %.3f s (host pid %d, head %s, %d agents)",
-                "NeMo Gym stack ready: started" if self._lease.started else "attached to",
-                time.monotonic() - attach_began,
-                self._lease.host_pid,
-                self._lease.head_url,
-                len(self._lease.agents),
-            )
-            agents = dict(self._lease.agents)
-        else:
-            self._stack = NeMoGymStack(
-                taskset.nemo_venv,
-                config_paths,
-                policy_host=self._proxy.host,
-                policy_port=self._proxy.port,
-                start_timeout=config.start_timeout,
-            )
-            await self._stack.start()
-            # Rollouts post `/run` where NeMo Gym's own collection does (an environment server
-            # fronting the agent on NeMo Gym >= 0.7, else the agent).
-            agents = dict(self._stack.run_urls)
+        opened = time.monotonic()
+        self._stack = await open_stack(
+            runtime=runtime,
+            config_paths=config_paths,
+            proxy=self._proxy,
+            remote=remote,
+            shared=config.shared_stack,
+            idle_timeout=config.stack_idle_grace,
+            start_timeout=config.start_timeout,
+        )
+        logger.info(
+            "%s in %.3f s (model proxy on %s)",
+            self._stack.describe(),
+            time.monotonic() - opened,
+            self._proxy.url,
+        )
         # No cookie jar: NeMo Gym keys agent sessions by cookie, and each /run is its own session.
         self._http = aiohttp.ClientSession(
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -157,24 +137,18 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         )
         live = LiveStack(
             proxy=self._proxy,
-            agents=agents,
+            run_urls=self._stack.run_urls,
             http=self._http,
             run_timeout=config.task.run_timeout,
-            runtime=taskset.nemo_venv.info,
+            runtime=runtime.info,
             keep_ng_trajectory=config.keep_ng_trajectory,
         )
         config.task._live = live
-        if remote is not None:
-            self._watchdog = asyncio.create_task(watch_remote(remote, live))
-        elif self._lease is not None:
-            self._watchdog = asyncio.create_task(_watch_lease(self._lease, live))
-        else:
-            assert self._stack is not None
-            self._watchdog = asyncio.create_task(_watch(self._stack, live))
+        self._watchdog = asyncio.create_task(_fail_when_lost(self._stack, live))
         logger.info(
             "nemo-gym-env ready in %.1f s (rows, proxy, stack): rollouts go to agents %s",
             time.monotonic() - began,
-            sorted(agents),
+            sorted(self._stack.run_urls),
         )
 
     async def stop(self) -> None:
@@ -185,12 +159,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             watchdog.cancel()
             await asyncio.gather(watchdog, return_exceptions=True)
         try:
-            if self._lease is not None:
-                lease, self._lease = self._lease, None
-                await lease.close()
             if self._stack is not None:
                 stack, self._stack = self._stack, None
-                await stack.stop()
+                await stack.close()
         finally:
             if self._http is not None:
                 http, self._http = self._http, None
@@ -200,27 +171,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
                 await proxy.stop()
 
 
-WATCH_INTERVAL = 2.0
-"""Seconds between liveness checks of a running stack."""
-
-
-async def _watch(stack: NeMoGymStack, live: LiveStack) -> None:
-    """Check the stack until it dies, then fail it: a dead server is reported once, and every
-    rollout fails fast with the reason. The stack is not restarted: a server that died mid-run
-    (out of memory, a crash) would most likely die again, and a restart would hide it."""
-    while True:
-        await asyncio.sleep(WATCH_INTERVAL)
-        try:
-            await stack.check_alive()
-        except StackError as e:
-            logger.error("NeMo Gym stack died; remaining rollouts fail: %s", e)
-            live.fail(str(e))
-            return
-
-
-async def _watch_lease(lease: Lease, live: LiveStack) -> None:
-    """Fail every rollout once the shared stack's host is gone (the stack died, `stack down`,
-    the host was killed): the lease connection closes, and the host's last word is the reason."""
-    await lease.lost.wait()
-    logger.error("shared NeMo Gym stack lost; remaining rollouts fail: %s", lease.reason)
-    live.fail(lease.reason)
+async def _fail_when_lost(stack: Stack, live: LiveStack) -> None:
+    """The one watchdog: once the stack is lost (each backend watches its own kind of stack),
+    every rollout in flight or to come fails fast with the reason."""
+    await stack.lost.wait()
+    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", stack.reason)
+    live.fail(stack.reason)

@@ -67,11 +67,11 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             if reason := getattr(trace.state, "start_error", None):
                 raise StackError(f"the NeMo Gym stack did not start: {reason}")
             raise StackError("no NeMo Gym stack is running: use NeMoGymEnv (nemo-gym-env)")
-        agent_url = live.agents.get(data.agent or "")
+        agent_url = live.run_urls.get(data.agent or "")
         if agent_url is None:
             raise AgentRunError(
                 f"{data.source}: agent {data.agent!r} is not on this stack "
-                f"(agents: {', '.join(sorted(live.agents)) or 'none'})"
+                f"(agents: {', '.join(sorted(live.run_urls)) or 'none'})"
             )
         if sampling := row_sampling(data.row):
             trace.info["nemo_gym_row_sampling"] = sampling

@@ -23,7 +23,7 @@ class LiveStack:
     """The model proxy, where each agent's rollouts go, and one HTTP client for `/run`."""
 
     proxy: NeMoGymModelProxy
-    agents: dict[str, str]
+    run_urls: dict[str, str]
     """Agent instance name -> base URL its rollouts' `POST /run` goes to (`catalog.run_targets` of
     the stack's merged config: the environment server fronting it on NeMo Gym >= 0.7, else the
     agent), whichever way the stack was started or attached."""

@@ -157,7 +157,7 @@ def _describe(info: dict[str, Any]) -> str:
     idle = "until `stack down`" if timeout is None else f"idle timeout {timeout} s"
     return (
         f"shared stack {info['key']}: host pid {info['pid']}, head {info['head_url']}, "
-        f"agents {', '.join(sorted(info['agents']))}, {info['users']} user(s), {idle}, "
+        f"agents {', '.join(sorted(info['run_urls']))}, {info['users']} user(s), {idle}, "
         f"NeMo Gym {info['nemo_gym_version']} (Python {info['python_version']}), "
         f"log {info['log']}"
     )

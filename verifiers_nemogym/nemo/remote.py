@@ -13,16 +13,12 @@ belongs to whoever started it.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     MODELS,
@@ -100,28 +96,3 @@ async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteS
             "--env.taskset.proxy-port to match"
         )
     return RemoteStack(head_url, agents, run_urls, (policy_host, policy_port))
-
-
-WATCH_INTERVAL = 5.0
-"""Seconds between checks that a remote stack's head server still answers."""
-
-
-async def watch_remote(stack: RemoteStack, live: LiveStack, misses: int = 3) -> None:
-    """Fail every rollout once the remote head server has refused `misses` checks in a row."""
-    missed = 0
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        while True:
-            await asyncio.sleep(WATCH_INTERVAL)
-            try:
-                async with http.get(stack.head_url) as response:
-                    await response.read()
-                missed = 0
-            except aiohttp.ClientConnectorError:
-                missed += 1
-            except (aiohttp.ClientError, TimeoutError):
-                pass  # slow is not dead
-            if missed >= misses:
-                reason = f"the NeMo Gym stack at {stack.head_url} stopped answering"
-                logger.error("%s; remaining rollouts fail", reason)
-                live.fail(reason)
-                return

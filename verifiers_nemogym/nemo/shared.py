@@ -153,11 +153,12 @@ async def request(directory: Path, message: dict[str, Any], timeout: float = 10)
 class Lease:
     """An env process's hold on a shared stack: while it is open the stack stays up.
 
-    `agents` and `head_url` describe the stack; `lost` is set (with `reason`) when the host goes
-    away (stack died, `stack down`, host killed). `close()` is idempotent."""
+    `run_urls` (agent -> where its rollouts' `/run` goes) and `head_url` describe the stack;
+    `lost` is set (with `reason`) when the host goes away (stack died, `stack down`, host
+    killed). `close()` is idempotent."""
 
     directory: Path
-    agents: dict[str, str]
+    run_urls: dict[str, str]
     head_url: str
     marker: str
     host_pid: int
@@ -217,7 +218,7 @@ async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Leas
         return None
     return Lease(
         directory=directory,
-        agents=dict(answer["agents"]),
+        run_urls=dict(answer["run_urls"]),
         head_url=str(answer["head_url"]),
         marker=str(answer["marker"]),
         host_pid=int(answer["pid"]),
@@ -463,7 +464,7 @@ class StackHost:
             "python_version": self.venv.python_version,
             "config_paths": self.spec.config_paths,
             "head_url": self.stack.head_url,
-            "agents": dict(self.stack.run_urls),
+            "run_urls": dict(self.stack.run_urls),
             "marker": self.stack.marker,
             "users": len(self.leases),
             "user_pids": sorted(u.pid for u in self.leases.values()),

@@ -1,0 +1,228 @@
+"""The NeMo Gym stack an env process's rollouts use: one contract, three backends.
+
+Contract (`Stack`): a running NeMo Gym stack that rollouts POST `/run` to. `run_urls` maps each
+agent instance to where its rollouts' `/run` goes (computed by `nemo.catalog.run_targets` from
+the stack's merged config, for every backend); `marker` is the stack's process marker
+(`VF_NEMOGYM_STACK=<marker>` in every NeMo Gym process of it; None for a stack started
+elsewhere); `lost` is set, with `reason`, once the stack is unusable (a server died, the shared
+host went away, a remote head server stopped answering); `close()` gives it up (idempotent):
+stops what this process owns, releases a lease, or only stops watching.
+
+Backends, chosen by `open_stack` from the taskset config:
+- `SharedStack` (default, `shared_stack=True`): a lease on the machine's one stack for the
+  config set (`nemo/shared.py`), started for everyone if none runs;
+- `PrivateStack` (`shared_stack=False`): a stack this process starts and stops
+  (`nemo/stack.py`), checked every `WATCH_INTERVAL`;
+- `AttachedStack` (`stack_url`): a stack started elsewhere (`nemo/remote.py`), its head server
+  checked every `REMOTE_WATCH_INTERVAL`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.nemo.remote import RemoteStack
+from verifiers_nemogym.nemo.shared import Lease, attach_or_start
+from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL = 2.0
+"""Seconds between liveness checks of a private stack's servers."""
+REMOTE_WATCH_INTERVAL = 5.0
+"""Seconds between checks that a remote stack's head server still answers."""
+REMOTE_MISSES = 3
+"""Refused checks in a row after which a remote stack counts as lost (slow is not dead)."""
+
+
+class Stack(ABC):
+    """See the module contract."""
+
+    marker: str | None = None
+
+    def __init__(self, run_urls: dict[str, str]) -> None:
+        self.run_urls = dict(run_urls)
+        self.lost = asyncio.Event()
+        self.reason = ""
+        self._watch: asyncio.Task[None] | None = None
+
+    def _lose(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.reason = reason
+            self.lost.set()
+
+    def _watch_with(self, watcher: Coroutine[Any, Any, None]) -> None:
+        self._watch = asyncio.create_task(watcher)
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            watch, self._watch = self._watch, None
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        await self._release()
+
+    @abstractmethod
+    async def _release(self) -> None:
+        """Give up what this backend holds (after its watch stopped)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for the log: which stack, whose."""
+
+
+class PrivateStack(Stack):
+    """A stack this process started; `process` is its `ng_run` and servers."""
+
+    def __init__(self, process: NeMoGymStack) -> None:
+        super().__init__(process.run_urls)
+        self.process = process
+        self.marker = process.marker
+
+    @classmethod
+    async def start(
+        cls, runtime: NeMoGymVenv, config_paths: list[Path], proxy: NeMoGymModelProxy,
+        start_timeout: float,
+    ) -> PrivateStack:  # fmt: skip
+        process = NeMoGymStack(
+            runtime,
+            config_paths,
+            policy_host=proxy.host,
+            policy_port=proxy.port,
+            start_timeout=start_timeout,
+        )
+        try:
+            await process.start()
+        except BaseException:
+            await process.stop()
+            raise
+        stack = cls(process)
+        stack._watch_with(stack._check())
+        return stack
+
+    async def _check(self) -> None:
+        # A dead server is reported once, and every rollout fails fast with the reason. The stack
+        # is not restarted: a server that died mid-run (out of memory, a crash) would most likely
+        # die again, and a restart would hide it.
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            try:
+                await self.process.check_alive()
+            except StackError as e:
+                self._lose(str(e))
+                return
+
+    async def _release(self) -> None:
+        await self.process.stop()
+
+    def describe(self) -> str:
+        return f"private NeMo Gym stack (head {self.process.head_url})"
+
+
+class SharedStack(Stack):
+    """A lease on the machine's shared stack for this config set."""
+
+    def __init__(self, lease: Lease) -> None:
+        super().__init__(lease.run_urls)
+        self.lease = lease
+        self.marker = lease.marker
+
+    @classmethod
+    async def start(
+        cls, runtime: NeMoGymVenv, config_paths: list[Path], proxy: NeMoGymModelProxy, *,
+        idle_timeout: float, start_timeout: float,
+    ) -> SharedStack:  # fmt: skip
+        lease = await attach_or_start(
+            runtime,
+            config_paths,
+            proxy_url=proxy.url,
+            proxy_secret=proxy.secret,
+            idle_timeout=idle_timeout,
+            start_timeout=start_timeout,
+            log=logger,
+        )
+        stack = cls(lease)
+        stack._watch_with(stack._follow())
+        return stack
+
+    async def _follow(self) -> None:
+        # The host closes the lease when the stack died, on `stack down`, or when it is killed;
+        # its last word is the reason.
+        await self.lease.lost.wait()
+        self._lose(self.lease.reason)
+
+    async def _release(self) -> None:
+        await self.lease.close()
+
+    def describe(self) -> str:
+        how = "started" if self.lease.started else "attached to"
+        return (
+            f"{how} the shared NeMo Gym stack (host pid {self.lease.host_pid}, "
+            f"head {self.lease.head_url})"
+        )
+
+
+class AttachedStack(Stack):
+    """A stack started elsewhere (`stack_url`); it belongs to whoever started it."""
+
+    def __init__(self, remote: RemoteStack) -> None:
+        super().__init__(remote.run_urls)
+        self.remote = remote
+
+    @classmethod
+    def watch(cls, remote: RemoteStack) -> AttachedStack:
+        stack = cls(remote)
+        stack._watch_with(stack._check())
+        return stack
+
+    async def _check(self) -> None:
+        missed = 0
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            while missed < REMOTE_MISSES:
+                await asyncio.sleep(REMOTE_WATCH_INTERVAL)
+                try:
+                    async with http.get(self.remote.head_url) as response:
+                        await response.read()
+                    missed = 0
+                except aiohttp.ClientConnectorError:
+                    missed += 1
+                except (aiohttp.ClientError, TimeoutError):
+                    pass  # slow is not dead
+        self._lose(f"the NeMo Gym stack at {self.remote.head_url} stopped answering")
+
+    async def _release(self) -> None:
+        return None  # nothing of it is ours
+
+    def describe(self) -> str:
+        return f"the NeMo Gym stack at {self.remote.head_url}"
+
+
+async def open_stack(
+    *,
+    runtime: NeMoGymVenv,
+    config_paths: list[Path],
+    proxy: NeMoGymModelProxy,
+    remote: RemoteStack | None,
+    shared: bool,
+    idle_timeout: float,
+    start_timeout: float,
+) -> Stack:
+    """The stack the taskset config asks for (see the module contract); `remote` is the
+    described `stack_url` stack, if one was named. The proxy must be serving already: the
+    stack's `policy_model` is its address (or, shared, the host's front forwarder's)."""
+    if remote is not None:
+        return AttachedStack.watch(remote)
+    if shared:
+        return await SharedStack.start(
+            runtime, config_paths, proxy, idle_timeout=idle_timeout, start_timeout=start_timeout
+        )
+    return await PrivateStack.start(runtime, config_paths, proxy, start_timeout)

@@ -49,7 +49,7 @@ async def _run(url: str, result: dict[str, Any], results: list[Any]) -> dict[str
         NeMoGymModelProxy() as proxy,
         aiohttp.ClientSession() as http,
     ):
-        live = LiveStack(proxy=proxy, agents={"a": url}, http=http, run_timeout=30)
+        live = LiveStack(proxy=proxy, run_urls={"a": url}, http=http, run_timeout=30)
         data = parse_row(json.dumps(ROW), "rows.jsonl:1", None)
         route = proxy.open_route("http://127.0.0.1:9/v1", "bearer")
         try:

@@ -20,7 +20,8 @@ from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
-_ATTACHED = "attached to shared NeMo Gym stack in "
+# NeMoGymEnv's log line once its stack is open (stacks.SharedStack.describe).
+_ATTACHED = re.compile(r"attached to the shared NeMo Gym stack \(.*?\) in ([\d.]+) s")
 
 
 async def bring_up(runtime: NeMoGymVenv) -> None:
@@ -39,10 +40,10 @@ async def ours_once(runtime: NeMoGymVenv, policy_url: str) -> tuple[float, float
         cmd = vf_eval_command(runtime, policy_url, Path(tmp, "out"), private_stack=False)
         elapsed = await timed_vf_eval(cmd, Path(tmp, "out"), ROWS * REPEATS)
         (log,) = Path(tmp, "out").glob("*/logs/latest/eval.log")
-        line = next((x for x in log.read_text().splitlines() if _ATTACHED in x), None)
-        if line is None:
+        found = _ATTACHED.search(log.read_text())
+        if found is None:
             raise RuntimeError("vf-eval did not attach to the running stack")
-        attach = float(line.split(_ATTACHED, 1)[1].split(" s", 1)[0])
+        attach = float(found.group(1))
         return elapsed, attach
 
 

@@ -124,7 +124,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             start_timeout=config.start_timeout,
         )
         logger.info(
-            "%s in %.3f s (model proxy on %s)",
+            "NeMo Gym stack ready: %s in %.3f s (model proxy on %s)",
             self._stack.describe(),
             time.monotonic() - opened,
             self._proxy.url,

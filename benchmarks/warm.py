@@ -9,6 +9,7 @@ same rows timed from launch to exit. Both check all 100 rollouts; both run one r
 
 from __future__ import annotations
 
+import re
 import tempfile
 import time
 from pathlib import Path

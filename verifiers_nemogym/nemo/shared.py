@@ -6,7 +6,7 @@ Design (see docs/shared-stacks.md):
   sorted set of NeMo Gym config files. Its folder `<cache>/stacks/<key>/` (mode 0700) holds
   `lock` (a flock serialising attach/start/stop decisions), `host.sock` (the host's unix socket)
   and `host.log`.
-- The *stack host* is a detached process (`python -m verifiers_nemogym.cli.stack_host`) that owns
+- The *stack host* is a detached process (`nemo/host.py`, run as `python -m`) that owns
   the `NeMoGymStack` (so the supervisor's teardown applies unchanged) and a small *front*
   forwarder registered as NeMo Gym's `policy_model`. It never runs rollouts.
 - Each env process (*user*) keeps its own in-process model proxy (per-rollout routes, stop
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -41,13 +40,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-from verifiers_nemogym.net import LOOPBACK
 from verifiers_nemogym.util import cache_root
 
 logger = logging.getLogger(__name__)
@@ -57,7 +52,6 @@ HOST_ENV_VAR = "VF_NEMOGYM_STACK_HOST"
 DEFAULT_IDLE_GRACE = 5.0
 """Seconds an automatically started stack stays up after its last user left."""
 _LINE_LIMIT = 1 << 20
-_HOST_MODULE = "verifiers_nemogym.cli.stack_host"
 
 
 # ------------------------------------------------------------------------------ identity
@@ -230,7 +224,7 @@ async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Leas
 
 @dataclass(frozen=True)
 class HostSpec:
-    """What a stack host starts: passed to `python -m verifiers_nemogym.cli.stack_host`."""
+    """What a stack host starts: passed to the host program (`nemo/host.py`) as JSON."""
 
     nemo_gym_version: str
     python: str
@@ -277,9 +271,20 @@ def spawn_host(directory: Path, spec: HostSpec) -> subprocess.Popen[bytes]:
     with contextlib.suppress(FileNotFoundError):
         _socket_path(directory).unlink()  # a killed host's leftover
     env = {**os.environ, HOST_ENV_VAR: directory.name}
+    # Imported here: the host module builds on this one (the lease protocol, HostSpec).
+    from verifiers_nemogym.nemo import host
+
     with (directory / "host.log").open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", _HOST_MODULE, "--dir", str(directory), "--spec", spec.to_json()],
+            [
+                sys.executable,
+                "-m",
+                host.__name__,
+                "--dir",
+                str(directory),
+                "--spec",
+                spec.to_json(),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -362,207 +367,6 @@ async def attach_or_start(
 
 
 # ------------------------------------------------------------------------------ host side
-
-
-class StackHost:
-    """The stack host process's work: front + stack + lease socket, until idle or told down.
-
-    `run()` returns once everything it started is stopped. Leases are connections to the socket;
-    control messages: `{"op": "lease", ...}` (held open), `{"op": "status"}`, `{"op": "down"}`.
-    """
-
-    def __init__(self, venv: NeMoGymVenv, directory: Path, spec: HostSpec) -> None:
-        self.venv = venv
-        self.directory = directory
-        self.spec = spec
-        self.front = FrontForwarder()
-        self.stack: NeMoGymStack | None = None
-        self.leases: dict[asyncio.StreamWriter, FrontUser] = {}
-        self.idle_since = time.monotonic()
-        self.started_at = time.time()
-        self.leases_total = 0
-        self._stopping = asyncio.Event()
-        self._stop_reason = ""
-        self._server: asyncio.AbstractServer | None = None
-
-    def request_stop(self, reason: str) -> None:
-        if not self._stopping.is_set():
-            self._stop_reason = reason
-            self._stopping.set()
-
-    async def run(self) -> None:
-        try:
-            await self.front.start()
-            self.stack = NeMoGymStack(
-                self.venv,
-                [Path(p) for p in self.spec.config_paths],
-                policy_host=self.front.host,
-                policy_port=self.front.port,
-                start_timeout=self.spec.start_timeout,
-            )
-            await self.stack.start()
-            # Listening last: a user that can connect finds a ready stack.
-            self._server = await asyncio.start_unix_server(
-                self._serve, path=_socket_path(self.directory), limit=_LINE_LIMIT
-            )
-            os.chmod(_socket_path(self.directory), 0o600)
-            self.idle_since = time.monotonic()
-            logger.info("shared stack ready; agents: %s", ", ".join(sorted(self.stack.agents)))
-            await self._supervise()
-        finally:
-            await self._shutdown()
-
-    async def _supervise(self) -> None:
-        last_check = time.monotonic()
-        while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), 0.5)
-            now = time.monotonic()
-            if self.stack is not None and now - last_check >= 2.0:
-                last_check = now
-                try:
-                    await self.stack.check_alive()
-                except StackError as e:
-                    self.request_stop(f"the stack died: {e}")
-            timeout = self.spec.idle_timeout
-            idle = not self.leases and timeout is not None and now - self.idle_since >= timeout
-            if idle and await self._close_if_still_idle():
-                self.request_stop(f"no user for {timeout:g} s")
-
-    async def _close_if_still_idle(self) -> bool:
-        """Under the flock, so no user can be attaching meanwhile: stop listening if idle."""
-        try:
-            handle = (self.directory / "lock").open("a")
-        except OSError:
-            return True
-        try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # someone is attaching; look again later
-            if self.leases:
-                return False
-            self._stop_listening()
-            return True
-        finally:
-            handle.close()
-
-    def _stop_listening(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            _socket_path(self.directory).unlink()
-
-    def status(self) -> dict[str, Any]:
-        assert self.stack is not None
-        return {
-            "ok": True,
-            "pid": os.getpid(),
-            "key": self.directory.name,
-            "nemo_gym_version": self.venv.nemo_gym_version,
-            "python_version": self.venv.python_version,
-            "config_paths": self.spec.config_paths,
-            "head_url": self.stack.head_url,
-            "run_urls": dict(self.stack.run_urls),
-            "marker": self.stack.marker,
-            "users": len(self.leases),
-            "user_pids": sorted(u.pid for u in self.leases.values()),
-            "leases_total": self.leases_total,
-            "model_calls": self.front.calls,
-            "idle_timeout": self.spec.idle_timeout,
-            "persistent": self.spec.persistent,
-            "uptime_s": round(time.time() - self.started_at, 1),
-            "log": str(self.directory / "host.log"),
-        }
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        user: FrontUser | None = None
-        try:
-            message = await _receive(reader)
-            if message is None:
-                return
-            op = message.get("op")
-            if self._stopping.is_set():
-                await _send(writer, {"ok": False, "error": "shutting down"})
-            elif op == "status":
-                await _send(writer, self.status())
-            elif op == "persist":
-                # `stack up` on a running stack: keep it until down or the new idle timeout.
-                timeout = message.get("idle_timeout")
-                self.spec = dataclasses.replace(
-                    self.spec,
-                    persistent=True,
-                    idle_timeout=None if timeout is None else float(timeout),
-                )
-                self.idle_since = time.monotonic()
-                await _send(writer, self.status())
-            elif op == "down":
-                self.request_stop("stack down requested")
-                await _send(writer, {"ok": True, "pid": os.getpid()})
-            elif op == "lease":
-                user = FrontUser(
-                    pid=int(message["pid"]),
-                    proxy_url=_loopback_url(str(message["proxy_url"])),
-                    secret_digest=secret_digest(str(message["secret"])),
-                )
-                self.front.add(user)
-                self.leases[writer] = user
-                self.leases_total += 1
-                answer = self.status()
-                await _send(writer, answer)
-                logger.info("user pid %d attached (%d users)", user.pid, len(self.leases))
-                while await reader.read(4096):  # held until the user closes or dies
-                    pass
-            else:
-                await _send(writer, {"ok": False, "error": f"unknown op {op!r}"})
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            logger.warning("bad client on the lease socket: %r", e)
-        finally:
-            if user is not None:
-                self.leases.pop(writer, None)
-                self.front.remove(user)
-                if not self.leases:
-                    self.idle_since = time.monotonic()
-                logger.info("user pid %d left (%d users)", user.pid, len(self.leases))
-            if not writer.is_closing():
-                writer.close()
-
-    async def _shutdown(self) -> None:
-        self._stop_listening()
-        reason = self._stop_reason or "host exiting"
-        logger.info("stopping shared stack: %s", reason)
-        for writer in list(self.leases):
-            with contextlib.suppress(OSError, ConnectionError):
-                await _send(writer, {"event": "down", "reason": reason})
-            writer.close()
-        try:
-            if self.stack is not None:
-                await self.stack.stop()
-        finally:
-            await self.front.stop()
-        logger.info("shared stack stopped")
-
-
-def _loopback_url(url: str) -> str:
-    """Users' proxies must be on loopback: the front never forwards off the machine. Parsed,
-    not prefix-matched: `http://127.0.0.1:1@elsewhere:80` starts like a loopback URL."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if (
-        parts.scheme != "http"
-        or parts.hostname != LOOPBACK
-        or "@" in parts.netloc
-        or port is None
-        or parts.path.strip("/")
-        or parts.query
-        or parts.fragment
-    ):
-        raise ValueError(f"user proxy {url!r} is not http://{LOOPBACK}:<port>")
-    return f"http://{LOOPBACK}:{port}"
 
 
 @dataclass

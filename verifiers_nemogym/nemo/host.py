@@ -1,0 +1,294 @@
+"""The shared-stack host program: owns one shared NeMo Gym stack for every env process of it.
+
+Started detached by `nemo/shared.py` (`spawn_host`, as `python -m <this module> --dir D --spec
+J`; never by hand). `StackHost` runs the stack for the stack folder D with the `HostSpec` J, the
+front forwarder NeMo Gym calls as `policy_model` (`bridge/front.py`) and the lease socket, until
+the stack is idle past its timeout, told down, dead, or the process gets SIGTERM/SIGINT; the
+stack is stopped in every case (and if this process is SIGKILLed, the stack's supervisor tears
+it down). Logs go to stderr (the folder's host.log). Exit status: 0 after a normal stop, 1 if
+the stack failed, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
+from verifiers_nemogym.errors import NeMoGymError, StackError
+from verifiers_nemogym.nemo.shared import (
+    _LINE_LIMIT,
+    HostSpec,
+    _receive,
+    _send,
+    _socket_path,
+)
+from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
+from verifiers_nemogym.net import LOOPBACK
+
+logger = logging.getLogger(__name__)
+
+
+class StackHost:
+    """The stack host process's work: front + stack + lease socket, until idle or told down.
+
+    `run()` returns once everything it started is stopped. Leases are connections to the socket;
+    control messages: `{"op": "lease", ...}` (held open), `{"op": "status"}`, `{"op": "down"}`.
+    """
+
+    def __init__(self, venv: NeMoGymVenv, directory: Path, spec: HostSpec) -> None:
+        self.venv = venv
+        self.directory = directory
+        self.spec = spec
+        self.front = FrontForwarder()
+        self.stack: NeMoGymStack | None = None
+        self.leases: dict[asyncio.StreamWriter, FrontUser] = {}
+        self.idle_since = time.monotonic()
+        self.started_at = time.time()
+        self.leases_total = 0
+        self._stopping = asyncio.Event()
+        self._stop_reason = ""
+        self._server: asyncio.AbstractServer | None = None
+
+    def request_stop(self, reason: str) -> None:
+        if not self._stopping.is_set():
+            self._stop_reason = reason
+            self._stopping.set()
+
+    async def run(self) -> None:
+        try:
+            await self.front.start()
+            self.stack = NeMoGymStack(
+                self.venv,
+                [Path(p) for p in self.spec.config_paths],
+                policy_host=self.front.host,
+                policy_port=self.front.port,
+                start_timeout=self.spec.start_timeout,
+            )
+            await self.stack.start()
+            # Listening last: a user that can connect finds a ready stack.
+            self._server = await asyncio.start_unix_server(
+                self._serve, path=_socket_path(self.directory), limit=_LINE_LIMIT
+            )
+            os.chmod(_socket_path(self.directory), 0o600)
+            self.idle_since = time.monotonic()
+            logger.info("shared stack ready; agents: %s", ", ".join(sorted(self.stack.agents)))
+            await self._supervise()
+        finally:
+            await self._shutdown()
+
+    async def _supervise(self) -> None:
+        last_check = time.monotonic()
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 0.5)
+            now = time.monotonic()
+            if self.stack is not None and now - last_check >= 2.0:
+                last_check = now
+                try:
+                    await self.stack.check_alive()
+                except StackError as e:
+                    self.request_stop(f"the stack died: {e}")
+            timeout = self.spec.idle_timeout
+            idle = not self.leases and timeout is not None and now - self.idle_since >= timeout
+            if idle and await self._close_if_still_idle():
+                self.request_stop(f"no user for {timeout:g} s")
+
+    async def _close_if_still_idle(self) -> bool:
+        """Under the flock, so no user can be attaching meanwhile: stop listening if idle."""
+        try:
+            handle = (self.directory / "lock").open("a")
+        except OSError:
+            return True
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # someone is attaching; look again later
+            if self.leases:
+                return False
+            self._stop_listening()
+            return True
+        finally:
+            handle.close()
+
+    def _stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            _socket_path(self.directory).unlink()
+
+    def status(self) -> dict[str, Any]:
+        assert self.stack is not None
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "key": self.directory.name,
+            "nemo_gym_version": self.venv.nemo_gym_version,
+            "python_version": self.venv.python_version,
+            "config_paths": self.spec.config_paths,
+            "head_url": self.stack.head_url,
+            "run_urls": dict(self.stack.run_urls),
+            "marker": self.stack.marker,
+            "users": len(self.leases),
+            "user_pids": sorted(u.pid for u in self.leases.values()),
+            "leases_total": self.leases_total,
+            "model_calls": self.front.calls,
+            "idle_timeout": self.spec.idle_timeout,
+            "persistent": self.spec.persistent,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "log": str(self.directory / "host.log"),
+        }
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        user: FrontUser | None = None
+        try:
+            message = await _receive(reader)
+            if message is None:
+                return
+            op = message.get("op")
+            if self._stopping.is_set():
+                await _send(writer, {"ok": False, "error": "shutting down"})
+            elif op == "status":
+                await _send(writer, self.status())
+            elif op == "persist":
+                # `stack up` on a running stack: keep it until down or the new idle timeout.
+                timeout = message.get("idle_timeout")
+                self.spec = dataclasses.replace(
+                    self.spec,
+                    persistent=True,
+                    idle_timeout=None if timeout is None else float(timeout),
+                )
+                self.idle_since = time.monotonic()
+                await _send(writer, self.status())
+            elif op == "down":
+                self.request_stop("stack down requested")
+                await _send(writer, {"ok": True, "pid": os.getpid()})
+            elif op == "lease":
+                user = FrontUser(
+                    pid=int(message["pid"]),
+                    proxy_url=_loopback_url(str(message["proxy_url"])),
+                    secret_digest=secret_digest(str(message["secret"])),
+                )
+                self.front.add(user)
+                self.leases[writer] = user
+                self.leases_total += 1
+                answer = self.status()
+                await _send(writer, answer)
+                logger.info("user pid %d attached (%d users)", user.pid, len(self.leases))
+                while await reader.read(4096):  # held until the user closes or dies
+                    pass
+            else:
+                await _send(writer, {"ok": False, "error": f"unknown op {op!r}"})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            logger.warning("bad client on the lease socket: %r", e)
+        finally:
+            if user is not None:
+                self.leases.pop(writer, None)
+                self.front.remove(user)
+                if not self.leases:
+                    self.idle_since = time.monotonic()
+                logger.info("user pid %d left (%d users)", user.pid, len(self.leases))
+            if not writer.is_closing():
+                writer.close()
+
+    async def _shutdown(self) -> None:
+        self._stop_listening()
+        reason = self._stop_reason or "host exiting"
+        logger.info("stopping shared stack: %s", reason)
+        for writer in list(self.leases):
+            with contextlib.suppress(OSError, ConnectionError):
+                await _send(writer, {"event": "down", "reason": reason})
+            writer.close()
+        try:
+            if self.stack is not None:
+                await self.stack.stop()
+        finally:
+            await self.front.stop()
+        logger.info("shared stack stopped")
+
+
+def _loopback_url(url: str) -> str:
+    """Users' proxies must be on loopback: the front never forwards off the machine. Parsed,
+    not prefix-matched: `http://127.0.0.1:1@elsewhere:80` starts like a loopback URL."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if (
+        parts.scheme != "http"
+        or parts.hostname != LOOPBACK
+        or "@" in parts.netloc
+        or port is None
+        or parts.path.strip("/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ValueError(f"user proxy {url!r} is not http://{LOOPBACK}:<port>")
+    return f"http://{LOOPBACK}:{port}"
+
+
+async def _run(directory: Path, spec: HostSpec) -> None:
+    venv = await asyncio.to_thread(
+        ensure_venv, spec.nemo_gym_version, spec.python, allow_below_floor=spec.below_floor
+    )
+    host = StackHost(venv, directory, spec)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_signal() -> None:
+        # Before the stack is up, cancel the start (NeMoGymStack.start cleans up on cancel);
+        # afterwards, a normal stop.
+        if host.stack is not None and host.stack.agents:
+            host.request_stop("signal")
+        else:
+            task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_signal)
+    await host.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The host program (see the module doc); returns its exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        spec = HostSpec.from_json(args.spec)
+    except (ValueError, TypeError) as e:
+        logger.error("stack_host: bad --spec: %s", e)
+        return 2
+    try:
+        asyncio.run(_run(args.dir, spec))
+    except asyncio.CancelledError:
+        return 1
+    except NeMoGymError as e:
+        logger.error("stack_host: %s", e)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Plumbing shared by the package: the cache folder, `uv`, child environments, file locks.
+"""Plumbing shared by the package: the cache folder, `uv`, child environments, file locks,
+process liveness.
 
 Contract: nothing here knows NeMo Gym or verifiers; every function is safe to call from any
 process of the package (library, CLI, stack host, model servers).
@@ -6,13 +7,16 @@ process of the package (library, CLI, stack host, model servers).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 from verifiers_nemogym.errors import VenvSetupError
 
@@ -96,3 +100,42 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def try_flock(path: Path) -> IO[str] | None:
+    """`path` (created with its folders) opened and exclusively flocked, or None if another
+    holder has it. Closing the handle releases the lock (so does this process dying)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+async def acquire_flock(
+    path: Path, deadline: float, *, poll: float = 0.1, on_wait: Callable[[], None] | None = None
+) -> IO[str]:
+    """`try_flock(path)` retried every `poll` seconds without blocking the event loop, until
+    `time.monotonic()` passes `deadline` (then TimeoutError). `on_wait` runs once, when the
+    lock is first found taken (e.g. to log who is waited for)."""
+    waited = False
+    while (handle := try_flock(path)) is None:
+        if not waited and on_wait is not None:
+            on_wait()
+        waited = True
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for the lock {path}")
+        await asyncio.sleep(poll)
+    return handle
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not) of this machine, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().split(b") ", 1)[1][:1] != b"Z"
+    except (OSError, IndexError):
+        return False

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from verifiers_nemogym.nemo.shared import (
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.net import LOOPBACK
+from verifiers_nemogym.util import try_flock
 
 logger = logging.getLogger(__name__)
 
@@ -109,14 +109,12 @@ class StackHost:
     async def _close_if_still_idle(self) -> bool:
         """Under the flock, so no user can be attaching meanwhile: stop listening if idle."""
         try:
-            handle = (self.directory / "lock").open("a")
+            handle = try_flock(self.directory / "lock")
         except OSError:
             return True
+        if handle is None:
+            return False  # someone is attaching; look again later
         try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # someone is attaching; look again later
             if self.leases:
                 return False
             self._stop_listening()

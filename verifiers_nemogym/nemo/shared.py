@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -36,16 +35,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-from verifiers_nemogym.util import cache_root
+from verifiers_nemogym.util import acquire_flock, cache_root, pid_alive
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HOST_ENV_VAR = "VF_NEMOGYM_STACK_HOST"
 """Set (to the stack key) in the stack host's environment, so scans can find hosts."""
@@ -85,18 +85,13 @@ def _socket_path(directory: Path) -> Path:
 async def stack_lock(directory: Path, deadline: float, what: str) -> AsyncIterator[None]:
     """Hold `directory/lock` (flock) for the block; StackError naming `what` at `deadline`."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    handle = (directory / "lock").open("a")
     try:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StackError(
-                        f"timed out waiting for the shared stack lock {directory / 'lock'} ({what})"
-                    ) from None
-                await asyncio.sleep(0.1)
+        handle = await acquire_flock(directory / "lock", deadline)
+    except TimeoutError:
+        raise StackError(
+            f"timed out waiting for the shared stack lock {directory / 'lock'} ({what})"
+        ) from None
+    try:
         yield
     finally:
         handle.close()  # drops the flock
@@ -310,16 +305,28 @@ async def wait_for_host(
     proxy_url: str,
     proxy_secret: str,
 ) -> Lease:
-    """Wait until the host `proc` serves `directory`, then take a lease. A host that exits first
-    or misses `deadline` is a StackError with its log tail (a late one is stopped first)."""
+    """Wait until the host `proc` serves `directory`, then take a lease (see `_await_host`)."""
+    return await _await_host(
+        directory, proc, deadline, lambda: _try_lease(directory, proxy_url, proxy_secret)
+    )
+
+
+async def _await_host(
+    directory: Path,
+    proc: subprocess.Popen[bytes],
+    deadline: float,
+    ready: Callable[[], Awaitable[T | None]],
+) -> T:
+    """Poll `ready()` until it gives a value. A host that exits first or misses `deadline` is a
+    StackError with its log tail (a late one is told to stop, which stops its stack, first)."""
     while True:
         if (code := proc.poll()) is not None:
             raise StackError(
                 f"the shared NeMo Gym stack host exited with status {code} before it was ready; "
                 f"log tail ({directory / 'host.log'}):\n{_log_tail(directory)}"
             )
-        if (lease := await _try_lease(directory, proxy_url, proxy_secret)) is not None:
-            return lease
+        if (value := await ready()) is not None:
+            return value
         if time.monotonic() > deadline:
             proc.send_signal(signal.SIGTERM)  # it stops its stack before exiting
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -410,18 +417,11 @@ async def bring_up(
         if not _socket_path(directory).exists() or not await _answers(directory):
             spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout, persistent=True)
             proc = spawn_host(directory, spec)
-            while True:
-                if (code := proc.poll()) is not None:
-                    raise StackError(
-                        f"the NeMo Gym stack host exited with status {code} before it was "
-                        f"ready; log tail ({directory / 'host.log'}):\n{_log_tail(directory)}"
-                    )
-                if _socket_path(directory).exists() and await _answers(directory):
-                    break
-                if time.monotonic() > deadline:
-                    proc.send_signal(signal.SIGTERM)
-                    raise StackError(f"the NeMo Gym stack was not ready in time ({directory})")
-                await asyncio.sleep(0.2)
+
+            async def answering() -> bool | None:
+                return await _answers(directory) or None
+
+            await _await_host(directory, proc, deadline, answering)
         return await request(directory, {"op": "persist", "idle_timeout": idle_timeout})
 
 
@@ -438,16 +438,8 @@ async def take_down(directory: Path, timeout: float = 60) -> int:
     answer = await request(directory, {"op": "down"})
     pid = int(answer["pid"])
     deadline = time.monotonic() + timeout
-    while _pid_alive(pid):
+    while pid_alive(pid):
         if time.monotonic() > deadline:
             raise StackError(f"the NeMo Gym stack host (pid {pid}) did not stop in {timeout:g} s")
         await asyncio.sleep(0.2)
     return pid
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().split(b") ", 1)[1][:1] != b"Z"
-    except (OSError, IndexError):
-        return False

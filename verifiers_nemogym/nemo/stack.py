@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -49,7 +48,7 @@ from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
-from verifiers_nemogym.util import uv_cache_dir
+from verifiers_nemogym.util import acquire_flock, uv_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -309,21 +308,17 @@ class NeMoGymStack:
         if stamp.exists():
             return
         path = self.venv.server_venvs_dir / ".build.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = path.open("a")
-        waited = False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not waited:
-                    self.log.info("waiting for another stack to build NeMo Gym server venvs")
-                    waited = True
-                if time.monotonic() > deadline:
-                    handle.close()
-                    raise StackError(f"timed out waiting for {path}") from None
-                await asyncio.sleep(0.5)
+        try:
+            handle = await acquire_flock(
+                path,
+                deadline,
+                poll=0.5,
+                on_wait=lambda: self.log.info(
+                    "waiting for another stack to build NeMo Gym server venvs"
+                ),
+            )
+        except TimeoutError:
+            raise StackError(f"timed out waiting for {path}") from None
         self._build_lock = handle
         if stamp.exists():  # built by the stack we waited for
             self._release_build_lock()

@@ -22,7 +22,7 @@ from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 # NeMoGymEnv's log line once its stack is open (stacks.SharedStack.describe).
-_ATTACHED = re.compile(r"attached to the shared NeMo Gym stack \(.*?\) in ([\d.]+) s")
+_ATTACHED = re.compile(r"attached to shared NeMo Gym stack in ([\d.]+) s")
 
 
 async def bring_up(runtime: NeMoGymVenv) -> None:

@@ -123,10 +123,13 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             idle_timeout=config.stack_idle_grace,
             start_timeout=config.start_timeout,
         )
+        what, where = self._stack.describe()
         logger.info(
-            "NeMo Gym stack ready: %s in %.3f s (model proxy on %s)",
-            self._stack.describe(),
+            "%s in %.3f s (%s, %d agents; model proxy on %s)",
+            what,
             time.monotonic() - opened,
+            where,
+            len(self._stack.run_urls),
             self._proxy.url,
         )
         # No cookie jar: NeMo Gym keys agent sessions by cookie, and each /run is its own session.

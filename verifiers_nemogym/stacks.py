@@ -76,8 +76,9 @@ class Stack(ABC):
         """Give up what this backend holds (after its watch stopped)."""
 
     @abstractmethod
-    def describe(self) -> str:
-        """One line for the log: which stack, whose."""
+    def describe(self) -> tuple[str, str]:
+        """For the log line once it is open: what happened ("attached to shared NeMo Gym
+        stack"), and where it is (host, head server)."""
 
 
 class PrivateStack(Stack):
@@ -124,8 +125,8 @@ class PrivateStack(Stack):
     async def _release(self) -> None:
         await self.process.stop()
 
-    def describe(self) -> str:
-        return f"private NeMo Gym stack (head {self.process.head_url})"
+    def describe(self) -> tuple[str, str]:
+        return "NeMo Gym stack ready: started private NeMo Gym stack", self.process.head_url
 
 
 class SharedStack(Stack):
@@ -163,12 +164,10 @@ class SharedStack(Stack):
     async def _release(self) -> None:
         await self.lease.close()
 
-    def describe(self) -> str:
-        how = "started" if self.lease.started else "attached to"
-        return (
-            f"{how} the shared NeMo Gym stack (host pid {self.lease.host_pid}, "
-            f"head {self.lease.head_url})"
-        )
+    def describe(self) -> tuple[str, str]:
+        how = "NeMo Gym stack ready: started" if self.lease.started else "attached to"
+        where = f"host pid {self.lease.host_pid}, head {self.lease.head_url}"
+        return f"{how} shared NeMo Gym stack", where
 
 
 class AttachedStack(Stack):
@@ -202,8 +201,8 @@ class AttachedStack(Stack):
     async def _release(self) -> None:
         return None  # nothing of it is ours
 
-    def describe(self) -> str:
-        return f"the NeMo Gym stack at {self.remote.head_url}"
+    def describe(self) -> tuple[str, str]:
+        return "attached to the NeMo Gym stack started elsewhere", self.remote.head_url
 
 
 async def open_stack(

@@ -83,7 +83,6 @@ class DatasetSpec:
     """`gitlab_identifier` (dataset_name, version, artifact_fpath) if the config has one."""
     huggingface: dict[str, str] | None = None
     """`huggingface_identifier` (repo_id, artifact_fpath) if the config has one."""
-    license: str | None = None
 
     def how_to_get(self) -> str:
         """A hint for fetching a dataset the wheel does not ship."""
@@ -126,8 +125,6 @@ class EnvSpec:
     config_paths: list[Path]
     """The config(s) to hand to `ng_run` for this environment (see `Catalog.env`)."""
     agents: list[AgentSpec]
-    available_configs: list[Path] = field(default_factory=list)
-    """Every YAML of the environment, for error messages and for picking another one."""
     layout: str = RESOURCES_SERVERS
     """`resources_servers` or `environments`."""
     server_datasets: list[DatasetSpec] = field(default_factory=list)
@@ -427,7 +424,6 @@ class Catalog:
             root=root,
             config_paths=[chosen],
             agents=agents,
-            available_configs=configs,
             layout=layout,
             server_datasets=self._server_datasets(chosen, merged),
         )
@@ -614,7 +610,6 @@ class Catalog:
             gitlab=_as_str_dict(entry.get("gitlab_identifier")) or _source(entry, "gitlab"),
             huggingface=_as_str_dict(entry.get("huggingface_identifier"))
             or _source(entry, "huggingface"),
-            license=str(entry["license"]) if entry.get("license") else None,
         )
 
     def _resolve(self, config_path: Path) -> dict[str, Any]:

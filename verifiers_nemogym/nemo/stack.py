@@ -418,9 +418,12 @@ class NeMoGymStack:
     # ----------------------------------------------------------------------------- logs
 
     def _read_log(self) -> str:
+        """The whole stack log so far ("" before the stack started or if unreadable)."""
+        if self.workdir is None:
+            return ""
         try:
             return self.log_path.read_text(errors="replace")
-        except (OSError, AssertionError):
+        except OSError:
             return ""
 
     def server_log_tail(self, name: str | None = None, n: int = 40) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import SHARED_STACK_GONE_S, error_text, gone, run_command, run_tag
+from helpers import REPO, SHARED_STACK_GONE_S, error_text, gone, run_command, run_tag
 from renderers.configs import DefaultRendererConfig
 from verifiers.v1.configs.client import EvalClientConfig, TrainClientConfig
 from verifiers.v1.serve.client import EnvClient
@@ -206,7 +206,6 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail(f"no Python 3.12 under {base} to make the user's venv from")
     root = tmp_path_factory.mktemp("prime-rl-like")
     venv = root / "venv"
-    repo = Path(__file__).resolve().parents[1]
     uv = str(find_uv())
     clean = clean_env()
     subprocess.run(
@@ -215,11 +214,11 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     reqs = root / "requirements.txt"
     subprocess.run(
         [uv, "export", "--frozen", "--no-hashes", "--no-dev", "--no-emit-workspace", "-o",
-         str(reqs)], check=True, cwd=repo, env=clean, capture_output=True,
+         str(reqs)], check=True, cwd=REPO, env=clean, capture_output=True,
     )  # fmt: skip
     subprocess.run(
         [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-r", str(reqs),
-         str(repo)], check=True, env=clean, timeout=900,
+         str(REPO)], check=True, env=clean, timeout=900,
     )  # fmt: skip
     return venv
 

@@ -35,8 +35,6 @@ from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 from verifiers_nemogym.util import clean_env, find_uv
 
-pytestmark = pytest.mark.stack
-
 ENV = "example_single_tool_call"
 # What prime-rl's orchestrator runs, in its own process.
 LOAD = (

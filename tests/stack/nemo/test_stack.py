@@ -22,8 +22,6 @@ from verifiers_nemogym.nemo.stack import MARKER_ENV_VAR, NeMoGymStack, processes
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
-pytestmark = pytest.mark.stack
-
 ENV_NAME = "example_single_tool_call"
 
 

@@ -27,8 +27,6 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
 from verifiers_nemogym.util import find_uv
 
-pytestmark = pytest.mark.stack
-
 ENV = "example_single_tool_call"
 MODULE = "nemo_gym_env/__init__.py"
 

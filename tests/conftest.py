@@ -1,9 +1,11 @@
-"""Shared fixtures, and the guard of the fast tier.
+"""Shared fixtures, the slow tier by folder, and the guard of the fast tier.
 
-Tiers: a test that starts a NeMo Gym stack, a model server or an install is marked `stack`;
-`pytest -m "not stack"` runs the rest in seconds (given the cached NeMo Gym runtime venv).
-An unmarked test that starts a stack or a local model server fails (see `launches`), and the
-session fails if a stack or model process it started outlives it.
+Tiers: every test under tests/stack/ (one that starts a NeMo Gym stack, a model server, an
+install or NeMo Gym's config resolver) is marked `stack` by its path, here, and no test
+elsewhere may carry that mark; `pytest -m "not stack"` runs the rest in about a minute (given
+the cached NeMo Gym runtime venv). A test outside tests/stack/ that starts a stack or a local
+model server fails (see `launches`), and the session fails if a stack or model process it
+started outlives it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +33,25 @@ from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 pytest_plugins = ["pytester"]  # tests/test_tiers.py runs inner sessions with this conftest
 
+STACK_TIER = Path(__file__).parent / "stack"
+"""The slow tier: every test collected under this folder is marked `stack`."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test under tests/stack/ `stack`; a test elsewhere marked `stack` by hand is a
+    usage error (the slow tier is the folder, so that no mark has to be remembered)."""
+    astray = []
+    for item in items:
+        if item.path.is_relative_to(STACK_TIER):
+            item.add_marker(pytest.mark.stack)
+        elif item.get_closest_marker("stack") is not None:
+            astray.append(item.nodeid)
+    if astray:
+        raise pytest.UsageError(
+            f"marked `stack` outside tests/stack/ (move them there instead): {', '.join(astray)}"
+        )
+
 
 @pytest.fixture(scope="session", autouse=True)
 def session_tag() -> Iterator[str]:
@@ -43,20 +65,24 @@ def session_tag() -> Iterator[str]:
     assert wait_gone(left, 60), f"stack or model processes outlived the tests: {left}"
 
 
+MOVE = "(that is: move it under tests/stack/, whose tests are marked `stack` by their path)"
+
+
 @pytest.fixture(autouse=True)
 def launches(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Launches:
     """Records every `NeMoGymStack.start` and `LocalModelServer.start` of the test. In a test
-    not marked `stack`, a stack start fails the test before anything is spawned, and a model
-    server that comes up is stopped and fails it (a start refusing bad input is fine there)."""
+    not marked `stack` (not under tests/stack/), a stack start fails the test before anything is
+    spawned, and a model server that comes up is stopped and fails it (a start refusing bad input
+    is fine there)."""
     seen = Launches()
-    fast = request.node.get_closest_marker("stack") is None
+    fast = request.node.get_closest_marker("stack") is None  # set by the path, above
     stack_start = NeMoGymStack.start
     model_start = LocalModelServer.start
 
     async def start_stack(self: NeMoGymStack) -> None:
         seen.stacks.append(self.marker)
         if fast:
-            pytest.fail("this test starts a NeMo Gym stack: mark it @pytest.mark.stack")
+            pytest.fail(f"this test starts a NeMo Gym stack: mark it @pytest.mark.stack\n{MOVE}")
         await stack_start(self)
 
     def start_model(self: LocalModelServer) -> LocalModelServer:
@@ -64,7 +90,7 @@ def launches(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
         server = model_start(self)  # bad input raises before a server is spawned: allowed
         if fast:
             server.stop()
-            pytest.fail("this test starts a model server: mark it @pytest.mark.stack")
+            pytest.fail(f"this test starts a model server: mark it @pytest.mark.stack\n{MOVE}")
         return server
 
     monkeypatch.setattr(NeMoGymStack, "start", start_stack)

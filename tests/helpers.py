@@ -28,6 +28,8 @@ from verifiers_nemogym.policies.scripted import ScriptedPolicy
 if TYPE_CHECKING:
     import verifiers.v1 as vf
 
+REPO = Path(__file__).resolve().parent.parent
+"""The repository root (wherever under tests/ the test that asks for it lives)."""
 TEST_RUN_VAR = "VF_NEMOGYM_TEST_RUN"
 """Tag a test puts on a subprocess it starts; every descendant inherits it."""
 SESSION_VAR = "VF_NEMOGYM_TEST_SESSION"

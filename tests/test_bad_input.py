@@ -6,6 +6,7 @@ no stack was started: `NeMoGymStack.start` was never called (conftest's `launche
 call) and no process of this test session carries a stack's marker. What only a start can find
 (a taken port, an interpreter that cannot build the runtime) fails every rollout with the reason
 instead: an exception in `Env.start` would kill verifiers' env-server worker and hang its callers.
+A release the package index does not have is tests/stack/test_bad_input.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from helpers import Launches, error_text, launched_processes, model_context
 from pydantic import ValidationError
 
 import nemo_gym_env
-from verifiers_nemogym.errors import ConfigError, VenvSetupError
+from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 ENV = "example_single_tool_call"
@@ -165,18 +166,6 @@ async def test_proxy_port_in_use_fails_every_rollout_with_the_reason(start_fails
             proxy_port=port,
         )
     assert "proxy-port" in message
-
-
-@pytest.mark.stack  # reaches the package index: a release that does not exist
-def test_nemo_gym_version_that_cannot_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    monkeypatch.setenv("VF_NEMOGYM_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(VenvSetupError, match=re.escape("nemo-gym==0.0.0.dev999")) as info:
-        nemo_gym_env.load_environment(nemo_env=ENV, nemo_gym_version="0.0.0.dev999")
-    first = info.value.args[0].splitlines()[0]
-    assert first.startswith("fetching the files of nemo-gym==0.0.0.dev999 failed")
-    releases = tmp_path / "cache" / "releases"
-    assert not [p for p in releases.iterdir() if not p.name.startswith(".")]  # nothing half-made
-    assert not (tmp_path / "cache" / "runtimes").exists()  # and no runtime attempted
 
 
 def test_nemo_gym_version_that_is_no_release_number(load_fails):

@@ -21,7 +21,7 @@ back in the next prompt hashing the same. So the round trip keeps, exactly:
   are dropped: verifiers holds the tokens itself.
 
 Deliberate differences from NeMo Gym's own converter (`nemo_gym/responses_converter.py`, used by
-its `vllm_model` server), all checked by `tests/test_chat_conversion.py`:
+its `vllm_model` server), all checked by `tests/bridge/test_chat.py`:
 
 - reasoning travels as `reasoning_content` (what verifiers' chat parser and the train client's
   renderer read), not as `<think>...</think>` text prepended to the content; several reasoning

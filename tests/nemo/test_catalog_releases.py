@@ -1,5 +1,6 @@
 """NeMo Gym 0.4.0 and 0.7.0 side by side: release choice, the Python floor opt-in, and the
-catalog over both environment layouts (include/inherit configs merged by NeMo Gym itself)."""
+catalog over both environment layouts. Configs that need NeMo Gym's own resolver (include/inherit,
+merged by NeMo Gym itself) are tests/stack/nemo/test_catalog_releases.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from verifiers_nemogym.conformance import NOT_OFFLINE, offline_status
-from verifiers_nemogym.errors import ConfigError, NeMoGymError, VenvSetupError
+from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.nemo import venv as venv_module
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, RESOURCES_SERVERS, Catalog
 from verifiers_nemogym.nemo.venv import (
@@ -93,60 +94,11 @@ def test_below_floor_opt_in_builds_a_marked_runtime(
     assert "UV_CONFIG_FILE" not in ensure_venv("0.4.0").env()
 
 
-@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s per config, cached)
-def test_07_resources_layout_with_include_and_inherit(catalog_07: Catalog) -> None:
-    # configs/example_single_tool_call_single_agent_turn.yaml includes the single-agent-turn
-    # environment server's config (`config_paths:`) and inherits from it (`_inherit_from:`).
-    spec = catalog_07.env("example_single_tool_call", "example_single_tool_call_single_agent_turn")
-    assert spec.layout == RESOURCES_SERVERS
-    assert [a.name for a in spec.agents] == ["example_single_tool_call_session_agent"]
-    assert spec.dataset().is_file()
-    # The default config of the same folder is a plain file, read without the resolver.
-    plain = catalog_07.env("example_single_tool_call")
-    assert plain.agent.name == "example_single_tool_call_simple_agent"
-
-
-@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s per config, cached)
-def test_07_resolver_is_cached(catalog_07: Catalog) -> None:
-    config = catalog_07.config_path("resources_servers/aviary/configs/aviary.yaml")
-    catalog_07.merged_config(config)  # first call may run `gym env resolve` (~10 s)
-    started = time.perf_counter()
-    merged = catalog_07.merged_config(config)
-    assert time.perf_counter() - started < 1.0
-    assert "config_paths" in merged
-
-
-@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s per config, cached)
-def test_07_environments_layout(catalog_07: Catalog) -> None:
-    # Only in environments/ (no resources server folder of that name).
-    spec = catalog_07.env("calendar_v2")
-    assert spec.layout == ENVIRONMENTS and spec.root.name == "calendar_v2"
-    assert [p.name for p in spec.config_paths] == ["config.yaml"]
-    assert spec.agent.name == "calendar_simple_agent"
-    assert spec.dataset("example").is_file()
-    with pytest.raises(ConfigError, match="ng_download_dataset_from_hf"):
-        spec.dataset("train")
-    # A manifest-backed entry whose config.yaml only includes the resources server's config.
-    both = catalog_07.env("environments/example_single_tool_call")
-    assert both.layout == ENVIRONMENTS
-    assert both.agent.name == "example_single_tool_call_simple_agent"
-    assert both.dataset().is_file()
-    # The bare name keeps the resources server layout (as in 0.4.0).
-    assert catalog_07.env("example_single_tool_call").layout == RESOURCES_SERVERS
-
-
 def test_07_moved_stub_names_its_new_name(catalog_07: Catalog) -> None:
     with pytest.raises(ConfigError, match="moved to 'hermes_reasoning_gym'"):
         catalog_07.env("reasoning_gym_hermes")
     entries = {e.name: e for e in catalog_07.entries()}
     assert entries["reasoning_gym_hermes"].problem == "moved to hermes_reasoning_gym"
-
-
-@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s per config, cached)
-def test_07_dataset_declared_on_the_resources_server(catalog_07: Catalog) -> None:
-    spec = catalog_07.env("example_session_state_mgmt", "example_session_state_mgmt_nooa")
-    assert {d.type for d in spec.server_datasets} == {"example"}
-    assert spec.dataset("example").is_file()
 
 
 def test_04_catalog_lists_its_environments_layout_too(catalog_04: Catalog) -> None:
@@ -175,27 +127,3 @@ def test_list_offline_status_uses_conformance_data(catalog_07: Catalog) -> None:
         (False, "an LLM judge model server in its config"),
         (False, NOT_OFFLINE.get(e.root.name, "")),
     }
-
-
-@pytest.mark.stack  # NeMo Gym's resolver over every include/inherit config (minutes when cold)
-@pytest.mark.parametrize("release", ["0.4.0", "0.7.0"])
-def test_every_environment_resolves_or_has_a_reason(
-    release: str, nemo_venv: NeMoGymVenv, nemo_venv_07: NeMoGymVenv
-) -> None:
-    catalog = Catalog(nemo_venv if release == "0.4.0" else nemo_venv_07)
-    resolved: dict[str, int] = {RESOURCES_SERVERS: 0, ENVIRONMENTS: 0}
-    reasons: dict[str, str] = {}
-    for entry in catalog.entries():
-        try:
-            spec = catalog.env(entry.name)
-        except NeMoGymError as e:
-            reasons[entry.name] = str(e)
-            continue
-        assert spec.agents
-        resolved[spec.layout] += 1
-    for name, reason in reasons.items():
-        assert reason and "\n" not in reason, name
-    print(f"NeMo Gym {release}: resolvable {resolved}, with a reason {len(reasons)}: {reasons}")
-    minimum = {"0.4.0": (94, 12), "0.7.0": (128, 46)}[release]
-    assert resolved[RESOURCES_SERVERS] >= minimum[0]
-    assert resolved[ENVIRONMENTS] >= minimum[1]

@@ -14,15 +14,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from helpers import gone, server_pid
+from helpers import REPO, gone, server_pid
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
 from verifiers_nemogym.nemo.stack import MARKER_ENV_VAR, NeMoGymStack, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
-
-pytestmark = pytest.mark.stack
 
 ENV_NAME = "example_single_tool_call"
 
@@ -94,7 +92,7 @@ async def test_sigkill_of_owner_leaves_no_process(
         str(single_tool_env.config_paths[0]),
         str(policy.port),
         stdout=subprocess.PIPE,
-        cwd=Path(__file__).parent.parent,
+        cwd=REPO,
     )
     assert owner.stdout is not None
     marker = ""

@@ -39,8 +39,6 @@ from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.stacks import PrivateStack
 
-pytestmark = pytest.mark.stack
-
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
 

@@ -1,6 +1,6 @@
 """The generate adapter's translation, on the shape llama.cpp's `/completion` really answers
 (recorded from the packaged model: two tokens, the last its end-of-generation token). The
-adapter running against the real llama.cpp is shown by `tests/test_train_mode.py`'s eval-local
+adapter running against the real llama.cpp is shown by `tests/stack/test_train_mode.py`'s eval-local
 test."""
 
 from __future__ import annotations

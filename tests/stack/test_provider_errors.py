@@ -26,7 +26,6 @@ from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
-pytestmark = pytest.mark.stack
 STATUSES = [400, 401, 403, 404, 409, 422, 429, 500]
 RUN_TIMEOUT = 20
 

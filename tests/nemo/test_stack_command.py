@@ -3,7 +3,8 @@
 timeout, and waives the model-type pairing check only where a resources server declares
 `allowed_model_types` (a real config of the 0.7.0 wheel: `asr_with_pc`). That NeMo Gym 0.7.0
 refuses such a config without the waiver and accepts it with it was checked with its own
-`gym env resolve`; here the configs are NeMo Gym's own files."""
+`gym env resolve`; here the configs are NeMo Gym's own files. A restriction that only an included
+config declares needs NeMo Gym's resolver: tests/stack/nemo/test_stack_command.py."""
 
 from __future__ import annotations
 
@@ -50,25 +51,6 @@ def test_pairing_check_waived_only_for_restricted_resources_servers(
     plain = Catalog(nemo_venv_07).env("example_single_tool_call").config_paths
     with caplog.at_level(logging.WARNING):
         command = _stack(nemo_venv_07, [*plain, asr]).command(
-            PLACEHOLDER, 11000, warm=True, deadline=time.monotonic() + 60
-        )
-    assert "+allow_unsupported_pairing=true" in command
-    (warning,) = [r.getMessage() for r in caplog.records if "pairing check" in r.getMessage()]
-    assert "asr_with_pc: vllm_model, local_vllm_model" in warning
-
-
-@pytest.mark.stack  # runs NeMo Gym's config resolver (~10-30 s, cached)
-def test_pairing_declared_in_an_included_config_is_seen(
-    nemo_venv_07: NeMoGymVenv, tmp_path: Path, caplog: pytest.LogCaptureFixture
-):
-    """A config that only includes (`config_paths:`) the restricted one: the restriction lives
-    in NeMo Gym's merge of it, not in the file (NeMo Gym's resolver refuses the pairing unless
-    told, so the catalog's merge must not trip over it either)."""
-    asr = nemo_venv_07.site_packages / "resources_servers/asr_with_pc/configs/asr_with_pc.yaml"
-    including = tmp_path / "includes_asr.yaml"
-    including.write_text(f"config_paths:\n  - {asr}\n")
-    with caplog.at_level(logging.WARNING):
-        command = _stack(nemo_venv_07, [including]).command(
             PLACEHOLDER, 11000, warm=True, deadline=time.monotonic() + 60
         )
     assert "+allow_unsupported_pairing=true" in command

@@ -41,8 +41,6 @@ from verifiers_nemogym.policies.local_model import packaged_model_path
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
-pytestmark = pytest.mark.stack
-
 ENVS = ["example_single_tool_call", "example_multi_step", "example_multi_turn_gymnasium"]
 # Qwen2.5's tool-call format (Hermes), parsed back by the renderer; reasoning as <think>.
 RENDERER = DefaultRendererConfig(tool_parser="qwen3", reasoning_parser="think")

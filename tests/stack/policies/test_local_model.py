@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from helpers import read_episodes, run_tag, script, wait_gone
 
-from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.supervisor import processes_with_env
 from verifiers_nemogym.policies.local_model import (
     MARKER_ENV_VAR,
@@ -69,7 +68,6 @@ def run_eval_local(outdir: Path, env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, proc.stdout.decode(errors="replace")
 
 
-@pytest.mark.stack
 @pytest.mark.timeout(ATTEMPTS * 1200)
 def test_eval_local_runs_the_real_model_through_nemo_gym(tmp_path: Path) -> None:
     problems: list[str] = []
@@ -98,7 +96,6 @@ def test_eval_local_runs_the_real_model_through_nemo_gym(tmp_path: Path) -> None
     pytest.fail(f"the local model did not call the tool properly in {ATTEMPTS} runs: {problems}")
 
 
-@pytest.mark.stack
 def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
     """The model server of a SIGKILLed owner exits by itself (its stdin pipe closes)."""
     owner_code = textwrap.dedent(
@@ -132,7 +129,6 @@ def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
         owner.wait()
 
 
-@pytest.mark.stack
 def test_stop_leaves_nothing_and_the_packaged_model_is_cached() -> None:
     path = packaged_model_path()
     assert path == packaged_model_path()  # assembled once, then reused as is
@@ -143,27 +139,3 @@ def test_stop_leaves_nothing_and_the_packaged_model_is_cached() -> None:
     server.stop()
     server.stop()  # idempotent
     assert wait_gone(pid, 5) and processes_with_env(f"{MARKER_ENV_VAR}={marker}") == []
-
-
-@pytest.mark.parametrize("content", [None, b"not a model"])
-def test_bad_gguf_is_a_clear_error_and_starts_nothing(tmp_path: Path, content: bytes | None):
-    path = tmp_path / "model.gguf"
-    if content is not None:
-        path.write_bytes(content)
-    server = LocalModelServer(gguf=path)
-    with pytest.raises(ConfigError, match=str(path)):
-        server.start()
-    assert server.pid is None and processes_with_env(f"{MARKER_ENV_VAR}={server.marker}") == []
-
-
-def test_eval_local_rejects_bad_input_before_starting_anything(tmp_path: Path) -> None:
-    cli = script("nemo-gym-env")
-    missing = tmp_path / "absent.gguf"
-    out = subprocess.run(
-        [cli, "eval-local", "--gguf", str(missing)], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 2 and str(missing) in out.stderr, out.stderr
-    out = subprocess.run(
-        [cli, "eval-local", "-n", "0"], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 2 and "num_tasks" in out.stderr, out.stderr

@@ -17,8 +17,6 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
 from verifiers_nemogym.stacks import PrivateStack, SharedStack
 
-pytestmark = pytest.mark.stack
-
 ENV = "example_single_tool_call"
 
 

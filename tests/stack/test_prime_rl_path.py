@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import SHARED_STACK_GONE_S, error_text, gone, run_command, run_tag
+from helpers import REPO, SHARED_STACK_GONE_S, error_text, gone, run_command, run_tag
 from renderers.configs import DefaultRendererConfig
 from verifiers.v1.configs.client import EvalClientConfig, TrainClientConfig
 from verifiers.v1.serve.client import EnvClient
@@ -34,8 +34,6 @@ from verifiers_nemogym.policies.local_model import packaged_model_path
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 from verifiers_nemogym.util import clean_env, find_uv
-
-pytestmark = pytest.mark.stack
 
 ENV = "example_single_tool_call"
 # What prime-rl's orchestrator runs, in its own process.
@@ -206,7 +204,6 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail(f"no Python 3.12 under {base} to make the user's venv from")
     root = tmp_path_factory.mktemp("prime-rl-like")
     venv = root / "venv"
-    repo = Path(__file__).resolve().parents[1]
     uv = str(find_uv())
     clean = clean_env()
     subprocess.run(
@@ -215,11 +212,11 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     reqs = root / "requirements.txt"
     subprocess.run(
         [uv, "export", "--frozen", "--no-hashes", "--no-dev", "--no-emit-workspace", "-o",
-         str(reqs)], check=True, cwd=repo, env=clean, capture_output=True,
+         str(reqs)], check=True, cwd=REPO, env=clean, capture_output=True,
     )  # fmt: skip
     subprocess.run(
         [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-r", str(reqs),
-         str(repo)], check=True, env=clean, timeout=900,
+         str(REPO)], check=True, env=clean, timeout=900,
     )  # fmt: skip
     return venv
 

@@ -35,8 +35,6 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
-pytestmark = pytest.mark.stack
-
 ENV = "example_single_tool_call"
 GRACE = 8.0
 """Idle grace of the stacks these tests start (seconds)."""

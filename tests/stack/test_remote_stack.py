@@ -11,7 +11,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp import web
 from helpers import error_text, model_context
 
@@ -22,8 +21,6 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port, serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.stacks import AttachedStack
-
-pytestmark = pytest.mark.stack
 
 ENV = "example_single_tool_call"
 

@@ -20,16 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import gone, read_episodes
+from helpers import REPO, gone, read_episodes
 
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
 from verifiers_nemogym.util import find_uv
 
-pytestmark = pytest.mark.stack
-
-REPO = Path(__file__).resolve().parent.parent
 ENV = "example_single_tool_call"
 MODULE = "nemo_gym_env/__init__.py"
 

@@ -199,3 +199,12 @@ def error_text(episode: vf.Episode) -> str:
 VERSIONS = ["0.4.0", "0.7.0-below-floor"]
 """Test ids of the NeMo Gym releases the end-to-end and conformance tests run on: 0.7.0 on a
 Python below its declared floor (3.13.14; none here), with the package's explicit opt-in."""
+
+
+SERVE_ENV_SCRIPT = (
+    "import json, sys\n"
+    "from verifiers.v1.serve.pool import serve_env\n"
+    "serve_env(**json.loads(sys.argv[1]))\n"
+)
+"""`python -c SERVE_ENV_SCRIPT '<json kwargs>'`: verifiers' env-server worker pool in front of an
+env, in a process of its own (what prime-rl's `env-server` runs)."""

@@ -16,13 +16,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import REPO, SHARED_STACK_GONE_S, error_text, gone, run_command, run_tag
+from helpers import (
+    REPO,
+    SERVE_ENV_SCRIPT,
+    SHARED_STACK_GONE_S,
+    error_text,
+    gone,
+    run_command,
+    run_tag,
+)
 from renderers.configs import DefaultRendererConfig
 from verifiers.v1.configs.client import EvalClientConfig, TrainClientConfig
 from verifiers.v1.serve.client import EnvClient
@@ -44,18 +51,6 @@ LOAD = (
     "tasks = list(vf.load_taskset(config.taskset))\n"
     "print(json.dumps([t.data.model_dump(mode='json') for t in tasks]))\n"
 )
-# What prime-rl's `env-server` runs: verifiers' worker pool in front of the env.
-SERVE = (
-    "import json, sys\n"
-    "from verifiers.v1.serve.pool import serve_env\n"
-    "serve_env(**json.loads(sys.argv[1]))\n"
-)
-
-
-@pytest.fixture
-async def policy() -> AsyncIterator[ScriptedPolicy]:
-    async with ScriptedPolicy() as p:
-        yield p
 
 
 async def load_tasks(python: str, taskset: dict[str, Any], env: dict[str, str]) -> list[dict]:
@@ -81,7 +76,7 @@ class EnvServer:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [python, "-c", SERVE, json.dumps(args)],
+                [python, "-c", SERVE_ENV_SCRIPT, json.dumps(args)],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import gone, run_command, run_tag, script
+from helpers import SERVE_ENV_SCRIPT, gone, run_command, run_tag, script
 from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
@@ -40,12 +40,6 @@ GRACE = 8.0
 """Idle grace of the stacks these tests start (seconds)."""
 TEARDOWN_S = 45.0
 """Bound on a stack's own teardown after the grace (NeMo Gym shutdown + supervisor sweep)."""
-
-_SERVE = (
-    "import json, sys\n"
-    "from verifiers.v1.serve.pool import serve_env\n"
-    "serve_env(**json.loads(sys.argv[1]))\n"
-)
 
 
 @pytest.fixture
@@ -142,7 +136,7 @@ class ProgramWatch:
 
 async def spawn_server(args: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", _SERVE, json.dumps(args)],
+        [sys.executable, "-c", SERVE_ENV_SCRIPT, json.dumps(args)],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

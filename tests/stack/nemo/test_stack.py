@@ -33,13 +33,7 @@ def single_tool_env(catalog: Catalog) -> EnvSpec:
 async def test_stack_runs_a_rollout_and_stops_clean(
     nemo_venv: NeMoGymVenv, single_tool_env: EnvSpec, policy: ScriptedPolicy
 ) -> None:
-    stack = NeMoGymStack(
-        nemo_venv,
-        single_tool_env.config_paths,
-        policy_host=policy.host,
-        policy_port=policy.port,
-        start_timeout=300,
-    )
+    stack = _stack_for(nemo_venv, single_tool_env, policy)
     try:
         await stack.start()
         assert processes_with_marker(stack.marker), "the stack should be running under its marker"
@@ -175,13 +169,7 @@ async def test_check_alive_names_the_server_that_died_first(
     server gets the SIGINT that NeMo Gym's shutdown (or the supervisor's teardown) sends every
     other server once one died, while ng_run has not yet written which one died. Both refuse
     connections, the resources server first in check order; the agent must be named."""
-    stack = NeMoGymStack(
-        nemo_venv,
-        single_tool_env.config_paths,
-        policy_host=policy.host,
-        policy_port=policy.port,
-        start_timeout=300,
-    )
+    stack = _stack_for(nemo_venv, single_tool_env, policy)
     agent = single_tool_env.agent.name
     try:
         await stack.start()
@@ -207,3 +195,10 @@ async def test_check_alive_names_the_server_that_died_first(
     finally:
         await stack.stop()
     assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
+
+
+def _stack_for(venv: NeMoGymVenv, env: EnvSpec, policy: ScriptedPolicy) -> NeMoGymStack:
+    """A stack (not started) running `env` with `policy` as its `policy_model`."""
+    return NeMoGymStack(
+        venv, env.config_paths, policy_host=policy.host, policy_port=policy.port, start_timeout=300
+    )

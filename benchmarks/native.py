@@ -17,7 +17,8 @@ from pathlib import Path
 
 from benchmarks.common import ENV, ROWS, cpu_s
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.stack import NeMoGymStack, processes_with_marker
+from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.supervisor import processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 # Lines of ng_run's log that open and close its phases (nemo_gym/cli/env.py, server_utils.py).

@@ -45,14 +45,13 @@ from verifiers_nemogym.nemo.catalog import (
     write_policy_placeholder,
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
+from verifiers_nemogym.nemo.supervisor import processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.util import acquire_flock, uv_cache_dir
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MARKER_ENV_VAR", "NeMoGymStack", "processes_with_marker"]
 
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 # `RunHelper.wait_for_spinup` prints this once every server answered its `GET /`. Signalling

@@ -18,7 +18,8 @@ from helpers import REPO, gone, server_pid
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
-from verifiers_nemogym.nemo.stack import MARKER_ENV_VAR, NeMoGymStack, processes_with_marker
+from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 

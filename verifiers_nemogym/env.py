@@ -178,5 +178,5 @@ async def _fail_when_lost(stack: Stack, live: LiveStack) -> None:
     """The one watchdog: once the stack is lost (each backend watches its own kind of stack),
     every rollout in flight or to come fails fast with the reason."""
     await stack.lost.wait()
-    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", stack.reason)
+    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", redact(stack.reason))
     live.fail(stack.reason)

@@ -24,7 +24,7 @@ from verifiers.v1.configs.client import TrainClientConfig
 from verifiers.v1.runtimes import ProgramResult, Runtime
 
 from verifiers_nemogym.bridge.proxy import Route
-from verifiers_nemogym.bridge.redact import redact
+from verifiers_nemogym.bridge.redact import cut, redact
 from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
@@ -132,17 +132,17 @@ async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) 
     else:
         raise AgentRunError(f"{where} did not return within {live.run_timeout:g} s")
     if status != 200:
-        raise AgentRunError(redact(f"{where} answered {status}: {text[-2000:]}"))
+        raise AgentRunError(f"{where} answered {status}: {cut(text, 2000, keep='tail')}")
     try:
         result = json.loads(text)
     except ValueError:
-        raise AgentRunError(redact(f"{where} answered non-JSON: {text[:500]}")) from None
+        raise AgentRunError(f"{where} answered non-JSON: {cut(text, 500)}") from None
     if isinstance(result, dict) and result.get("mask_sample") is True:
         raise _masked(where, result)
     if not isinstance(result, dict) or not _finite_number(result.get("reward")):
         # NaN, Infinity (Python's JSON reads them) and booleans are no measurement either.
         raise AgentRunError(
-            redact(f"{where} returned no `reward` that is a finite number: {text[:500]}")
+            f"{where} returned no `reward` that is a finite number: {cut(text, 500)}"
         )
     return result
 

@@ -523,3 +523,26 @@ async def test_a_refused_call_is_charged_to_the_open_route_it_names(proxy, upstr
     assert route.failure is not None and route.failure.status == 401
     assert "refused by the proxy" in route.failure.message
     assert other.failure is None
+
+
+def test_secrets_in_their_wire_form_are_redacted_live_or_not():
+    """M1: another process's (or a finished) proxy secret in a row quoted by a death notice,
+    and any bearer token, come out redacted though this process never registered them."""
+    text = 'died: {"metadata": {"vf_nemogym_secret": "someone-elses-secret-123"}} Bearer abc.def-1'
+    clean = redact.redact(text)
+    assert "someone-elses-secret-123" not in clean and "abc.def-1" not in clean
+    assert '"vf_nemogym_secret": "[redacted]"' in clean and "Bearer [redacted]" in clean
+
+
+def test_a_secret_straddling_a_cut_is_never_kept_in_part():
+    """M1: for every offset at which a cut would split a live secret, no 8 characters of it
+    survive (cut first with a margin, then redact, then cut)."""
+    secret = "S" + "0123456789abcdefghijklmnopqrstuvwxyzABCDEF"  # 43 characters
+    redact.protect(secret)
+    try:
+        for offset in range(len(secret) + 1):
+            text = "x" * (100 - offset) + secret + "y" * 50
+            for kept in (redact.cut(text, 100), redact.cut(text, 100 + 50, keep="tail")):
+                assert not any(secret[i : i + 8] in kept for i in range(len(secret) - 7)), kept
+    finally:
+        redact.forget(secret)

@@ -427,7 +427,7 @@ def _reply_error(
         payload = pydantic_core.from_json(raw)
     except ValueError:
         payload = None
-    message = redact.redact(_message(payload) or raw[:2000].decode(errors="replace"))
+    message = redact.cut(_message(payload) or raw[: 2000 + 256].decode(errors="replace"), 2000)
     # Decided by verifiers' own state, never by the status or text alone: verifiers sets the
     # trace's stop condition before it refuses a call (turn limit, @vf.stop), while a provider's
     # 400/401/409 relayed by its interception leaves the rollout running.

@@ -63,14 +63,25 @@ def stacks_root() -> Path:
 
 
 def stack_key(venv: NeMoGymVenv, config_paths: list[Path]) -> str:
-    """The identity of a stack: same runtime and same set of config files = same stack."""
+    """The identity of a stack: same runtime and same set of config files, with the same
+    contents, = same stack (an edited config starts a stack of its own instead of attaching to
+    one that runs the old file). Files a config includes are not followed."""
+    files = sorted({Path(p).absolute() for p in config_paths})
     ident = {
         "nemo_gym_version": venv.nemo_gym_version,
         "python_version": venv.python_version,
         "venv": str(venv.venv),
-        "config_paths": sorted({str(Path(p).absolute()) for p in config_paths}),
+        "config_paths": [str(p) for p in files],
+        "config_sha256": [_file_digest(p) for p in files],
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "unreadable"
 
 
 def stack_dir(key: str) -> Path:

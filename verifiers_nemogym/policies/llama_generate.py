@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from verifiers_nemogym.net import AppServer
+from verifiers_nemogym.policies.server import vllm_error, vllm_overlong
 
 DEFAULT_MAX_TOKENS = 1024
 """Generated tokens at most when the request sets no `max_tokens` (llama.cpp's -1 would run to
@@ -87,32 +88,28 @@ class GenerateAdapter(AppServer):
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "body is not JSON")
+            return vllm_error(400, "body is not JSON")
         ids = body.get("token_ids") if isinstance(body, dict) else None
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-            return _error(400, "token_ids: must be a non-empty list of integers")
+            return vllm_error(400, "token_ids: must be a non-empty list of integers")
         if len(ids) > self.max_model_len:
-            return _error(
-                400,
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, you requested {len(ids)} tokens in the messages.",
-            )
+            return vllm_overlong(self.max_model_len, len(ids))
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
-            return _error(400, "sampling_params: must be an object")
+            return vllm_error(400, "sampling_params: must be an object")
         completion = completion_request(ids, params, self.max_model_len)
         assert self._session is not None, "GenerateAdapter used before start()"
         try:
             async with self._session.post(f"{self.upstream}/completion", json=completion) as up:
                 status, payload = up.status, await up.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            return _error(502, f"llama.cpp server at {self.upstream} failed: {e!r}")
+            return vllm_error(502, f"llama.cpp server at {self.upstream} failed: {e!r}")
         if status != 200:
-            return _error(status, f"llama.cpp answered {status}: {_message(payload)}")
+            return vllm_error(status, f"llama.cpp answered {status}: {_message(payload)}")
         try:
             choice = generate_choice(payload)
         except ValueError as e:
-            return _error(502, f"llama.cpp answer unusable: {e}")
+            return vllm_error(502, f"llama.cpp answer unusable: {e}")
         self.calls += 1
         return web.json_response(
             {
@@ -185,10 +182,3 @@ def _message(payload: Any) -> str:
             return str(error.get("message", ""))[:2000]
         return str(error or payload)[:2000]
     return str(payload)[:2000]
-
-
-def _error(status: int, message: str) -> web.Response:
-    kind = "BadRequestError" if status == 400 else "server_error"
-    return web.json_response(
-        {"error": {"message": message, "type": kind}, "object": "error"}, status=status
-    )

@@ -78,3 +78,22 @@ class ResponsesServer(AppServer):
     async def respond(self, body: dict[str, Any]) -> web.Response:
         """The answer to one Responses request body."""
         raise NotImplementedError
+
+
+def vllm_error(status: int, message: str) -> web.Response:
+    """An error answer in vLLM's shape (`{"error": {...}, "object": "error"}`), what the train
+    path's model servers (the token server, the generate adapter) answer like vLLM does."""
+    kind = "BadRequestError" if status == 400 else "server_error"
+    return web.json_response(
+        {"error": {"message": message, "type": kind}, "object": "error"}, status=status
+    )
+
+
+def vllm_overlong(max_model_len: int, requested: int) -> web.Response:
+    """vLLM's 400 for a prompt over the context, in its wording, so callers' overlong-prompt
+    detection (`bridge.chat.is_overlong_prompt`) sees what it would see from vLLM."""
+    return vllm_error(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. "
+        f"However, you requested {requested} tokens in the messages.",
+    )

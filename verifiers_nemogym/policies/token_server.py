@@ -35,6 +35,7 @@ from aiohttp import web
 
 from verifiers_nemogym.net import AppServer
 from verifiers_nemogym.policies.scripted import ANSWER, tool_arguments
+from verifiers_nemogym.policies.server import vllm_error, vllm_overlong
 
 SYNTHETIC_LOGPROB = -0.5
 """The logprob reported for every generated token: synthetic, not a model's probability."""
@@ -120,19 +121,14 @@ class TokenServer(AppServer):
         body = await request.json()
         ids = body.get("token_ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            return _error(400, "token_ids: must be a list of integers")
+            return vllm_error(400, "token_ids: must be a list of integers")
         if self.max_model_len is not None and len(ids) > self.max_model_len:
-            # vLLM's wording, so callers' overlong-prompt detection sees what it would see.
-            return _error(
-                400,
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, you requested {len(ids)} tokens in the messages.",
-            )
+            return vllm_overlong(self.max_model_len, len(ids))
         prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
         triggers = {m.group(2) for m in _TRIGGER.finditer(first_user_text(prompt))}
         if "500" in triggers or "429" in triggers:
             code = 500 if "500" in triggers else 429
-            return _error(code, f"token server fault {code}")
+            return vllm_error(code, f"token server fault {code}")
         if "garbage" in triggers:
             return web.Response(body=b'{"choices": [', content_type="application/json")
         params = body.get("sampling_params") or {}
@@ -178,8 +174,3 @@ class TokenServer(AppServer):
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-
-def _error(status: int, message: str) -> web.Response:
-    error = {"message": message, "type": "BadRequestError" if status == 400 else "server_error"}
-    return web.json_response({"error": error, "object": "error"}, status=status)

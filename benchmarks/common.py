@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
+from verifiers_nemogym.util import rss_bytes
 
 ENV = "example_single_tool_call"
 """The NeMo Gym environment every figure runs (5 example rows, one tool call per rollout)."""
@@ -90,12 +91,10 @@ async def spawn_policy() -> Helper:
 
 
 def rss_mb(pid: int) -> float:
-    """Resident memory of `pid` in MiB (from /proc)."""
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    """Resident memory of `pid` in MiB (from /proc); RuntimeError if it is gone."""
+    if not (found := rss_bytes(pid)):
+        raise RuntimeError(f"no VmRSS for pid {pid}")
+    return found / 2**20
 
 
 def cpu_s(pid: int) -> float | None:

@@ -139,3 +139,15 @@ def pid_alive(pid: int) -> bool:
             return handle.read().split(b") ", 1)[1][:1] != b"Z"
     except (OSError, IndexError):
         return False
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of `pid` in bytes (from /proc), 0 if it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0

@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
-from verifiers_nemogym.util import cache_root, file_lock
+from verifiers_nemogym.util import cache_root, file_lock, rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -283,14 +283,7 @@ class LocalModelServer:
         """Resident memory of the server process (model pages included), 0 if not running."""
         if self._proc is None or self._proc.poll() is not None:
             return 0
-        try:
-            status = Path(f"/proc/{self._proc.pid}/status").read_text()
-        except OSError:
-            return 0
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return rss_bytes(self._proc.pid)
 
     def stop(self) -> None:
         """Stop the server (close its stdin, then SIGTERM, then SIGKILL); safe to repeat."""

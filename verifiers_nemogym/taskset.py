@@ -101,8 +101,9 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     @field_validator("nemo_env", mode="before")
     @classmethod
     def _split_names(cls, value: Any) -> Any:
-        # `--env.taskset.nemo-env a,b`, the flag repeated, and a TOML string or list all mean a
-        # list of names (the CLI hands a comma form over as one list item).
+        # `--env.taskset.nemo-env a,b` or `a b`, and a TOML string or list, all mean a list of
+        # names (the CLI hands the comma form over as one list item; of a repeated flag it
+        # keeps the last value before any validator runs).
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list):
             return value

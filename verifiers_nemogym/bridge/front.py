@@ -25,9 +25,9 @@ FRONT_CALL_TIMEOUT = 3700.0
 closing its connection."""
 
 
-def secret_digest(secret: str) -> bytes:
+def secret_digest(secret: str | bytes) -> bytes:
     """What the front keeps of a proxy's secret (never the secret itself)."""
-    return hashlib.sha256(secret.encode()).digest()
+    return hashlib.sha256(secret.encode() if isinstance(secret, str) else secret).digest()
 
 
 @dataclass
@@ -78,7 +78,7 @@ class FrontForwarder(AppServer):
             del self.users[user.secret_digest]
 
     def _user_for(self, secret: bytes) -> FrontUser | None:
-        digest = hashlib.sha256(secret).digest()
+        digest = secret_digest(secret)
         user = self.users.get(digest)
         # The digest lookup already matched; compare_digest keeps the check constant-time.
         if user is None or not hmac.compare_digest(digest, user.secret_digest):

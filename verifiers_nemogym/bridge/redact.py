@@ -16,6 +16,8 @@ from __future__ import annotations
 import collections
 import re
 
+from verifiers_nemogym.bridge.wire import SECRET_KEY
+
 REDACTED = "[redacted]"
 """What a secret is replaced with."""
 MIN_SECRET_LENGTH = 8
@@ -23,9 +25,8 @@ MIN_SECRET_LENGTH = 8
 this package or verifiers makes is that short (they are 22 characters or more)."""
 
 _live: collections.Counter[str] = collections.Counter()
-# Literal key (bridge/wire.py's SECRET_KEY): wire imports nothing of this module's layer.
 _PATTERNS = (
-    re.compile(r'("vf_nemogym_secret"\s*:\s*")[^"]*(")'),
+    re.compile(rf'("{re.escape(SECRET_KEY)}"\s*:\s*")[^"]*(")'),
     re.compile(r"(Bearer\s+)[^\s\"',}]+()"),
 )
 _LONGEST_SECRET = 128

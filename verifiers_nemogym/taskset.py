@@ -114,6 +114,16 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     def _release_number(cls, value: str | None) -> str | None:
         return None if value is None else check_release(value)
 
+    _release_version: str | None = PrivateAttr(default=None)
+
+    def release_version(self) -> str:
+        """The nemo-gym release: `nemo_gym_version`, else the newest one an interpreter here
+        meets (`venv.default_version`, which runs each interpreter once to read its version),
+        chosen once per config."""
+        if self._release_version is None:
+            self._release_version = self.nemo_gym_version or default_version(self.python)
+        return self._release_version
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Self:
         # Raised here, the CLI's config parse reports them as one line naming the field. (Not
@@ -127,8 +137,7 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
                 raise ValueError(f"env.taskset.python: {e}") from None
         if self.nemo_env:
             # The release's files (fetched once, no runtime) say which names exist.
-            version = self.nemo_gym_version or default_version(self.python)
-            catalog = Catalog(release_files(version))
+            catalog = Catalog(release_files(self.release_version()))
             for name in self.nemo_env:
                 try:
                     catalog.check(name)
@@ -185,18 +194,14 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
                 "nemo-gym-env needs rows: set --env.taskset.nemo-env NAME (a NeMo Gym "
                 "environment, e.g. example_single_tool_call) or --env.taskset.jsonl-path FILE"
             )
-        self._version: str | None = None
         self._release: ReleaseFiles | None = None
         self._nemo_venv: NeMoGymVenv | None = None
         self._catalog: Catalog | None = None
 
     @property
     def nemo_gym_version(self) -> str:
-        """The nemo-gym release: `nemo_gym_version`, else the newest one an interpreter here
-        meets (`venv.default_version`), chosen once."""
-        if self._version is None:
-            self._version = self.config.nemo_gym_version or default_version(self.config.python)
-        return self._version
+        """The nemo-gym release (`NeMoGymTasksetConfig.release_version`)."""
+        return self.config.release_version()
 
     @property
     def release(self) -> ReleaseFiles:

@@ -105,6 +105,8 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         if config.stack_url is not None:
             remote = await describe_remote(config.stack_url, config.proxy_host, proxy_port)
             proxy_port = remote.policy_address[1]
+        judge = config.judge.endpoint() if config.judge is not None else None
+        judge_key = config.judge.key() if config.judge is not None else None
         self._proxy = NeMoGymModelProxy(host=config.proxy_host, port=proxy_port)
         try:
             await self._proxy.start()
@@ -122,6 +124,8 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             shared=config.shared_stack,
             idle_timeout=config.stack_idle_grace,
             start_timeout=config.start_timeout,
+            judge=judge,
+            judge_key=judge_key,
         )
         what, where = self._stack.describe()
         logger.info(
@@ -145,6 +149,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             run_timeout=config.task.run_timeout,
             runtime=runtime.info,
             keep_ng_trajectory=config.keep_ng_trajectory,
+            judge=self._stack.judge,
         )
         config.task._live = live
         self._watchdog = asyncio.create_task(_fail_when_lost(self._stack, live))
@@ -164,6 +169,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         try:
             if self._stack is not None:
                 stack, self._stack = self._stack, None
+                if (summary := await stack.judge_summary()) is not None:
+                    # Judge calls carry no rollout: the stack's counts are the run's record.
+                    logger.info("judge on this stack: %s", summary)
                 await stack.close()
         finally:
             if self._http is not None:

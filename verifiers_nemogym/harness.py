@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 from typing import Any, ClassVar
 
 import aiohttp
@@ -77,13 +78,23 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             trace.info["nemo_gym_row_sampling"] = sampling
             _warn_once(live, "sampling", sampling)
         trace.info["nemo_gym_runtime"] = dict(live.runtime)
+        if live.judge is not None:
+            trace.info["nemo_gym_judge"] = dict(live.judge.judge)
         # verifiers' train client records token ids but accepts only Chat Completions: the
         # route then carries the agent's Responses calls as chat (see `bridge.proxy`).
         train = isinstance(ctx.client, TrainClientConfig)
         async with live.proxy.route(
             endpoint, secret, stop_condition=lambda: _stop_condition(trace), train=train
         ) as route:
-            result = await _post_run(live, data, agent_url, route)
+            began = time.time()
+            try:
+                result = await _post_run(live, data, agent_url, route)
+            except AgentRunError as e:
+                # NeMo Gym reports a failed judge call as a bare 500 (or a masked sample):
+                # name the judge's own failure, seen while this rollout ran, as the cause.
+                if live.judge and (judged := live.judge.failure_since(began)):
+                    raise AgentRunError(f"{judged}; then {e}") from None
+                raise
         record(trace, result, keep_ng_trajectory=live.keep_ng_trajectory)
         return ProgramResult(exit_code=0, stdout="", stderr="")
 

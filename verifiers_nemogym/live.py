@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from verifiers_nemogym.bridge.judge import JudgeStatus
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import redact
 
@@ -35,6 +36,10 @@ class LiveStack:
     rollout copies it to `trace.info["nemo_gym_runtime"]`."""
     keep_ng_trajectory: bool = False
     """Keep NeMo Gym's trajectory records in traces (`--env.taskset.keep-ng-trajectory`)."""
+    judge: JudgeStatus | None = None
+    """The stack's judge (who it is, its last failure), when it has one; each rollout copies
+    who it is to `trace.info["nemo_gym_judge"]`, and a failed rollout quotes a judge failure
+    seen while it ran."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
     failure: str | None = None

@@ -6,7 +6,9 @@ the stack's merged config, for every backend); `marker` is the stack's process m
 (`VF_NEMOGYM_STACK=<marker>` in every NeMo Gym process of it; None for a stack started
 elsewhere); `lost` is set, with `reason`, once the stack is unusable (a server died, the shared
 host went away, a remote head server stopped answering); `close()` gives it up (idempotent):
-stops what this process owns, releases a lease, or only stops watching.
+stops what this process owns, releases a lease, or only stops watching. `judge` is the stack's
+judge (`bridge.judge.JudgeStatus`: who it is, its last failure) when it has one, and
+`judge_summary()` its calls, failures and tokens so far.
 
 Backends, chosen by `open_stack` from the taskset config:
 - `SharedStack` (default, `shared_stack=True`): a lease on the machine's one stack for the
@@ -28,10 +30,11 @@ from typing import Any
 
 import aiohttp
 
+from verifiers_nemogym.bridge.judge import Judge, JudgeStatus
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.remote import RemoteStack
-from verifiers_nemogym.nemo.shared import Lease, attach_or_start
+from verifiers_nemogym.nemo.shared import Lease, attach_or_start, request
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
@@ -49,6 +52,7 @@ class Stack(ABC):
     """See the module contract."""
 
     marker: str | None = None
+    judge: JudgeStatus | None = None
 
     def __init__(self, run_urls: dict[str, str]) -> None:
         self.run_urls = dict(run_urls)
@@ -75,6 +79,10 @@ class Stack(ABC):
     async def _release(self) -> None:
         """Give up what this backend holds (after its watch stopped)."""
 
+    async def judge_summary(self) -> str | None:
+        """The judge's calls, failures and tokens on this stack so far (None: no judge)."""
+        return None
+
     @abstractmethod
     def describe(self) -> tuple[str, str]:
         """For the log line once it is open: what happened ("attached to shared NeMo Gym
@@ -88,11 +96,12 @@ class PrivateStack(Stack):
         super().__init__(process.run_urls)
         self.process = process
         self.marker = process.marker
+        self.judge = process.relay.status if process.relay is not None else None
 
     @classmethod
     async def start(
         cls, runtime: NeMoGymVenv, config_paths: list[Path], proxy: NeMoGymModelProxy,
-        start_timeout: float,
+        start_timeout: float, judge: Judge | None = None, judge_key: str | None = None,
     ) -> PrivateStack:  # fmt: skip
         process = NeMoGymStack(
             runtime,
@@ -100,6 +109,8 @@ class PrivateStack(Stack):
             policy_host=proxy.host,
             policy_port=proxy.port,
             start_timeout=start_timeout,
+            judge=judge,
+            judge_key=judge_key,
         )
         try:
             await process.start()
@@ -125,6 +136,9 @@ class PrivateStack(Stack):
     async def _release(self) -> None:
         await self.process.stop()
 
+    async def judge_summary(self) -> str | None:
+        return self.process.relay.stats.summary() if self.process.relay is not None else None
+
     def describe(self) -> tuple[str, str]:
         return "NeMo Gym stack ready: started private NeMo Gym stack", self.process.head_url
 
@@ -136,11 +150,13 @@ class SharedStack(Stack):
         super().__init__(lease.run_urls)
         self.lease = lease
         self.marker = lease.marker
+        self.judge = lease.judge
 
     @classmethod
     async def start(
         cls, runtime: NeMoGymVenv, config_paths: list[Path], proxy: NeMoGymModelProxy, *,
-        idle_timeout: float, start_timeout: float,
+        idle_timeout: float, start_timeout: float, judge: Judge | None = None,
+        judge_key: str | None = None,
     ) -> SharedStack:  # fmt: skip
         lease = await attach_or_start(
             runtime,
@@ -149,6 +165,8 @@ class SharedStack(Stack):
             proxy_secret=proxy.secret,
             idle_timeout=idle_timeout,
             start_timeout=start_timeout,
+            judge=judge,
+            judge_key=judge_key,
             log=logger,
         )
         stack = cls(lease)
@@ -163,6 +181,15 @@ class SharedStack(Stack):
 
     async def _release(self) -> None:
         await self.lease.close()
+
+    async def judge_summary(self) -> str | None:
+        if self.judge is None:
+            return None
+        try:
+            status = await request(self.lease.directory, {"op": "status"}, timeout=5)
+        except StackError as e:
+            return f"unknown ({e})"
+        return str(status.get("judge_stats") or "unknown")
 
     def describe(self) -> tuple[str, str]:
         how = "NeMo Gym stack ready: started" if self.lease.started else "attached to"
@@ -214,14 +241,19 @@ async def open_stack(
     shared: bool,
     idle_timeout: float,
     start_timeout: float,
+    judge: Judge | None = None,
+    judge_key: str | None = None,
 ) -> Stack:
     """The stack the taskset config asks for (see the module contract); `remote` is the
     described `stack_url` stack, if one was named. The proxy must be serving already: the
-    stack's `policy_model` is its address (or, shared, the host's front forwarder's)."""
+    stack's `policy_model` is its address (or, shared, the host's front forwarder's). A
+    `judge` (with its key, held by the process that runs the stack) serves the stack's judge
+    references; it is part of a shared stack's identity."""
     if remote is not None:
         return AttachedStack.watch(remote)
     if shared:
         return await SharedStack.start(
-            runtime, config_paths, proxy, idle_timeout=idle_timeout, start_timeout=start_timeout
-        )
-    return await PrivateStack.start(runtime, config_paths, proxy, start_timeout)
+            runtime, config_paths, proxy, idle_timeout=idle_timeout,
+            start_timeout=start_timeout, judge=judge, judge_key=judge_key,
+        )  # fmt: skip
+    return await PrivateStack.start(runtime, config_paths, proxy, start_timeout, judge, judge_key)

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Self, cast
+from typing import Any, Literal, Self, cast
 
 import verifiers.v1 as vf
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from verifiers.v1.dialects.responses import ResponsesDialect
 from verifiers.v1.runtimes import Runtime
 
+from verifiers_nemogym.bridge.judge import Judge
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.catalog import Catalog, load_config
+from verifiers_nemogym.nemo.judges import JudgeRef, active, judge_refs
 from verifiers_nemogym.nemo.release import ReleaseFiles, check_release, release_files
 from verifiers_nemogym.nemo.venv import (
     NeMoGymVenv,
@@ -43,6 +46,45 @@ class NeMoGymTaskConfig(vf.TaskConfig):
     """The running stack, set by `NeMoGymEnv.start()` and read by every task (shared object)."""
     _start_error: str | None = PrivateAttr(default=None)
     """Why `NeMoGymEnv.start()` could not bring the stack up; every rollout fails with it."""
+
+
+class NeMoGymJudgeConfig(vf.JudgeConfig):
+    """The judge NeMo Gym's LLM-judge environments grade with, under `--env.taskset.judge.*`:
+    verifiers' judge endpoint (`base_url`, `model`, `api_key_var`, `headers`, `timeout`) plus
+    which NeMo Gym adapter calls it. The key is read from `api_key_var` by the process that
+    runs the stack and never reaches NeMo Gym (a relay holds it)."""
+
+    api: Literal["chat", "responses"] = "chat"
+    """How the judge is called: `chat` (any Chat Completions endpoint; NeMo Gym's Responses
+    judge calls are converted) or `responses` (an OpenAI Responses endpoint)."""
+    enable_optional: bool = False
+    """Also turn on the judges NeMo Gym ships switched off (math_with_judge, polymath)."""
+
+    def endpoint(self) -> Judge:
+        """The judge as the stack runs it (no key)."""
+        read = self.timeout.read
+        return Judge(
+            base_url=self.base_url,
+            model=self.model,
+            api=self.api,
+            key_var=self.api_key_var,
+            headers=dict(self.headers),
+            enable_optional=self.enable_optional,
+            timeout=read if read is not None else Judge.timeout,
+        )
+
+    def key(self) -> str | None:
+        """The judge's key from `api_key_var` (None when no variable is named). ConfigError
+        when the named variable is not set."""
+        if not self.api_key_var:
+            return None
+        key = os.environ.get(self.api_key_var)
+        if not key:
+            raise ConfigError(
+                f"the judge's key variable ${self.api_key_var} is not set "
+                "(--env.taskset.judge.api-key-var names it; empty for a judge without a key)"
+            )
+        return key
 
 
 class NeMoGymTasksetConfig(vf.TasksetConfig):
@@ -96,6 +138,10 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     stack_idle_grace: float = Field(5.0, ge=0)
     """Seconds a shared stack this process starts stays up after its last user left (a stack
     started with `nemo-gym-env stack up` keeps its own idle timeout)."""
+    judge: NeMoGymJudgeConfig | None = None
+    """The judge for NeMo Gym's LLM-judge environments (`--env.taskset.judge.base-url URL
+    --env.taskset.judge.model NAME --env.taskset.judge.api-key-var VAR`). Without one, an
+    environment that needs a judge is refused before anything starts."""
     task: NeMoGymTaskConfig = NeMoGymTaskConfig()
 
     @field_validator("nemo_env", mode="before")
@@ -143,6 +189,11 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
                     catalog.check(name)
                 except ConfigError as e:
                     raise ValueError(f"env.taskset.nemo_env: {e}") from None
+        if self.judge is not None and self.stack_url is not None:
+            raise ValueError(
+                "--env.taskset.judge is for stacks this machine starts; a stack named by "
+                "--env.taskset.stack-url grades with the judge its own config names"
+            )
         if self.proxy_host != "127.0.0.1" and self.stack_url is None:
             raise ValueError(
                 "--env.taskset.proxy-host is for --env.taskset.stack-url; a stack this "
@@ -279,6 +330,32 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
             known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
             for agent in sorted({str(t.data.agent) for t in tasks} - known):
                 catalog.agent_env(agent)  # an agent no environment defines fails here
+        if self.config.stack_url is None:
+            self._check_judge()
+
+    def judge_refs(self) -> dict[str, list[JudgeRef]]:
+        """Environment (or extra config) -> the judge references a judge must serve on this
+        config (`nemo.judges`; optional ones only with the judge's `enable_optional`)."""
+        catalog = self.catalog
+        enable = self.config.judge is not None and self.config.judge.enable_optional
+        found: dict[str, list[JudgeRef]] = {}
+        sources = [(n, p) for n in self.config.nemo_env for p in catalog.env(n).config_paths]
+        sources += [(extra, catalog.config_path(extra)) for extra in self.config.config_paths]
+        for name, path in sources:
+            if refs := active(judge_refs(catalog.merged_config(path)), enable):
+                found.setdefault(name, []).extend(refs)
+        return found
+
+    def _check_judge(self) -> None:
+        needs = self.judge_refs()
+        if needs and self.config.judge is None:
+            raise ConfigError(
+                f"{', '.join(needs)} grade(s) with an LLM judge: name one with "
+                "--env.taskset.judge.base-url URL --env.taskset.judge.model NAME "
+                "--env.taskset.judge.api-key-var VAR"
+            )
+        if self.config.judge is not None:
+            self.config.judge.key()  # an unset key variable fails here, not in every rollout
 
     def _rows(self) -> Iterator[NeMoGymTask]:
         if self.config.jsonl_path is not None:

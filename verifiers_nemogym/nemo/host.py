@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -24,7 +25,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from verifiers_nemogym.bridge import redact as redact_module
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
+from verifiers_nemogym.bridge.judge import Judge
 from verifiers_nemogym.bridge.redact import redact
 from verifiers_nemogym.errors import NeMoGymError, StackError
 from verifiers_nemogym.nemo.shared import (
@@ -49,8 +52,11 @@ class StackHost:
     control messages: `{"op": "lease", ...}` (held open), `{"op": "status"}`, `{"op": "down"}`.
     """
 
-    def __init__(self, venv: NeMoGymVenv, directory: Path, spec: HostSpec) -> None:
+    def __init__(
+        self, venv: NeMoGymVenv, directory: Path, spec: HostSpec, judge_key: str | None = None
+    ) -> None:
         self.venv = venv
+        self.judge_key = judge_key
         self.directory = directory
         self.spec = spec
         self.front = FrontForwarder()
@@ -77,6 +83,9 @@ class StackHost:
                 policy_host=self.front.host,
                 policy_port=self.front.port,
                 start_timeout=self.spec.start_timeout,
+                judge=Judge.from_dict(self.spec.judge) if self.spec.judge else None,
+                judge_key=self.judge_key,
+                on_judge_failure=self._tell_judge_failure,
             )
             await self.stack.start()
             # Listening last: a user that can connect finds a ready stack.
@@ -130,8 +139,16 @@ class StackHost:
         with contextlib.suppress(FileNotFoundError):
             _socket_path(self.directory).unlink()
 
+    def _tell_judge_failure(self, message: str) -> None:
+        """Every user's rollouts may have been graded by the failed call: tell them all."""
+        event = {"event": "judge_failed", "message": message, "at": time.time()}
+        for writer in list(self.leases):
+            with contextlib.suppress(OSError, ConnectionError, RuntimeError):
+                writer.write(json.dumps(event).encode() + b"\n")
+
     def status(self) -> dict[str, Any]:
         assert self.stack is not None
+        relay = self.stack.relay
         return {
             "ok": True,
             "pid": os.getpid(),
@@ -150,6 +167,8 @@ class StackHost:
             "persistent": self.spec.persistent,
             "uptime_s": round(time.time() - self.started_at, 1),
             "log": str(self.directory / "host.log"),
+            "judge": relay.judge.public() if relay is not None else None,
+            "judge_stats": relay.stats.summary() if relay is not None else None,
         }
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -243,11 +262,11 @@ def _loopback_url(url: str) -> str:
     return f"http://{LOOPBACK}:{port}"
 
 
-async def _run(directory: Path, spec: HostSpec) -> None:
+async def _run(directory: Path, spec: HostSpec, judge_key: str | None) -> None:
     venv = await asyncio.to_thread(
         ensure_venv, spec.nemo_gym_version, spec.python, allow_below_floor=spec.below_floor
     )
-    host = StackHost(venv, directory, spec)
+    host = StackHost(venv, directory, spec, judge_key)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -278,11 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         spec = HostSpec.from_json(args.spec)
+        # Secrets come on stdin (one JSON line), never in arguments or the environment.
+        secrets = json.loads(sys.stdin.readline() or "{}")
+        judge_key = secrets.get("judge_key") if isinstance(secrets, dict) else None
     except (ValueError, TypeError) as e:
-        logger.error("stack_host: bad --spec: %s", e)
+        logger.error("stack_host: bad --spec or stdin: %s", e)
         return 2
+    if judge_key:
+        redact_module.protect(judge_key)
     try:
-        asyncio.run(_run(args.dir, spec))
+        asyncio.run(_run(args.dir, spec, judge_key))
     except asyncio.CancelledError:
         return 1
     except NeMoGymError as e:

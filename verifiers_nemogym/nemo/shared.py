@@ -2,10 +2,11 @@
 
 Design (see docs/shared-stacks.md):
 
-- A stack is identified by its *key*: nemo-gym version, the runtime's Python and venv, and the
-  sorted set of NeMo Gym config files. Its folder `<cache>/stacks/<key>/` (mode 0700) holds
-  `lock` (a flock serialising attach/start/stop decisions), `host.sock` (the host's unix socket)
-  and `host.log`.
+- A stack is identified by its *key*: nemo-gym version, the runtime's Python and venv, the
+  sorted set of NeMo Gym config files (and their contents), and its judge if any (endpoint,
+  model, API and a digest of the key: two judges or two keys never share a stack). Its folder
+  `<cache>/stacks/<key>/` (mode 0700) holds `lock` (a flock serialising attach/start/stop
+  decisions), `host.sock` (the host's unix socket) and `host.log`.
 - The *stack host* is a detached process (`nemo/host.py`, run as `python -m`) that owns
   the `NeMoGymStack` (so the supervisor's teardown applies unchanged) and a small *front*
   forwarder registered as NeMo Gym's `policy_model`. It never runs rollouts.
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from verifiers_nemogym.bridge.judge import Judge, JudgeStatus
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.util import acquire_flock, cache_root, pid_alive
@@ -62,18 +64,26 @@ def stacks_root() -> Path:
     return cache_root() / "stacks"
 
 
-def stack_key(venv: NeMoGymVenv, config_paths: list[Path]) -> str:
-    """The identity of a stack: same runtime and same set of config files, with the same
-    contents, = same stack (an edited config starts a stack of its own instead of attaching to
-    one that runs the old file). Files a config includes are not followed."""
+def stack_key(
+    venv: NeMoGymVenv,
+    config_paths: list[Path],
+    judge: Judge | None = None,
+    judge_key: str | None = None,
+) -> str:
+    """The identity of a stack: same runtime, same set of config files with the same contents,
+    and the same judge (`Judge.identity`: endpoint and a digest of its key) = same stack (an
+    edited config starts a stack of its own instead of attaching to one that runs the old file).
+    Files a config includes are not followed."""
     files = sorted({Path(p).absolute() for p in config_paths})
-    ident = {
+    ident: dict[str, Any] = {
         "nemo_gym_version": venv.nemo_gym_version,
         "python_version": venv.python_version,
         "venv": str(venv.venv),
         "config_paths": [str(p) for p in files],
         "config_sha256": [_file_digest(p) for p in files],
     }
+    if judge is not None:
+        ident["judge"] = judge.identity(judge_key)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -168,6 +178,8 @@ class Lease:
     _writer: asyncio.StreamWriter
     reason: str = ""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    judge: JudgeStatus | None = None
+    """The stack's judge, kept up to date by the host's `judge_failed` events."""
     _watch: asyncio.Task[None] | None = None
 
     def begin_watch(self) -> None:
@@ -177,7 +189,9 @@ class Lease:
         reason = "the shared NeMo Gym stack host closed the lease"
         try:
             while (message := await _receive(self._reader)) is not None:
-                if message.get("event") == "down":
+                if message.get("event") == "judge_failed" and self.judge is not None:
+                    self.judge.failed(str(message.get("message")), float(message["at"]))
+                elif message.get("event") == "down":
                     reason = f"the shared NeMo Gym stack went down: {message.get('reason')}"
         except (OSError, ValueError) as e:
             reason = f"lost the shared NeMo Gym stack host ({e!r})"
@@ -216,6 +230,7 @@ async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Leas
     if not answer or not answer.get("ok"):
         writer.close()
         return None
+    judge = answer.get("judge")
     return Lease(
         directory=directory,
         run_urls=dict(answer["run_urls"]),
@@ -223,6 +238,7 @@ async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Leas
         marker=str(answer["marker"]),
         host_pid=int(answer["pid"]),
         started=False,
+        judge=JudgeStatus(dict(judge)) if isinstance(judge, dict) else None,
         _reader=reader,
         _writer=writer,
     )
@@ -240,6 +256,8 @@ class HostSpec:
     persistent: bool = False
     below_floor: bool = False
     """The runtime was built below its release's declared Python floor (the explicit opt-in)."""
+    judge: dict[str, Any] | None = None
+    """The stack's judge (`Judge.to_dict`: no key; the key reaches the host on its stdin)."""
 
     @classmethod
     def of(
@@ -250,6 +268,7 @@ class HostSpec:
         start_timeout: float,
         *,
         persistent: bool = False,
+        judge: Judge | None = None,
     ) -> HostSpec:
         """The spec of a host serving `config_paths` on `venv`'s release and Python."""
         return cls(
@@ -260,6 +279,7 @@ class HostSpec:
             start_timeout=start_timeout,
             persistent=persistent,
             below_floor=venv.below_floor,
+            judge=judge.to_dict() if judge is not None else None,
         )
 
     def to_json(self) -> str:
@@ -270,18 +290,23 @@ class HostSpec:
         return cls(**json.loads(text))
 
 
-def spawn_host(directory: Path, spec: HostSpec) -> subprocess.Popen[bytes]:
+def spawn_host(
+    directory: Path, spec: HostSpec, judge_key: str | None = None
+) -> subprocess.Popen[bytes]:
     """Start a detached stack host for `directory` (its output goes to `host.log`). The caller
-    holds the stack lock and has checked that no host listens."""
+    holds the stack lock and has checked that no host listens. The judge's key goes to the host
+    on its stdin (one JSON line), never in its arguments or environment."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with contextlib.suppress(FileNotFoundError):
         _socket_path(directory).unlink()  # a killed host's leftover
     env = {**os.environ, HOST_ENV_VAR: directory.name}
+    if spec.judge is not None and spec.judge.get("key_var"):
+        env.pop(str(spec.judge["key_var"]), None)
     # Imported here: the host module builds on this one (the lease protocol, HostSpec).
     from verifiers_nemogym.nemo import host
 
     with (directory / "host.log").open("ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -291,7 +316,7 @@ def spawn_host(directory: Path, spec: HostSpec) -> subprocess.Popen[bytes]:
                 "--spec",
                 spec.to_json(),
             ],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -299,6 +324,11 @@ def spawn_host(directory: Path, spec: HostSpec) -> subprocess.Popen[bytes]:
             # stops when its last user is gone.
             start_new_session=True,
         )
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError):  # a host that died at once says why in its log
+        proc.stdin.write(json.dumps({"judge_key": judge_key}).encode() + b"\n")
+        proc.stdin.close()
+    return proc
 
 
 def _log_tail(directory: Path, n: int = 30) -> str:
@@ -357,6 +387,8 @@ async def attach_or_start(
     proxy_secret: str,
     idle_timeout: float = DEFAULT_IDLE_GRACE,
     start_timeout: float = 900,
+    judge: Judge | None = None,
+    judge_key: str | None = None,
     log: logging.Logger = logger,
 ) -> Lease:
     """A lease on the shared stack for `config_paths` on `venv`, started if none runs.
@@ -366,12 +398,12 @@ async def attach_or_start(
     """
     began = time.monotonic()
     deadline = began + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths))
+    directory = stack_dir(stack_key(venv, config_paths, judge, judge_key))
     async with stack_lock(directory, deadline, "attach or start"):
         lease = await _try_lease(directory, proxy_url, proxy_secret)
         if lease is None:
-            spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout)
-            proc = spawn_host(directory, spec)
+            spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout, judge=judge)
+            proc = spawn_host(directory, spec, judge_key)
             log.info(
                 "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
                 proc.pid,
@@ -418,16 +450,20 @@ async def bring_up(
     *,
     idle_timeout: float | None,
     start_timeout: float = 900,
+    judge: Judge | None = None,
+    judge_key: str | None = None,
 ) -> dict[str, Any]:
     """`stack up`: a persistent stack for `config_paths` (started, or an automatic one made
     persistent) that stays until `stack down` or `idle_timeout` seconds without users
     (None: no limit). Returns its status."""
     deadline = time.monotonic() + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths))
+    directory = stack_dir(stack_key(venv, config_paths, judge, judge_key))
     async with stack_lock(directory, deadline, "stack up"):
         if not _socket_path(directory).exists() or not await _answers(directory):
-            spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout, persistent=True)
-            proc = spawn_host(directory, spec)
+            spec = HostSpec.of(
+                venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge
+            )
+            proc = spawn_host(directory, spec, judge_key)
 
             async def answering() -> bool | None:
                 return await _answers(directory) or None

@@ -27,11 +27,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
 
+from verifiers_nemogym.bridge.judge import Judge, JudgeRelay
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
@@ -45,6 +47,7 @@ from verifiers_nemogym.nemo.catalog import (
     write_policy_placeholder,
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
+from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
 from verifiers_nemogym.nemo.supervisor import processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
@@ -96,7 +99,9 @@ def _hydra_list(paths: list[Path]) -> str:
 
 class NeMoGymStack:
     """NeMo Gym servers for `config_paths`, with `policy_model` served by the proxy at
-    `policy_host:policy_port` (which must answer `GET /` and `POST /v1/responses`)."""
+    `policy_host:policy_port` (which must answer `GET /` and `POST /v1/responses`). With a
+    `judge`, every judge reference of the configs is served by that judge through a relay this
+    stack runs (`bridge/judge.py`, checked at start; `judge_key` never reaches NeMo Gym)."""
 
     def __init__(
         self,
@@ -108,6 +113,9 @@ class NeMoGymStack:
         workdir: Path | None = None,
         start_timeout: float = 600,
         fast_start: bool = True,
+        judge: Judge | None = None,
+        judge_key: str | None = None,
+        on_judge_failure: Callable[[str], None] | None = None,
         log: logging.Logger = logger,
     ) -> None:
         if not config_paths:
@@ -123,6 +131,11 @@ class NeMoGymStack:
         machine needs for the servers' imports). False runs `ng_run` exactly as NeMo Gym does
         alone (the benchmarks compare the two)."""
         self.log = log
+        self.judge = judge
+        self.relay: JudgeRelay | None = (
+            JudgeRelay(judge, judge_key, on_failure=on_judge_failure) if judge else None
+        )
+        """The judge relay while started (its `stats` and `status`), when there is a judge."""
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else None
         self.marker = uuid.uuid4().hex
@@ -172,6 +185,9 @@ class NeMoGymStack:
             self.workdir = Path(tempfile.mkdtemp(prefix="vf-nemogym-stack-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         policy_config = write_policy_placeholder(self.workdir, self.policy_host, self.policy_port)
+        extra = [policy_config]
+        if self.relay is not None:
+            extra.append(await self._start_judge())
         # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
         self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
         await self._acquire_build_lock_if_cold(deadline)
@@ -190,9 +206,11 @@ class NeMoGymStack:
         # In a thread: building the command may run NeMo Gym's config resolver (seconds) the
         # first time a config set is seen (`_model_type_restrictions`).
         command = await asyncio.to_thread(
-            self.command, policy_config, head_port, warm=warm, deadline=deadline
+            self.command, extra, head_port, warm=warm, deadline=deadline
         )
         env = self.venv.env(self._ray_tmpdir)
+        if self.judge is not None and self.judge.key_var:
+            env.pop(self.judge.key_var, None)  # the relay holds the key; NeMo Gym never does
         if self.fast_start:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
             # connects; NeMo Gym's drivers start workers on demand if they ever run a task.
@@ -238,10 +256,35 @@ class NeMoGymStack:
         self._mark_warm()
         self._release_build_lock()
 
+    async def _start_judge(self) -> Path:
+        """Start the judge relay, check the judge answers, and write the judge config."""
+        assert self.relay is not None and self.judge is not None and self.workdir is not None
+        await self.relay.start()
+        await self.relay.preflight()
+        catalog = Catalog(self.venv)
+        merged = [await asyncio.to_thread(catalog.merged_config, p) for p in self.config_paths]
+        refs = active([r for m in merged for r in judge_refs(m)], self.judge.enable_optional)
+        self.log.info(
+            "judge %s serves %s (relay %s)",
+            self.judge.describe(),
+            ", ".join(sorted({r.server for r in refs})) or "no judge reference",
+            self.relay.base_url,
+        )
+        return write_judge_config(
+            self.workdir,
+            refs,
+            api=self.judge.api,
+            base_url=self.relay.base_url,
+            token=self.relay.token,
+            model=self.judge.model,
+            defined={str(name) for m in merged for name in m},
+        )
+
     def command(
-        self, policy_config: Path, head_port: int, *, warm: bool, deadline: float
+        self, extra_configs: list[Path], head_port: int, *, warm: bool, deadline: float
     ) -> list[str]:
-        """The NeMo Gym start command for this stack (`deadline`: `time.monotonic()` value)."""
+        """The NeMo Gym start command for this stack (`extra_configs`: ours, listed after the
+        user's so they win; `deadline`: `time.monotonic()` value)."""
         # `ng_run` is a deprecated shim for `gym env start` from 0.7 on (same overrides).
         if self.gym_07:
             start = [str(self.venv.bin("gym")), "env", "start"]
@@ -249,7 +292,7 @@ class NeMoGymStack:
             start = [str(self.venv.bin("ng_run"))]
         command = [
             *start,
-            f"+config_paths={_hydra_list([*self.config_paths, policy_config])}",
+            f"+config_paths={_hydra_list([*self.config_paths, *extra_configs])}",
             "+head_server.host=127.0.0.1",
             f"+head_server.port={head_port}",
             # NeMo Gym's default is already loopback unless use_absolute_ip; say so explicitly.
@@ -296,7 +339,9 @@ class NeMoGymStack:
         return dict(sorted(found.items()))
 
     def _warm_stamp(self) -> Path:
-        key = json.dumps(sorted(map(str, self.config_paths))).encode()
+        # A judge adds a model server of its own (its adapter's venv), so it is a set of its own.
+        judge = [f"judge:{self.judge.api}"] if self.judge is not None else []
+        key = json.dumps(sorted(map(str, self.config_paths)) + judge).encode()
         digest = hashlib.sha256(key).hexdigest()[:16]
         return self.venv.server_venvs_dir / ".warm" / digest
 
@@ -584,6 +629,8 @@ class NeMoGymStack:
             if proc.stdin is not None:
                 proc.stdin.close()
         survivors = await self._sweep()
+        if self.relay is not None:
+            await self.relay.stop()
         self._release_build_lock()
         if self._ray_tmpdir is not None:
             shutil.rmtree(self._ray_tmpdir, ignore_errors=True)

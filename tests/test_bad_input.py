@@ -171,3 +171,21 @@ async def test_proxy_port_in_use_fails_every_rollout_with_the_reason(start_fails
 def test_nemo_gym_version_that_is_no_release_number(load_fails):
     load_fails(ValidationError, "not a nemo-gym release number", nemo_env=ENV,
                nemo_gym_version="../../etc")  # fmt: skip
+
+
+def test_a_judge_environment_without_a_judge_is_refused_before_anything_starts(load_fails):
+    message = load_fails(ConfigError, "grade", nemo_env="equivalence_llm_judge,simpleqa")
+    assert message.startswith("equivalence_llm_judge, simpleqa grade(s) with an LLM judge")
+    assert "--env.taskset.judge.base-url" in message
+
+
+def test_optional_judges_stay_off_without_a_judge() -> None:
+    env = nemo_gym_env.load_environment(nemo_env="math_with_judge")
+    assert len(list(env.taskset)) > 0
+
+
+def test_an_unset_key_variable_is_refused_by_name(load_fails, monkeypatch) -> None:
+    monkeypatch.delenv("NO_SUCH_JUDGE_KEY", raising=False)
+    judge = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_var": "NO_SUCH_JUDGE_KEY"}
+    message = load_fails(ConfigError, "NO_SUCH_JUDGE_KEY", nemo_env="simpleqa", judge=judge)
+    assert "the judge's key variable $NO_SUCH_JUDGE_KEY is not set" in message

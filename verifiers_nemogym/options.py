@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,10 +59,16 @@ def _declared(cls: type) -> dict[str, tuple[str, str]]:
     return found
 
 
-def _nested(annotation: Any) -> type[BaseModel] | None:
+def _nested(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The config class a field holds, and whether it may also be None (an optional section,
+    which keeps a row of its own: its default says it is off)."""
     if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
-        return annotation
-    return None
+        return annotation, False
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and len(typing.get_args(annotation)) == 2:
+        inner, _ = _nested(args[0])
+        return inner, inner is not None
+    return None, False
 
 
 def options(config: type[BaseModel] | None = None, prefix: str = "") -> list[Option]:
@@ -84,12 +91,13 @@ def options(config: type[BaseModel] | None = None, prefix: str = "") -> list[Opt
     for name, field in config.model_fields.items():
         cls, annotation, doc = declared[name]
         key = f"{prefix}{name}"
-        nested = _nested(field.annotation)
+        nested, optional = _nested(field.annotation)
         if nested is not None:
             rows = options(nested, f"{key}.")
             ours.extend(o for o in rows if o.owner.startswith("verifiers_nemogym"))
             theirs.extend(o for o in rows if not o.owner.startswith("verifiers_nemogym"))
-            continue
+            if not optional:
+                continue
         option = Option(
             key=key,
             flag="--env.taskset." + key.replace("_", "-"),

@@ -54,6 +54,25 @@ class NeMoGymJudgeConfig(vf.JudgeConfig):
     which NeMo Gym adapter calls it. The key is read from `api_key_var` by the process that
     runs the stack and never reaches NeMo Gym (a relay holds it)."""
 
+    base_url: str = vf.JudgeConfig.model_fields["base_url"].default
+    """The judge's OpenAI-compatible base URL (verifiers' judge default unless set)."""
+    model: str = vf.JudgeConfig.model_fields["model"].default
+    """The judge model's name, as the endpoint knows it."""
+    api_key_var: str = vf.JudgeConfig.model_fields["api_key_var"].default
+    """The environment variable holding the judge's key ("" for a judge without one)."""
+
+    @model_validator(mode="after")
+    def _what_nemo_gym_decides(self) -> Self:
+        # NeMo Gym's environments bring their own judge prompts and sampling settings.
+        if self.prompt is not None or self.sampling != type(self.sampling)():
+            raise ValueError(
+                "env.taskset.judge: prompt and sampling are set by each NeMo Gym environment's "
+                "judge calls; leave them unset"
+            )
+        if self.headers_from_env:
+            raise ValueError("env.taskset.judge.headers_from_env is not supported; use headers")
+        return self
+
     api: Literal["chat", "responses"] = "chat"
     """How the judge is called: `chat` (any Chat Completions endpoint; NeMo Gym's Responses
     judge calls are converted) or `responses` (an OpenAI Responses endpoint)."""

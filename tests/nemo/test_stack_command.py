@@ -29,7 +29,7 @@ def _stack(venv: NeMoGymVenv, configs: list[Path], timeout: float = 300) -> NeMo
 
 def test_nemo_gym_04_starts_with_ng_run_and_no_new_overrides(nemo_venv: NeMoGymVenv):
     configs = Catalog(nemo_venv).env("example_single_tool_call").config_paths
-    command = _stack(nemo_venv, configs).command(PLACEHOLDER, 11000, warm=True, deadline=0)
+    command = _stack(nemo_venv, configs).command([PLACEHOLDER], 11000, warm=True, deadline=0)
     assert Path(command[0]).name == "ng_run" and command[1].startswith("+config_paths=")
     assert not any("spinup" in a or "pairing" in a for a in command)
 
@@ -37,7 +37,7 @@ def test_nemo_gym_04_starts_with_ng_run_and_no_new_overrides(nemo_venv: NeMoGymV
 def test_nemo_gym_07_starts_with_gym_env_start_and_our_deadline(nemo_venv_07: NeMoGymVenv):
     configs = Catalog(nemo_venv_07).env("example_single_tool_call").config_paths
     stack = _stack(nemo_venv_07, configs, timeout=300)
-    command = stack.command(PLACEHOLDER, 11000, warm=False, deadline=time.monotonic() + 120)
+    command = stack.command([PLACEHOLDER], 11000, warm=False, deadline=time.monotonic() + 120)
     assert [Path(command[0]).name, *command[1:3]] == ["gym", "env", "start"]
     (spinup,) = [a for a in command if a.startswith("+server_spinup_timeout_seconds=")]
     assert 119 <= int(spinup.split("=")[1]) <= 121  # what is left of our deadline
@@ -51,7 +51,7 @@ def test_pairing_check_waived_only_for_restricted_resources_servers(
     plain = Catalog(nemo_venv_07).env("example_single_tool_call").config_paths
     with caplog.at_level(logging.WARNING):
         command = _stack(nemo_venv_07, [*plain, asr]).command(
-            PLACEHOLDER, 11000, warm=True, deadline=time.monotonic() + 60
+            [PLACEHOLDER], 11000, warm=True, deadline=time.monotonic() + 60
         )
     assert "+allow_unsupported_pairing=true" in command
     (warning,) = [r.getMessage() for r in caplog.records if "pairing check" in r.getMessage()]

@@ -59,6 +59,8 @@ class Judge:
     api: Literal["chat", "responses"] = "chat"
     key_var: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    """Extra headers on every judge call; treated like the key (some providers put keys in
+    headers): never in `public()` or `to_dict()`."""
     enable_optional: bool = False
     """Also turn on the judges NeMo Gym ships switched off (math_with_judge, polymath)."""
     timeout: float = 600.0
@@ -75,23 +77,25 @@ class Judge:
         """What makes two judges the same judge for a shared stack: the endpoint, a digest of
         the key (never the key), and which judges it turns on."""
         digest = hashlib.sha256(key.encode()).hexdigest()[:16] if key else "none"
+        headers = json.dumps(self.headers, sort_keys=True).encode()
         return {
             **self.public(),
-            "headers": sorted(self.headers),
+            "headers_sha256": hashlib.sha256(headers).hexdigest()[:16],
             "key_sha256": digest,
             "enable_optional": self.enable_optional,
         }
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field but `headers` (`from_dict` takes them back separately)."""
         return {
             "base_url": self.base_url, "model": self.model, "api": self.api,
-            "key_var": self.key_var, "headers": dict(self.headers),
-            "enable_optional": self.enable_optional, "timeout": self.timeout,
+            "key_var": self.key_var, "enable_optional": self.enable_optional,
+            "timeout": self.timeout,
         }  # fmt: skip
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Judge:
-        return cls(**data)
+    def from_dict(cls, data: dict[str, Any], headers: dict[str, str] | None = None) -> Judge:
+        return cls(**data, headers=dict(headers or {}))
 
 
 @dataclass
@@ -157,10 +161,12 @@ class JudgeRelay(AppServer):
         app.router.add_post("/v1/chat/completions", self._forward)
         return app
 
+    def _secrets(self) -> list[str]:
+        return [self.token, *([self._key] if self._key else []), *self.judge.headers.values()]
+
     async def start(self) -> None:
-        redact.protect(self.token)
-        if self._key:
-            redact.protect(self._key)
+        for secret in self._secrets():
+            redact.protect(secret)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.judge.timeout, sock_connect=30)
         )
@@ -171,9 +177,8 @@ class JudgeRelay(AppServer):
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-            redact.forget(self.token)
-            if self._key:
-                redact.forget(self._key)
+            for secret in self._secrets():
+                redact.forget(secret)
 
     def _headers(self) -> dict[str, str]:
         headers = {**self.judge.headers, "Content-Type": "application/json"}

@@ -211,8 +211,10 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _list_table(runtime: object) -> str:
-    """A Markdown table of both layouts: name, layout, agents, offline (yes/no) and why."""
+    """A Markdown table of both layouts: name, layout, agents, judge, offline (yes/no), why."""
     from verifiers_nemogym.conformance import offline_status
+    from verifiers_nemogym.nemo.catalog import load_config
+    from verifiers_nemogym.nemo.judges import judge_need, judge_refs
     from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
     assert isinstance(runtime, NeMoGymVenv)
@@ -221,16 +223,20 @@ def _list_table(runtime: object) -> str:
         f"NeMo Gym {runtime.nemo_gym_version} (Python {runtime.python_version}): "
         f"{len(entries)} environments",
         "",
-        "| name | layout | agents | offline | why |",
-        "|---|---|---|---|---|",
+        "| name | layout | agents | judge | offline | why |",
+        "|---|---|---|---|---|---|",
     ]
     for entry in entries:
         offline, why = offline_status(
             entry.root.name, entry.problem, entry.facts, runtime.nemo_gym_version
         )
         agents = ", ".join(entry.agents) or ("(merged by NeMo Gym)" if entry.merged else "-")
+        # The file itself (a merged config's judge is known once NeMo Gym merged it).
+        judge = judge_need(entry.root.name, judge_refs(load_config(entry.config))) if (
+            entry.config and not entry.merged) else "-"  # fmt: skip
         lines.append(
-            f"| {entry.name} | {entry.layout} | {agents} | {'yes' if offline else 'no'} | {why} |"
+            f"| {entry.name} | {entry.layout} | {agents} | {judge} | "
+            f"{'yes' if offline else 'no'} | {why} |"
         )
     return "\n".join(lines)
 

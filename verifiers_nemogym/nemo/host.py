@@ -53,10 +53,15 @@ class StackHost:
     """
 
     def __init__(
-        self, venv: NeMoGymVenv, directory: Path, spec: HostSpec, judge_key: str | None = None
+        self,
+        venv: NeMoGymVenv,
+        directory: Path,
+        spec: HostSpec,
+        secrets: dict[str, Any] | None = None,
     ) -> None:
         self.venv = venv
-        self.judge_key = judge_key
+        self.secrets = secrets or {}
+        """What came on stdin: the judge's key and headers."""
         self.directory = directory
         self.spec = spec
         self.front = FrontForwarder()
@@ -83,8 +88,10 @@ class StackHost:
                 policy_host=self.front.host,
                 policy_port=self.front.port,
                 start_timeout=self.spec.start_timeout,
-                judge=Judge.from_dict(self.spec.judge) if self.spec.judge else None,
-                judge_key=self.judge_key,
+                judge=Judge.from_dict(self.spec.judge, self.secrets.get("judge_headers"))
+                if self.spec.judge
+                else None,
+                judge_key=self.secrets.get("judge_key"),
                 on_judge_failure=self._tell_judge_failure,
             )
             await self.stack.start()
@@ -262,11 +269,11 @@ def _loopback_url(url: str) -> str:
     return f"http://{LOOPBACK}:{port}"
 
 
-async def _run(directory: Path, spec: HostSpec, judge_key: str | None) -> None:
+async def _run(directory: Path, spec: HostSpec, secrets: dict[str, Any]) -> None:
     venv = await asyncio.to_thread(
         ensure_venv, spec.nemo_gym_version, spec.python, allow_below_floor=spec.below_floor
     )
-    host = StackHost(venv, directory, spec, judge_key)
+    host = StackHost(venv, directory, spec, secrets)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -299,14 +306,16 @@ def main(argv: list[str] | None = None) -> int:
         spec = HostSpec.from_json(args.spec)
         # Secrets come on stdin (one JSON line), never in arguments or the environment.
         secrets = json.loads(sys.stdin.readline() or "{}")
-        judge_key = secrets.get("judge_key") if isinstance(secrets, dict) else None
+        if not isinstance(secrets, dict):
+            raise ValueError("stdin must hold a JSON object")
     except (ValueError, TypeError) as e:
         logger.error("stack_host: bad --spec or stdin: %s", e)
         return 2
-    if judge_key:
-        redact_module.protect(judge_key)
+    for secret in [secrets.get("judge_key"), *(secrets.get("judge_headers") or {}).values()]:
+        if isinstance(secret, str):
+            redact_module.protect(secret)
     try:
-        asyncio.run(_run(args.dir, spec, judge_key))
+        asyncio.run(_run(args.dir, spec, secrets))
     except asyncio.CancelledError:
         return 1
     except NeMoGymError as e:

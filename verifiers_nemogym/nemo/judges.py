@@ -62,6 +62,26 @@ def judge_refs(config: dict[str, Any]) -> list[JudgeRef]:
     return refs
 
 
+SPECIALISED = {
+    "xstest": "a WildGuard-style safety classifier",
+    "jailbreak_detection": "a Nemotron content-safety judge",
+    "aegis_v4_safety": "a Nemotron content-safety judge",
+}
+"""Environments whose judge must be a particular kind of model: any judge makes them run, but
+a general model mostly misses their verdict format, so they measure nothing."""
+
+
+def judge_need(name: str, refs: list[JudgeRef]) -> str:
+    """What `nemo-gym-env list` says of environment `name` (folder name) with `refs`."""
+    if not refs:
+        return "-"
+    if all(r.optional for r in refs):
+        return "optional (off unless --env.taskset.judge.enable-optional)"
+    if name in SPECIALISED:
+        return f"needs --env.taskset.judge: {SPECIALISED[name]}"
+    return "needs --env.taskset.judge"
+
+
 def active(refs: list[JudgeRef], enable_optional: bool) -> list[JudgeRef]:
     """The references a judge must serve (optional ones only with `enable_optional`)."""
     return [r for r in refs if enable_optional or not r.optional]

@@ -291,11 +291,11 @@ class HostSpec:
 
 
 def spawn_host(
-    directory: Path, spec: HostSpec, judge_key: str | None = None
+    directory: Path, spec: HostSpec, judge: Judge | None = None, judge_key: str | None = None
 ) -> subprocess.Popen[bytes]:
     """Start a detached stack host for `directory` (its output goes to `host.log`). The caller
-    holds the stack lock and has checked that no host listens. The judge's key goes to the host
-    on its stdin (one JSON line), never in its arguments or environment."""
+    holds the stack lock and has checked that no host listens. The judge's key and headers go to
+    the host on its stdin (one JSON line), never in its arguments or environment."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with contextlib.suppress(FileNotFoundError):
         _socket_path(directory).unlink()  # a killed host's leftover
@@ -326,7 +326,9 @@ def spawn_host(
         )
     assert proc.stdin is not None
     with contextlib.suppress(OSError):  # a host that died at once says why in its log
-        proc.stdin.write(json.dumps({"judge_key": judge_key}).encode() + b"\n")
+        headers = judge.headers if judge is not None else {}
+        secrets = {"judge_key": judge_key, "judge_headers": headers}
+        proc.stdin.write(json.dumps(secrets).encode() + b"\n")
         proc.stdin.close()
     return proc
 
@@ -403,7 +405,7 @@ async def attach_or_start(
         lease = await _try_lease(directory, proxy_url, proxy_secret)
         if lease is None:
             spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout, judge=judge)
-            proc = spawn_host(directory, spec, judge_key)
+            proc = spawn_host(directory, spec, judge, judge_key)
             log.info(
                 "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
                 proc.pid,
@@ -463,7 +465,7 @@ async def bring_up(
             spec = HostSpec.of(
                 venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge
             )
-            proc = spawn_host(directory, spec, judge_key)
+            proc = spawn_host(directory, spec, judge, judge_key)
 
             async def answering() -> bool | None:
                 return await _answers(directory) or None

@@ -1,0 +1,229 @@
+"""NeMo Gym's LLM-judge environments on real stacks, graded by the scripted judge.
+
+The chain is real (verifiers -> harness -> NeMo Gym's agent -> resources server's `/verify` ->
+NeMo Gym's judge model server -> our judge relay -> the judge); the policy and the judge are the
+package's scripted model servers. A verdict string selects NeMo Gym's verdict: simpleqa reads the
+first letter (`A` correct, `B` incorrect), equivalence_llm_judge finds `[[A=B]]` / `[[A!=B]]`, so
+one reply grades both the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import verifiers.v1 as vf
+from helpers import error_text, gone, model_context, run_tag
+
+import nemo_gym_env
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.policies.judge import ScriptedJudge
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.stacks import PrivateStack, SharedStack
+
+EQUAL, NOT_EQUAL = "A [[A=B]]", "B [[A!=B]]"
+JUDGE_ENVS = ["equivalence_llm_judge", "simpleqa"]
+ROWS_PER_ENV = 3
+
+
+def _judge(judge: ScriptedJudge, key_var: str = "", api: str = "chat") -> dict[str, Any]:
+    return {"base_url": judge.base_url, "model": "scripted-judge", "api_key_var": key_var,
+            "api": api}  # fmt: skip
+
+
+def _tasks(env: Any) -> list[vf.Task]:
+    """The first ROWS_PER_ENV rows of each environment."""
+    seen: dict[str, int] = {}
+    chosen = []
+    for task in env.taskset:
+        agent = task.data.agent
+        if seen.get(agent, 0) < ROWS_PER_ENV:
+            seen[agent] = seen.get(agent, 0) + 1
+            chosen.append(task)
+    return chosen
+
+
+def _question(task: vf.Task) -> str:
+    items = task.data.row["responses_create_params"]["input"]
+    text = items if isinstance(items, str) else items[-1]["content"]
+    return str(text)
+
+
+async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
+    policy: ScriptedPolicy, any_nemo_venv: NeMoGymVenv
+) -> None:
+    """Both of NeMo Gym's judge surfaces (equivalence_llm_judge posts Responses, simpleqa Chat
+    Completions) mixed with a judge-free environment on one stack: the verdict decides the
+    reward, the judge saw each row's question, the trace names the judge."""
+    async with ScriptedJudge(verdict=EQUAL) as judge:
+        env = nemo_gym_env.load_environment(
+            nemo_env=",".join([*JUDGE_ENVS, "example_single_tool_call"]),
+            shared_stack=False,
+            nemo_gym_version=any_nemo_venv.nemo_gym_version,
+            python=str(any_nemo_venv.python),
+            allow_python_below_floor=any_nemo_venv.below_floor,
+            judge=_judge(judge),
+        )
+        tasks = _tasks(env)
+        ctx = model_context(policy)
+        async with env.serving():
+            marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
+            assert isinstance(env.stack, PrivateStack)
+            graded = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
+            calls_equal = len(judge.calls)
+            judge.verdict = NOT_EQUAL
+            failed = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
+        assert await gone(marker) == []
+    judged = [t.data.agent.split("_simple_agent")[0] in JUDGE_ENVS for t in tasks]
+    assert judged.count(True) == 2 * ROWS_PER_ENV
+    for task, is_judged, first, second in zip(tasks, judged, graded, failed, strict=True):
+        assert first.ok and second.ok, error_text(first) + error_text(second)
+        assert first.traces[0].reward == 1.0
+        assert second.traces[0].reward == (0.0 if is_judged else 1.0), task.data.agent
+        assert first.traces[0].info["nemo_gym_judge"] == {
+            "base_url": judge.base_url, "model": "scripted-judge", "api": "chat"
+        }  # fmt: skip
+    # Every judged row's question reached the judge; the judge-free rows never called it.
+    prompts = " ".join(c.prompt for c in judge.calls)
+    for task, is_judged in zip(tasks, judged, strict=True):
+        assert (_question(task)[:60] in prompts) == is_judged, _question(task)[:60]
+    assert calls_equal >= 2 * ROWS_PER_ENV and judge.chat_calls == len(judge.calls)
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
+async def test_the_judge_key_reaches_no_process_config_log_or_trace(
+    policy: ScriptedPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared stack (the default: a host process owns the relay) with a keyed judge on the
+    Responses API: the key is in no other process's command line or environment, not in the
+    config NeMo Gym serves, not in a log or a trace; the judge got it on every call."""
+    key = "judge-" + secrets.token_urlsafe(24)
+    tag, _ = run_tag()
+    monkeypatch.setenv("VF_NEMOGYM_TEST_JUDGE_KEY", key)
+    monkeypatch.setenv(*tag.split("=", 1))  # the host and the stack inherit it
+    async with ScriptedJudge(verdict=EQUAL, key=key) as judge:
+        env = nemo_gym_env.load_environment(
+            nemo_env="equivalence_llm_judge",
+            judge=_judge(judge, "VF_NEMOGYM_TEST_JUDGE_KEY", api="responses"),
+        )
+        tasks = _tasks(env)
+        async with env.serving():
+            assert isinstance(env.stack, SharedStack)
+            eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
+            status_log = Path(str((await _status(env))["log"]))
+            async with aiohttp.ClientSession() as http:
+                url = f"{env.stack.lease.head_url}/global_config_dict_yaml"
+                async with http.get(url) as response:
+                    served = await response.text()
+            leaked = [
+                pid for pid in _pids() if pid != os.getpid()
+                and (key.encode() in _cmdline(pid) or key.encode() in _environ(pid))
+            ]  # fmt: skip
+            under_stack = processes_with_env(tag)
+            # Every file in the folders the stack's processes run in (NeMo Gym's logs and the
+            # generated configs), read while they exist.
+            folders = {_cwd(pid) for pid in under_stack} - {None, Path("/")}
+            files = {f: f.read_bytes() for d in folders for f in d.rglob("*") if _small_file(f)}
+        assert await gone(tag) == []
+    assert len(under_stack) >= 4  # the host and NeMo Gym's servers were looked at
+    assert leaked == []
+    assert "judge_api_key" in served and key not in served
+    assert all(e.ok and e.traces[0].reward == 1.0 for e in eps), [error_text(e) for e in eps]
+    assert key not in json.dumps([e.model_dump(mode="json") for e in eps])
+    assert any(f.name == "ng_run.log" for f in files) and any(f.suffix == ".yaml" for f in files)
+    assert [f for f, data in files.items() if key.encode() in data] == []
+    assert key not in status_log.read_text(errors="replace")
+    assert judge.calls and judge.chat_calls == 0  # the Responses path, with the key
+
+
+async def _status(env: Any) -> dict[str, Any]:
+    from verifiers_nemogym.nemo.shared import request
+
+    return await request(env.stack.lease.directory, {"op": "status"})
+
+
+def _cwd(pid: int) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+
+
+def _small_file(path: Path) -> bool:
+    return (
+        path.is_file()
+        and not path.is_symlink()
+        and path.stat().st_size < 50_000_000
+        and (".venv" not in path.parts)
+    )
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+async def test_a_judge_refusing_the_key_fails_every_rollout_naming_the_judge(
+    policy: ScriptedPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VF_NEMOGYM_TEST_JUDGE_KEY", "wrong-key-0123456789")
+    async with ScriptedJudge(key="right-key-0123456789") as judge:
+        env = nemo_gym_env.load_environment(
+            nemo_env="simpleqa",
+            shared_stack=False,
+            judge=_judge(judge, "VF_NEMOGYM_TEST_JUDGE_KEY"),
+        )
+        tasks = _tasks(env)
+        async with env.serving():
+            assert env.stack is None  # stopped at once: the judge was checked first
+            eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
+    for episode in eps:
+        assert not episode.ok
+        assert "the NeMo Gym stack did not start: the judge scripted-judge at" in error_text(
+            episode
+        )
+        assert "refused the key in $VF_NEMOGYM_TEST_JUDGE_KEY (401" in error_text(episode)
+    assert judge.calls == [] and policy.calls == []
+
+
+async def test_a_judge_that_goes_down_makes_rollouts_errors_naming_it(
+    policy: ScriptedPolicy,
+) -> None:
+    async with ScriptedJudge(verdict=EQUAL) as judge:
+        env = nemo_gym_env.load_environment(
+            nemo_env="equivalence_llm_judge", shared_stack=False, judge=_judge(judge)
+        )
+        tasks = _tasks(env)
+        async with env.serving():
+            marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
+            judge.fail_status = 503
+            began = time.monotonic()
+            eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
+            took = time.monotonic() - began
+        assert await gone(marker) == []
+    assert took < 60  # bounded: the relay's retries, not NeMo Gym's endless ones
+    for episode in eps:
+        assert not episode.ok and episode.traces[0].rewards.get("nemo_gym") is None
+        text = error_text(episode)
+        assert "the judge scripted-judge at" in text and "failed: 503" in text, text

@@ -165,6 +165,26 @@ def model_context(policy: ScriptedPolicy) -> vf.ModelContext:
     return vf.ModelContext(model="scripted", client=client)
 
 
+def train_context(base_url: str) -> vf.ModelContext:
+    """verifiers' real train client (token ids on every call) for a token server at `base_url`:
+    Qwen2.5's tool-call format (Hermes) and `<think>` reasoning, parsed back by the renderer
+    with the packaged GGUF's tokenizer."""
+    import verifiers.v1 as vf
+    from renderers.configs import DefaultRendererConfig
+    from verifiers.v1.configs.client import TrainClientConfig
+
+    from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
+    from verifiers_nemogym.policies.local_model import packaged_model_path
+
+    client = TrainClientConfig(
+        base_url=base_url,
+        api_key_var="VF_NEMOGYM_TEST_NO_KEY",
+        renderer=DefaultRendererConfig(tool_parser="qwen3", reasoning_parser="think"),
+        renderer_model_name=str(tokenizer_dir(packaged_model_path())),
+    )
+    return vf.ModelContext(model="token-server", client=client)
+
+
 SINGLE_TOOL_ENV = "example_single_tool_call"
 SINGLE_TOOL_AGENT = "example_single_tool_call_simple_agent"
 

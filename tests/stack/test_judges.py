@@ -20,13 +20,14 @@ from typing import Any
 import aiohttp
 import pytest
 import verifiers.v1 as vf
-from helpers import error_text, gone, model_context, run_tag
+from helpers import error_text, gone, model_context, run_tag, train_context
 
 import nemo_gym_env
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 from verifiers_nemogym.stacks import PrivateStack, SharedStack
 
 EQUAL, NOT_EQUAL = "A [[A=B]]", "B [[A!=B]]"
@@ -227,3 +228,31 @@ async def test_a_judge_that_goes_down_makes_rollouts_errors_naming_it(
         assert not episode.ok and episode.traces[0].rewards.get("nemo_gym") is None
         text = error_text(episode)
         assert "the judge scripted-judge at" in text and "failed: 503" in text, text
+
+
+@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
+async def test_train_mode_never_records_a_judge_call() -> None:
+    """Token ids on the policy's calls only: the judge's calls (made while NeMo Gym verifies)
+    leave no node in the trace and no token in a sample."""
+    async with (
+        TokenServer(packaged_tokenizer()) as policy,
+        ScriptedJudge(verdict=EQUAL) as judge,
+    ):
+        env = nemo_gym_env.load_environment(
+            nemo_env="equivalence_llm_judge", shared_stack=False, judge=_judge(judge)
+        )
+        tasks = _tasks(env)
+        async with env.serving():
+            eps = await asyncio.gather(
+                *(env.run_episode(t, train_context(policy.base_url)) for t in tasks)
+            )
+    assert len(judge.calls) >= len(tasks)
+    judge_prompt = judge.calls[0].prompt[:80]
+    for episode in eps:
+        assert episode.ok, error_text(episode)
+        (trace,) = episode.traces
+        assert trace.reward == trace.info["nemo_gym"]["reward"]
+        # simple_agent without tools: one policy call per rollout, and only that one.
+        assert len(trace.calls) == 1
+        assert all(len(node.token_ids) > 0 for node in trace.nodes)
+        assert judge_prompt not in json.dumps(trace.model_dump(mode="json"))

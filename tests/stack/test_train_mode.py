@@ -28,10 +28,9 @@ from helpers import (
     run_command,
     run_tag,
     script,
+    train_context,
     wait_gone,
 )
-from renderers.configs import DefaultRendererConfig
-from verifiers.v1.configs.client import TrainClientConfig
 
 import nemo_gym_env
 from verifiers_nemogym.nemo.catalog import Catalog
@@ -42,8 +41,6 @@ from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
 ENVS = ["example_single_tool_call", "example_multi_step", "example_multi_turn_gymnasium"]
-# Qwen2.5's tool-call format (Hermes), parsed back by the renderer; reasoning as <think>.
-RENDERER = DefaultRendererConfig(tool_parser="qwen3", reasoning_parser="think")
 # Triggers of the token server, appended to a single_tool_call row's question.
 EXTRA = {
     "parallel": "[tokens:parallel]",
@@ -117,13 +114,7 @@ async def servers(tokenizer: Any) -> AsyncIterator[tuple[TokenServer, TokenServe
 
 
 def _train_ctx(server: TokenServer) -> vf.ModelContext:
-    client = TrainClientConfig(
-        base_url=server.base_url,
-        api_key_var="VF_NEMOGYM_TEST_NO_KEY",
-        renderer=RENDERER,
-        renderer_model_name=str(tokenizer_dir(packaged_model_path())),
-    )
-    return vf.ModelContext(model="token-server", client=client)
+    return train_context(server.base_url)
 
 
 @pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)

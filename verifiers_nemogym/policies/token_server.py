@@ -12,11 +12,12 @@ Token ids are real; **logprobs are synthetic**: every sampled token gets `SYNTHE
 Behaviour triggers, anywhere in the prompt's first user message:
 `[tokens:parallel]` two calls of the first tool in one turn; `[tokens:reasoning]` a
 `<think>...</think>` block before what it says; `[tokens:length]` `max_tokens` filler tokens with
-`finish_reason: "length"`; `[fault:500]` / `[fault:503]` / `[fault:429]` that HTTP error;
+`finish_reason: "length"`; `[fault:STATUS]` (400 to 599, e.g. `[fault:429]`) that HTTP error;
 `[fault:garbage]` a 200 whose body is not JSON; `[fault:MODExN]` that fault for the first N calls
-carrying it only (as in `policies.scripted`), each counted in `faults`. With `max_model_len`
-set, `GET /v1/models` reports it (verifiers' renderer then refuses an overlong prompt before
-sending it, a 400 to the harness), and a longer prompt that still arrives gets vLLM's 400.
+carrying it only (as in `policies.scripted`). Every fault answered is recorded in `faults`.
+With `max_model_len` set, `GET /v1/models` reports it (verifiers' renderer then refuses an
+overlong prompt before sending it, a 400 to the harness), and a longer prompt that still
+arrives gets vLLM's 400.
 
 The tokenizer is injected (any Hugging Face tokenizer); `packaged_tokenizer()` loads the one built
 from the packaged GGUF without hub access. Run alone:
@@ -107,7 +108,7 @@ class TokenServer(AppServer):
     calls: list[GenerateCall] = field(default_factory=list)
     """Calls answered normally."""
     faults: list[str] = field(default_factory=list)
-    """The fault MODE of every call answered with a fault, in order."""
+    """The trigger (e.g. `503x2`) of every call answered with a fault, in order."""
     _faulted: collections.Counter[str] = field(default_factory=collections.Counter)
     _ids: itertools.count = field(default_factory=itertools.count)
 
@@ -131,20 +132,16 @@ class TokenServer(AppServer):
         if self.max_model_len is not None and len(ids) > self.max_model_len:
             return vllm_overlong(self.max_model_len, len(ids))
         prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
-        matches = _TRIGGER.finditer(first_user_text(prompt))
-        triggers = {m.group(2) for m in matches if m.group(1) == "tokens"}
-        faults = {
-            fault_mode(m.group(2), self._faulted)
-            for m in _TRIGGER.finditer(first_user_text(prompt))
-            if m.group(1) == "fault"
-        }
-        for code in ("500", "503", "429"):
-            if code in faults:
-                self.faults.append(code)
-                return vllm_error(int(code), f"token server fault {code}")
-        if "garbage" in faults:
-            self.faults.append("garbage")
-            return web.Response(body=b'{"choices": [', content_type="application/json")
+        found = [(m.group(1), m.group(2)) for m in _TRIGGER.finditer(first_user_text(prompt))]
+        triggers = {name for kind, name in found if kind == "tokens"}
+        for trigger in (name for kind, name in found if kind == "fault"):
+            mode = fault_mode(trigger, self._faulted)
+            if mode is not None and mode.isdigit() and 400 <= int(mode) <= 599:
+                self.faults.append(trigger)
+                return vllm_error(int(mode), f"token server fault {mode}")
+            if mode == "garbage":
+                self.faults.append(trigger)
+                return web.Response(body=b'{"choices": [', content_type="application/json")
         params = body.get("sampling_params") or {}
         completion, finish = self.completion(prompt, triggers, params)
         self.calls.append(GenerateCall(body, prompt, completion))

@@ -1,7 +1,9 @@
 """What the harness makes of a `/run` result NeMo Gym 0.7 marks `mask_sample: true` (an
 infrastructure failure inside the rollout): an error carrying NeMo Gym's `failure_kind` and
-`failure_reason`, never a reward. The `/run` server here is a plain aiohttp app on loopback
-answering recorded result shapes; the real stack's results are covered by test_e2e."""
+`failure_reason`, never a reward; and what it makes of a result whose agent never reached the
+model (M4). The `/run` server here is a plain aiohttp app on loopback answering recorded result
+shapes, after one model call through the real proxy to the scripted policy, as an agent makes
+(unless told not to); the real stack's results are covered by test_e2e."""
 
 from __future__ import annotations
 
@@ -19,9 +21,14 @@ from verifiers_nemogym.errors import AgentRunError
 from verifiers_nemogym.harness import _post_run, record
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.net import serve_app
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.taskset import parse_row
 
 ROW = {"responses_create_params": {"input": "hi"}, "agent_ref": {"name": "a"}}
+
+
+MODEL_URL: dict[str, str] = {}
+"""Where the `/run` double's agent sends its model call (`model`: the proxy's URL), if at all."""
 
 
 @pytest.fixture
@@ -31,7 +38,15 @@ async def run_server() -> AsyncIterator[tuple[list[Any], list[dict[str, Any]], s
     seen: list[dict[str, Any]] = []
 
     async def run(request: web.Request) -> web.Response:
-        seen.append(await request.json())
+        row = await request.json()
+        seen.append(row)
+        if "model" in MODEL_URL:  # the agent's one model call, with the row's metadata
+            url = f"{MODEL_URL['model']}/v1/responses"
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(url, json=row["responses_create_params"]) as reply,
+            ):
+                assert reply.status == 200, await reply.text()
         return web.json_response(results.pop(0))
 
     app = web.Application()
@@ -43,15 +58,21 @@ async def run_server() -> AsyncIterator[tuple[list[Any], list[dict[str, Any]], s
         await runner.cleanup()
 
 
-async def _run(url: str, result: dict[str, Any], results: list[Any]) -> dict[str, Any]:
+async def _run(
+    url: str, result: dict[str, Any], results: list[Any], *, model_call: bool = True
+) -> dict[str, Any]:
     results.append(result)
     async with (
         NeMoGymModelProxy() as proxy,
+        ScriptedPolicy() as policy,
         aiohttp.ClientSession() as http,
     ):
+        MODEL_URL.clear()
+        if model_call:
+            MODEL_URL["model"] = proxy.url
         live = LiveStack(proxy=proxy, run_urls={"a": url}, http=http, run_timeout=30)
         data = parse_row(json.dumps(ROW), "rows.jsonl:1", None)
-        route = proxy.open_route("http://127.0.0.1:9/v1", "bearer")
+        route = proxy.open_route(policy.base_url, "bearer-secret")
         try:
             return await _post_run(live, data, url, route)
         finally:
@@ -83,6 +104,11 @@ async def test_masked_sample_is_an_error_with_nemo_gyms_failure_fields(run_serve
         seen[0]["_ng_rollout_id"]
         == seen[0]["responses_create_params"]["metadata"]["vf_nemogym_route"]
     )
+    # NeMo Gym's reason is unbounded: cut (after redaction) to what the trace keeps.
+    long_reason = {**masked, "failure_reason": "r" * 10_000_000}
+    with pytest.raises(AgentRunError) as caught:
+        await _run(url, long_reason, results)
+    assert caught.value.failure_reason == "r" * 2000
     # Without a kind or a reason it is still an error, and says what is missing.
     with pytest.raises(AgentRunError, match=r"\(no failure_kind\): no failure_reason"):
         await _run(url, {"reward": 1.0, "mask_sample": True}, results)
@@ -92,6 +118,14 @@ async def test_unmasked_results_keep_their_reward(run_server):
     results, _, url = run_server
     for result in ({"reward": 1.0}, {"reward": 0.5, "mask_sample": False, "failure_kind": "x"}):
         assert (await _run(url, result, results))["reward"] == result["reward"]
+
+
+async def test_a_result_of_a_rollout_that_never_reached_the_model_is_an_error(run_server):
+    """M4: the agent made no model call through the route (it lost the row's routing metadata
+    and swallowed the refusal) and NeMo Gym verified nothing: an error, never that reward."""
+    results, _, url = run_server
+    with pytest.raises(AgentRunError, match="the agent never reached the model"):
+        await _run(url, {"reward": 0.0}, results, model_call=False)
 
 
 def test_record_keeps_numbers_as_metrics_not_flags_nor_nemo_gyms_trajectory_records():

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verifiers_nemogym.bridge.redact import redact
+from verifiers_nemogym.bridge.redact import cut
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, Catalog, EnvSpec
 from verifiers_nemogym.nemo.venv import ensure_venv
@@ -335,7 +335,7 @@ def _error_line(text: str) -> str:
     (`bridge.redact`): agents' 500 answers echo the request, whose metadata carries the proxy's
     secret, and reports are shared."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return redact(lines[-1] if lines else text)[:300]
+    return cut(lines[-1] if lines else text, 300)
 
 
 def _start_error_line(text: str) -> str:
@@ -347,12 +347,12 @@ def _start_error_line(text: str) -> str:
     lines = [x for x in stripped if x and not x.startswith(chatter)]
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("Error"):
-            return redact(" ".join(lines[i : i + 3]))[:300]
+            return cut(" ".join(lines[i : i + 3]), 300)
     for word in ("died", "Failed to", "exited"):
         for line in lines:
             if word in line:
-                return redact(line)[:300]
-    return redact(lines[0] if lines else text)[:300]
+                return cut(line, 300)
+    return cut(lines[0] if lines else text, 300)
 
 
 async def run_conformance(

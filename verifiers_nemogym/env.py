@@ -19,7 +19,7 @@ import aiohttp
 import verifiers.v1 as vf
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.bridge.redact import redact
+from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
 from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.nemo.remote import describe_remote
@@ -75,7 +75,8 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         try:
             await self._start()
         except Exception as e:
-            reason = redact(str(e) if isinstance(e, NeMoGymError) else f"{type(e).__name__}: {e}")
+            text = str(e) if isinstance(e, NeMoGymError) else f"{type(e).__name__}: {e}"
+            reason = cut(text, NOTICE_LIMIT)
             logger.error(
                 "nemo-gym-env could not start its NeMo Gym stack; every rollout of this env "
                 "process fails with: %s",
@@ -186,5 +187,6 @@ async def _fail_when_lost(stack: Stack, live: LiveStack) -> None:
     """The one watchdog: once the stack is lost (each backend watches its own kind of stack),
     every rollout in flight or to come fails fast with the reason."""
     await stack.lost.wait()
-    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", redact(stack.reason))
+    reason = cut(stack.reason, NOTICE_LIMIT)
+    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", reason)
     live.fail(stack.reason)

@@ -108,8 +108,9 @@ def _stop_condition(trace: vf.Trace) -> str | None:
 
 async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) -> dict[str, Any]:
     """POST the row, tagged for `route`, to the agent's `/run`; raise `AgentRunError` unless
-    it returns a result whose reward is a finite number. Raced against the stack's death, the
-    route's first provider error and `run_timeout`: whichever comes first ends the wait."""
+    it returns a result whose reward is a finite number and at least one model call of the
+    rollout came through `route`. Raced against the stack's death, the route's first provider
+    error and `run_timeout`: whichever comes first ends the wait."""
     where = f"{data.source}: agent {data.agent!r} /run"
     if live.failure is not None:
         raise AgentRunError(f"{where} not started: {live.failure}")
@@ -155,6 +156,14 @@ async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) 
         raise AgentRunError(
             f"{where} returned no `reward` that is a finite number: {cut(text, 500)}"
         )
+    if route.calls == 0:
+        # Every NeMo Gym agent calls its policy model at least once (none is model-free): a
+        # result without a call is the verification of work the model never did (an agent
+        # that lost the row's routing metadata and swallowed the error), not a measurement.
+        raise AgentRunError(
+            f"{where} returned a result, but the agent never reached the model "
+            "(no model call of this rollout came through the proxy)"
+        )
     return result
 
 
@@ -167,10 +176,11 @@ def _masked(where: str, result: dict[str, Any]) -> AgentRunError:
     failure inside the rollout) with `mask_sample: true`: an error, never its reward."""
     kind, reason = result.get("failure_kind"), result.get("failure_reason")
     kind = None if kind is None else str(kind)
-    reason = None if reason is None else redact(str(reason))
+    # Cut before redacting: NeMo Gym's reason is unbounded (L4), the trace keeps 2000 chars.
+    reason = None if reason is None else cut(str(reason), 2000)
     return AgentRunError(
         f"{where}: NeMo Gym masked the sample ({kind or 'no failure_kind'}): "
-        f"{(reason or 'no failure_reason')[:2000]}",
+        f"{reason or 'no failure_reason'}",
         failure_kind=kind,
         failure_reason=reason,
     )

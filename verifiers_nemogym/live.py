@@ -16,7 +16,7 @@ import aiohttp
 
 from verifiers_nemogym.bridge.judge import JudgeStatus
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.bridge.redact import redact
+from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 
 
 @dataclass(eq=False)
@@ -50,7 +50,7 @@ class LiveStack:
     def fail(self, reason: str) -> None:
         """Mark the stack dead: rollouts waiting on `/run` and all later ones fail with `reason`."""
         if self.failure is None:
-            self.failure = redact(reason)
+            self.failure = cut(reason, NOTICE_LIMIT)
             self.died.set()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LiveStack:

@@ -30,6 +30,7 @@ from verifiers_nemogym.bridge.wire import (
     route_metadata,
     tag_row,
 )
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 
 class Upstream:
@@ -80,7 +81,9 @@ async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
 
 @pytest.fixture
 async def proxy() -> AsyncIterator[NeMoGymModelProxy]:
-    async with NeMoGymModelProxy(limits=ProxyLimits(max_body_bytes=8 * 1024 * 1024)) as p:
+    # Short backoff: retries are exercised with the real curve in their own tests below.
+    limits = ProxyLimits(max_body_bytes=8 * 1024 * 1024, retry_backoff=0.01)
+    async with NeMoGymModelProxy(limits=limits) as p:
         yield p
 
 
@@ -212,8 +215,11 @@ async def test_error_of_a_running_rollout_is_a_provider_failure(
     route = proxy.open_route(endpoint, "s", stop_condition=stop_condition)
     got, reply = await post(http, proxy, body(proxy, route))
     assert (got, reply["error"]["message"]) == (status, message)  # relayed as is
-    assert route.failure == ProviderFailure(status, message) and route.failed.is_set()
-    assert str(route.failure) == f"provider answered {status}: {message}"
+    attempts = 3 if status in (429, 500) else 1  # transient: retried twice first
+    assert route.failure == ProviderFailure(status, message, attempts) and route.failed.is_set()
+    tries = " (after 3 attempts)" if attempts == 3 else ""
+    assert str(route.failure) == f"provider answered {status}{tries}: {message}"
+    assert len(up.seen) == attempts
     up.answer, up.status = {"error": {"message": "second", "type": "server_error"}}, 503
     await post(http, proxy, body(proxy, route))
     assert route.failure.message == message  # the first failure is the cause
@@ -233,12 +239,13 @@ async def test_non_json_error_and_dead_upstream_are_failures_with_status(proxy, 
         route = proxy.open_route(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "s")
         status, reply = await post(http, proxy, body(proxy, route))
         assert status == 418 and "teapot says no" in reply["error"]["message"]
-        assert route.failure == ProviderFailure(418, "teapot says no")
+        assert route.failure == ProviderFailure(418, "teapot says no")  # a 4xx: one attempt
     finally:
         await runner.cleanup()
     dead = proxy.open_route("http://127.0.0.1:9/v1", "s")  # discard port: nothing listens
     await post(http, proxy, body(proxy, dead))
     assert dead.failure is not None and dead.failure.status == 502
+    assert dead.failure.attempts == 3  # a refused connection is transient
 
 
 async def test_provider_texts_are_redacted_and_secrets_live_only_while_open(proxy, upstream, http):
@@ -427,7 +434,7 @@ async def test_train_route_carries_responses_calls_as_chat(proxy, upstream, http
     up.answer, up.status = {"error": {"message": "boom"}}, 500
     got, reply = await post(http, proxy, body(proxy, other))
     assert (got, reply["error"]["message"]) == (500, "boom")
-    assert other.failure == ProviderFailure(500, "boom")
+    assert other.failure == ProviderFailure(500, "boom", attempts=3)  # retried, as in eval mode
 
 
 class SlowUpstream:
@@ -546,3 +553,118 @@ def test_a_secret_straddling_a_cut_is_never_kept_in_part():
                 assert not any(secret[i : i + 8] in kept for i in range(len(secret) - 7)), kept
     finally:
         redact.forget(secret)
+
+
+# --- transient provider errors: retried like the OpenAI SDK retries them -----------------------
+
+
+@contextlib.asynccontextmanager
+async def scripted_route(
+    limits: ProxyLimits | None = None, retry_after: str | None = None
+) -> AsyncIterator[tuple[ScriptedPolicy, NeMoGymModelProxy, Route]]:
+    """The scripted policy (its `[fault:...]` triggers) behind a real proxy with one open route
+    (default limits: the real retry curve)."""
+    async with (
+        ScriptedPolicy(retry_after=retry_after) as policy,
+        NeMoGymModelProxy(limits=limits) as proxy,
+    ):
+        yield policy, proxy, proxy.open_route(policy.base_url, "bearer-secret-0001")
+
+
+def ask(proxy: NeMoGymModelProxy, route: Route, text: str) -> dict[str, Any]:
+    return body(proxy, route, input=[{"role": "user", "content": text}])
+
+
+async def test_a_429_is_retried_after_its_retry_after_then_succeeds(http):
+    async with scripted_route(retry_after="1") as (policy, proxy, route):
+        began = asyncio.get_running_loop().time()
+        status, reply = await post(http, proxy, ask(proxy, route, "[fault:429x1] weather?"))
+        waited = asyncio.get_running_loop().time() - began
+    assert status == 200 and reply["output"], reply
+    assert route.failure is None and not route.failed.is_set()
+    # Sent twice, the retry marked as one (verifiers replays a turn it already committed).
+    assert [c.retry_count for c in policy.calls] == [None, "1"]
+    assert (route.calls, route.retries) == (1, 1)
+    assert waited >= 1.0  # Retry-After: 1, not the 0.5 s backoff
+
+
+async def test_503_twice_then_success_is_a_success(http):
+    async with scripted_route() as (policy, proxy, route):
+        status, reply = await post(http, proxy, ask(proxy, route, "[fault:503x2] weather?"))
+    assert status == 200 and reply["output"], reply
+    assert route.failure is None
+    assert [c.retry_count for c in policy.calls] == [None, "1", "2"]
+
+
+async def test_503_forever_fails_after_three_attempts_within_the_backoff_bound(http):
+    async with scripted_route() as (policy, proxy, route):
+        began = asyncio.get_running_loop().time()
+        status, reply = await post(http, proxy, ask(proxy, route, "[fault:503] weather?"))
+        took = asyncio.get_running_loop().time() - began
+    assert status == 503 and reply["error"]["message"] == "scripted fault 503"
+    assert route.failure == ProviderFailure(503, "scripted fault 503", attempts=3)
+    assert "after 3 attempts" in str(route.failure)
+    assert len(policy.calls) == 3  # 1 + 2 retries, counted where they arrive
+    # Backoff 0.5 s then 1 s, each shortened by up to a quarter: at most 1.5 s of waiting.
+    assert 1.1 <= took < 5, took
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 422])
+async def test_a_4xx_that_is_not_transient_is_never_retried(http, status):
+    async with scripted_route() as (policy, proxy, route):
+        got, _ = await post(http, proxy, ask(proxy, route, f"[fault:{status}] weather?"))
+    assert got == status and route.failure is not None and route.failure.attempts == 1
+    assert len(policy.calls) == 1
+
+
+async def test_a_retry_after_beyond_the_cap_is_not_waited_for(http):
+    limits = ProxyLimits(max_retry_after=0.5)
+    async with scripted_route(limits, retry_after="30") as (policy, proxy, route):
+        got, _ = await post(http, proxy, ask(proxy, route, "[fault:429] weather?"))
+    assert got == 429 and len(policy.calls) == 1 and route.failure is not None
+
+
+async def test_closing_the_route_cancels_a_retry_waiting_for_its_backoff(http):
+    async with scripted_route(retry_after="30") as (policy, proxy, route):
+        pending = asyncio.ensure_future(post(http, proxy, ask(proxy, route, "[fault:429] w?")))
+        await asyncio.sleep(0.5)  # the first 429 is in; the proxy waits 30 s to retry
+        assert len(policy.calls) == 1 and len(route.inflight) == 1
+        await proxy.close_route(route)  # the rollout's deadline
+        status, reply = await asyncio.wait_for(pending, 2)
+    assert status == 410 and reply["error"]["type"] == "route_finished"
+    assert len(policy.calls) == 1  # no retry after the route closed
+
+
+async def test_a_connection_dropped_mid_answer_is_retried(proxy, http):
+    """A body cut off by a dropped connection (what a garbled transfer looks like to a client)
+    is transient; the retry succeeds."""
+    seen: list[str | None] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("x-stainless-retry-count"))
+        if len(seen) == 1:
+            reply = web.StreamResponse(headers={"Content-Length": "1000"})
+            await reply.prepare(request)
+            await reply.write(b'{"output": [')
+            assert request.transport is not None
+            request.transport.close()
+            return reply
+        return web.json_response({"output": []})
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", answer)
+    async with serve_upstream(app) as endpoint:
+        route = proxy.open_route(endpoint, "s")
+        status, reply = await post(http, proxy, body(proxy, route))
+    assert status == 200 and reply["output"] == []
+    assert seen == [None, "1"] and route.failure is None
+
+
+async def test_a_200_that_is_not_json_is_not_retried(proxy, http):
+    """From verifiers' interception a 200 is a turn it committed: a retry would only replay it.
+    (verifiers turns a garbled provider answer into a 502, which is retried.)"""
+    async with ScriptedPolicy() as policy:
+        route = proxy.open_route(policy.base_url, "s")
+        status, _ = await post(http, proxy, ask(proxy, route, "[fault:garbage] weather?"))
+    assert status == 502 and len(policy.calls) == 1
+    assert route.failure is not None and route.failure.attempts == 1

@@ -17,6 +17,17 @@ Chat Completions) carries each Responses call as a Chat Completions call to
 (`bridge.chat`). There, besides a stop, a prompt refused as too long becomes the `incomplete`
 reply NeMo Gym's own `vllm_model` gives (so the agent stops and NeMo Gym verifies); every other
 error stays an error, as in eval mode. Eval routes forward the body unchanged.
+
+Transient failures of a call are retried here, the way the OpenAI SDK of any verifiers harness
+retries them against verifiers' interception (verifiers' own clients never retry: they relay the
+provider's status so that the harness's SDK can): a 408, 429 or 5xx answer, or a connection
+that failed or broke, is tried again up to `ProxyLimits.max_retries` times (2, the SDK's default)
+after an exponential, jittered, capped backoff, or after the answer's `Retry-After` when it
+asks for at most `ProxyLimits.max_retry_after` seconds (a longer one is not waited for: the error
+stands). Every retry carries `x-stainless-retry-count`, the SDK's own marker, so verifiers'
+interception replays a turn it already committed instead of committing it twice; a failed
+attempt commits nothing there. Only the last attempt's outcome reaches the agent and the route:
+a retried call that succeeds leaves no failure. Any other 4xx is never retried.
 """
 
 from __future__ import annotations
@@ -24,8 +35,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import email.utils
 import logging
+import math
+import random
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +80,14 @@ class ProxyLimits:
     """Seconds one model call may take upstream before the proxy answers 504."""
     remembered_routes: int = 100_000
     """Finished route ids remembered, so their late calls get 410 rather than 404."""
+    max_retries: int = 2
+    """Retries of a call after a transient failure (see module doc); the OpenAI SDK's default."""
+    retry_backoff: float = 0.5
+    """Seconds before the first retry; doubled for each later one, capped at
+    `max_retry_backoff`, then shortened by up to 25 % at random (the SDK's curve)."""
+    max_retry_backoff: float = 8.0
+    max_retry_after: float = 120.0
+    """Longest `Retry-After` waited for; an answer asking for longer is not retried."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +98,12 @@ class ProviderFailure:
 
     status: int
     message: str
+    attempts: int = 1
+    """How many times the call was sent (more than 1: it was retried, see module doc)."""
 
     def __str__(self) -> str:
-        return f"provider answered {self.status}: {self.message}"
+        tries = f" (after {self.attempts} attempts)" if self.attempts > 1 else ""
+        return f"provider answered {self.status}{tries}: {self.message}"
 
 
 class Route:
@@ -109,6 +135,8 @@ class Route:
         self.train = train
         self.calls = 0
         """Model calls this route forwarded (any outcome)."""
+        self.retries = 0
+        """Extra attempts its calls took after transient failures (not counted in `calls`)."""
         self.failure: ProviderFailure | None = None
         self.failed = asyncio.Event()
         """Set when `failure` is."""
@@ -309,48 +337,103 @@ class NeMoGymModelProxy(AppServer):
     async def _call(self, route: Route, tail: str, body: dict[str, Any]) -> web.Response:
         if route.train and tail == "responses":
             return await self._train_call(route, body)
-        status, raw, failure = await self._post(route, tail, body)
+        status, raw, failure, attempts = await self._post(route, tail, body)
         if failure is not None:
             return failure
         if status == 200:
-            return _reply_ok(route, raw, body, is_responses=tail == "responses")
-        return _reply_error(route, status, raw, body, is_responses=tail == "responses")
+            return _reply_ok(route, raw, body, attempts, is_responses=tail == "responses")
+        return _reply_error(route, status, raw, body, attempts, is_responses=tail == "responses")
 
     async def _post(
         self, route: Route, tail: str, body: dict[str, Any]
-    ) -> tuple[int, bytes, web.Response | None]:
-        """POST `body` to the route's `endpoint/tail`: its status and body, or (when it could
-        not be reached or timed out) the error reply for the agent, the route failed with it."""
+    ) -> tuple[int, bytes, web.Response | None, int]:
+        """POST `body` to the route's `endpoint/tail`, retried while transient (module doc): the
+        last attempt's status and body, or (when it could not be reached or timed out) the error
+        reply for the agent, the route failed with it; and how many attempts it took."""
         url = f"{route.endpoint}/{tail}"
+        # Serialized once: every attempt sends the same bytes, which is what lets verifiers'
+        # interception recognise a retry of a turn it already committed (its body digest).
+        data = pydantic_core.to_json(body)
+        # One future for all attempts and the waits between them: closing the route (the
+        # rollout's deadline) cancels a backoff as it cancels a call upstream.
+        attempts = [0]  # filled in by `_attempts`, whatever way it ends
+        call = asyncio.ensure_future(self._attempts(route, url, data, attempts))
+        route.inflight.add(call)
+        call.add_done_callback(route.inflight.discard)
+        try:
+            status, raw = await call
+            return status, raw, None, attempts[0]
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this handler itself is being cancelled (the proxy stops)
+            # close_route cancelled the call: the rollout is over, nobody waits for it.
+            gone = json_error(410, f"route {route.id!r} has finished", "route_finished")
+            return 0, b"", gone, attempts[0]
+        except TimeoutError:
+            message = f"model endpoint {url} did not answer within {self.limits.call_timeout:g} s"
+            route.fail(ProviderFailure(504, message, attempts[0]))
+            return 0, b"", json_error(504, message, "upstream_timeout"), attempts[0]
+        except (aiohttp.ClientError, RuntimeError) as e:
+            # RuntimeError: the route's session was closed under an in-flight call.
+            message = redact.cut(f"model endpoint {url} failed: {e!r}", 2000)
+            route.fail(ProviderFailure(502, message, attempts[0]))
+            return 0, b"", json_error(502, message, "upstream_error"), attempts[0]
+
+    async def _attempts(
+        self, route: Route, url: str, data: bytes, attempts: list[int]
+    ) -> tuple[int, bytes]:
+        """Send `data` until an answer that is not transient, or `max_retries` retries; the last
+        answer (status, body), or the last attempt's exception. `attempts[0]` counts the sends."""
         headers = {
             # Built from scratch on purpose: nothing the agent sent (cookies, auth, hop headers)
             # reaches the endpoint except the body; the route supplies the credentials.
             "Authorization": f"Bearer {route.bearer}",
             "Content-Type": "application/json",
         }
-        call = asyncio.ensure_future(
-            _send(route.session, url, pydantic_core.to_json(body), headers)
-        )
-        route.inflight.add(call)
-        call.add_done_callback(route.inflight.discard)
-        try:
-            status, raw = await call
-            return status, raw, None
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this handler itself is being cancelled (the proxy stops)
-            # close_route cancelled the call: the rollout is over, nobody waits for it.
-            return 0, b"", json_error(410, f"route {route.id!r} has finished", "route_finished")
-        except TimeoutError:
-            message = f"model endpoint {url} did not answer within {self.limits.call_timeout:g} s"
-            route.fail(ProviderFailure(504, message))
-            return 0, b"", json_error(504, message, "upstream_timeout")
-        except (aiohttp.ClientError, RuntimeError) as e:
-            # RuntimeError: the route's session was closed under an in-flight call.
-            message = redact.redact(f"model endpoint {url} failed: {e!r}")
-            route.fail(ProviderFailure(502, message))
-            return 0, b"", json_error(502, message, "upstream_error")
+        retries = self.limits.max_retries
+        for attempt in range(retries + 1):
+            attempts[0] = attempt + 1
+            if attempt:
+                headers[RETRY_COUNT_HEADER] = str(attempt)
+            # Not after the last attempt, nor once verifiers stopped the rollout (it would
+            # refuse the retry): then the outcome stands as it is.
+            final = attempt == retries
+            try:
+                status, raw, answer_headers = await _send(route.session, url, data, headers)
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+                # A connection refused, reset or closed mid-answer. Not the call timeout (a
+                # plain TimeoutError): an hour-long call is not tried again.
+                if final or route.stopped() is not None:
+                    raise
+                delay, why = self._backoff(attempt, None), type(e).__name__
+            else:
+                if final or not _transient(status) or route.stopped() is not None:
+                    return status, raw
+                retry_after = _retry_after(answer_headers)
+                if retry_after is not None and retry_after > self.limits.max_retry_after:
+                    return status, raw  # asked to wait longer than we would: the error stands
+                delay, why = self._backoff(attempt, retry_after), f"answer {status}"
+            route.retries += 1
+            logger.warning(
+                "model call of route %s: %s; retry %d/%d in %.2f s",
+                route.id,
+                why,
+                attempt + 1,
+                retries,
+                delay,
+            )
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _backoff(self, retries_done: int, retry_after: float | None) -> float:
+        """Seconds before the next attempt: the endpoint's `Retry-After` if it gave a usable
+        one, else the OpenAI SDK's curve (module doc)."""
+        if retry_after is not None and 0 < retry_after <= self.limits.max_retry_after:
+            return retry_after
+        limits = self.limits
+        delay = min(limits.retry_backoff * 2.0 ** min(retries_done, 60), limits.max_retry_backoff)
+        return delay * (1 - 0.25 * random.random())
 
     async def _train_call(self, route: Route, request: dict[str, Any]) -> web.Response:
         """One Responses call of a train route, carried as Chat Completions."""
@@ -361,7 +444,7 @@ class NeMoGymModelProxy(AppServer):
             message = f"train mode cannot carry this Responses request: {e}"
             route.fail(ProviderFailure(400, message))
             return json_error(400, message, "invalid_request_error")
-        status, raw, failure = await self._post(route, "chat/completions", chat_body)
+        status, raw, failure, attempts = await self._post(route, "chat/completions", chat_body)
         if failure is not None:
             return failure
         if status != 200:
@@ -373,21 +456,49 @@ class NeMoGymModelProxy(AppServer):
             # training server turns into an answer: a prompt over the model's context.
             if route.stopped() is None and chat.is_overlong_prompt(status, payload):
                 return _json(chat.overlong_response(request))
-            return _reply_error(route, status, raw, request, is_responses=True)
+            return _reply_error(route, status, raw, request, attempts, is_responses=True)
         try:
             reply = pydantic_core.from_json(raw)
             return _json(chat.chat_to_responses(reply, request))
         except (ValueError, chat.ChatConversionError) as e:
-            message = redact.redact(f"model endpoint answered 200 with no chat completion: {e}")
-            route.fail(ProviderFailure(502, message[:2000]))
-            return json_error(502, message[:2000], "upstream_error")
+            message = redact.cut(f"model endpoint answered 200 with no chat completion: {e}", 2000)
+            route.fail(ProviderFailure(502, message, attempts))
+            return json_error(502, message, "upstream_error")
+
+
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+"""The OpenAI SDK's attempt counter (1 on the first retry), which verifiers' interception reads
+to replay, rather than commit again, a turn it already committed."""
+
+
+def _transient(status: int) -> bool:
+    """Worth another attempt: what the OpenAI SDK retries (408, 429, 5xx), except 409. verifiers'
+    interception answers 409 for a rollout that has concluded, which no retry changes."""
+    return status in (408, 429) or status >= 500
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds the answer asks to wait (`retry-after-ms`, or `Retry-After` in seconds or as an
+    HTTP date), as the OpenAI SDK reads them; None if absent or unreadable."""
+    with contextlib.suppress(TypeError, ValueError):
+        seconds = float(headers.get("retry-after-ms")) / 1000
+        return seconds if math.isfinite(seconds) else None
+    value = headers.get("retry-after")
+    with contextlib.suppress(TypeError, ValueError):
+        seconds = float(value)
+        return seconds if math.isfinite(seconds) else None
+    try:
+        date = email.utils.parsedate_tz(value)
+        return None if date is None else float(email.utils.mktime_tz(date) - time.time())
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
 
 
 async def _send(
     session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str]
-) -> tuple[int, bytes]:
+) -> tuple[int, bytes, Any]:
     async with session.post(url, data=data, headers=headers) as upstream:
-        return upstream.status, await upstream.read()
+        return upstream.status, await upstream.read(), upstream.headers
 
 
 _PARSE_IN_THREAD_BYTES = 1024 * 1024
@@ -401,7 +512,7 @@ async def _parse(raw: bytes) -> Any:
 
 
 def _reply_ok(
-    route: Route, raw: bytes, request: dict[str, Any], *, is_responses: bool
+    route: Route, raw: bytes, request: dict[str, Any], attempts: int, *, is_responses: bool
 ) -> web.Response:
     """The endpoint's answer, completed to what NeMo Gym's agents accept."""
     try:
@@ -410,7 +521,7 @@ def _reply_ok(
         payload = None
     if not isinstance(payload, dict):
         message = "model endpoint answered 200 with a body that is not a JSON object"
-        route.fail(ProviderFailure(502, message))
+        route.fail(ProviderFailure(502, message, attempts))
         return json_error(502, message, "upstream_error")
     if is_responses:
         payload = complete_response(payload, request)
@@ -418,7 +529,13 @@ def _reply_ok(
 
 
 def _reply_error(
-    route: Route, status: int, raw: bytes, request: dict[str, Any], *, is_responses: bool
+    route: Route,
+    status: int,
+    raw: bytes,
+    request: dict[str, Any],
+    attempts: int,
+    *,
+    is_responses: bool,
 ) -> web.Response:
     """An error answer of the endpoint: verifiers refusing a call of a stopped rollout becomes an
     `incomplete` reply (Responses only); anything else is a provider failure of the route,
@@ -436,7 +553,7 @@ def _reply_error(
         # NeMo Gym's agent would raise and never verify; an `incomplete` reply makes it end its
         # loop and verify what was done, so the reward is kept.
         return _json(incomplete_response(request, message or f"rollout stopped: {stopped}"))
-    route.fail(ProviderFailure(status, message[:2000]))
+    route.fail(ProviderFailure(status, message[:2000], attempts))
     if isinstance(payload, dict):
         return _json(payload, status)
     return json_error(status, f"upstream answered {status}: {message}", "upstream_error")

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from verifiers_nemogym.bridge import redact as redact_module
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 from verifiers_nemogym.bridge.judge import Judge
-from verifiers_nemogym.bridge.redact import redact
+from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.errors import NeMoGymError, StackError
 from verifiers_nemogym.nemo.shared import (
     _LINE_LIMIT,
@@ -234,7 +234,7 @@ class StackHost:
         self._stop_listening()
         # Pattern redaction: the host knows no secret's value (only digests), but a death notice
         # quoting a server's log can carry any user's row, secret included.
-        reason = redact(self._stop_reason or "host exiting")
+        reason = cut(self._stop_reason or "host exiting", NOTICE_LIMIT)
         logger.info("stopping shared stack: %s", reason)
         for writer in list(self.leases):
             with contextlib.suppress(OSError, ConnectionError):
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     except asyncio.CancelledError:
         return 1
     except NeMoGymError as e:
-        logger.error("stack_host: %s", redact(str(e)))
+        logger.error("stack_host: %s", cut(str(e), NOTICE_LIMIT))
         return 1
     return 0
 

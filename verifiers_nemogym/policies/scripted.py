@@ -9,15 +9,18 @@ Fault injection, for tests: a request whose first user message contains `[fault:
 MODE = an HTTP status from 400 to 599 (e.g. `401`, `429`, `500`: that status with an
 OpenAI-style error body whose message is `scripted fault <status>`), `garbage` (200 with a body
 that is not JSON), `hang` (no answer for `hang_seconds`) or `huge` (a normal answer whose text
-is `huge_bytes` long).
+is `huge_bytes` long). `[fault:MODExN]` (e.g. `[fault:503x2]`) gives MODE to the first N calls
+whose first user message carries that trigger and answers the later ones normally: a transient
+fault. A 429 answer carries `Retry-After: <retry_after>` when `retry_after` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -27,6 +30,17 @@ from verifiers_nemogym.policies.server import ResponsesServer, first_user_text
 
 ANSWER = "Done: I looked it up for you."
 _FAULT = re.compile(r"\[fault:(\w+)\]")
+_TRANSIENT = re.compile(r"(\w+?)x(\d+)")
+
+
+def fault_mode(trigger: str, seen: collections.Counter[str]) -> str | None:
+    """The fault a call with `[fault:<trigger>]` gets, counting it in `seen`: the trigger's MODE,
+    or for `MODExN` that MODE while fewer than N such calls came before, then None."""
+    transient = _TRANSIENT.fullmatch(trigger)
+    if transient is None:
+        return trigger
+    seen[trigger] += 1
+    return transient.group(1) if seen[trigger] <= int(transient.group(2)) else None
 
 
 def _argument(schema: dict[str, Any]) -> Any:
@@ -59,16 +73,23 @@ class ScriptedPolicy(ResponsesServer):
     """How long a `[fault:hang]` request waits before it is answered."""
     huge_bytes: int = 50 * 1024 * 1024
     """Length of a `[fault:huge]` answer's text."""
+    retry_after: str | None = None
+    """`Retry-After` value of a `[fault:429]` answer (None: no such header)."""
+    faulted: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Calls seen per `MODExN` trigger."""
     model_id: ClassVar[str] = "scripted"
     # Hung `[fault:hang]` handlers must not hold up shutdown.
     shutdown_timeout: ClassVar[float] = 1.0
 
     async def respond(self, body: dict[str, Any]) -> web.Response:
         fault = _FAULT.search(first_user_text(body))
-        mode = fault.group(1) if fault else None
+        mode = fault_mode(fault.group(1), self.faulted) if fault else None
         if mode is not None and mode.isdigit() and 400 <= int(mode) <= 599:
             error = {"message": f"scripted fault {mode}", "type": "scripted_fault"}
-            return web.json_response({"error": error}, status=int(mode))
+            headers = {}
+            if mode == "429" and self.retry_after is not None:
+                headers["Retry-After"] = self.retry_after
+            return web.json_response({"error": error}, status=int(mode), headers=headers)
         if mode == "garbage":
             return web.Response(
                 body=b'{"id": "resp_1", "output": [', content_type="application/json"

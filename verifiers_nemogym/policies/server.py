@@ -24,6 +24,8 @@ class Call:
 
     session_id: str | None
     body: dict[str, Any]
+    retry_count: str | None = None
+    """The OpenAI SDK's `x-stainless-retry-count` header, if the caller sent one (a retry)."""
 
     @property
     def prompt(self) -> str:
@@ -72,7 +74,8 @@ class ResponsesServer(AppServer):
     async def _responses(self, request: web.Request) -> web.Response:
         body = await request.json()
         if self.record:
-            self.calls.append(Call(request.headers.get("X-Session-ID"), body))
+            retry = request.headers.get("x-stainless-retry-count")
+            self.calls.append(Call(request.headers.get("X-Session-ID"), body, retry))
         return await self.respond(body)
 
     async def respond(self, body: dict[str, Any]) -> web.Response:

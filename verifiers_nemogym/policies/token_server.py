@@ -12,10 +12,12 @@ Token ids are real; **logprobs are synthetic**: every sampled token gets `SYNTHE
 Behaviour triggers, anywhere in the prompt's first user message:
 `[tokens:parallel]` two calls of the first tool in one turn; `[tokens:reasoning]` a
 `<think>...</think>` block before what it says; `[tokens:length]` `max_tokens` filler tokens with
-`finish_reason: "length"`; `[fault:500]` / `[fault:429]` that HTTP error; `[fault:garbage]` a 200
-whose body is not JSON. With `max_model_len` set, `GET /v1/models` reports it (verifiers' renderer
-then refuses an overlong prompt before sending it, a 400 to the harness), and a longer prompt that
-still arrives gets vLLM's 400.
+`finish_reason: "length"`; `[fault:STATUS]` (400 to 599, e.g. `[fault:429]`) that HTTP error;
+`[fault:garbage]` a 200 whose body is not JSON; `[fault:MODExN]` that fault for the first N calls
+carrying it only (as in `policies.scripted`). Every fault answered is recorded in `faults`.
+With `max_model_len` set, `GET /v1/models` reports it (verifiers' renderer then refuses an
+overlong prompt before sending it, a 400 to the harness), and a longer prompt that still
+arrives gets vLLM's 400.
 
 The tokenizer is injected (any Hugging Face tokenizer); `packaged_tokenizer()` loads the one built
 from the packaged GGUF without hub access. Run alone:
@@ -24,6 +26,7 @@ from the packaged GGUF without hub access. Run alone:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -34,7 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from verifiers_nemogym.net import AppServer
-from verifiers_nemogym.policies.scripted import ANSWER, tool_arguments
+from verifiers_nemogym.policies.scripted import ANSWER, fault_mode, tool_arguments
 from verifiers_nemogym.policies.server import vllm_error, vllm_overlong
 
 SYNTHETIC_LOGPROB = -0.5
@@ -103,6 +106,10 @@ class TokenServer(AppServer):
     default_max_tokens: int = 16
     """Filler length for `[tokens:length]` when the request sets no `max_tokens`."""
     calls: list[GenerateCall] = field(default_factory=list)
+    """Calls answered normally."""
+    faults: list[str] = field(default_factory=list)
+    """The trigger (e.g. `503x2`) of every call answered with a fault, in order."""
+    _faulted: collections.Counter[str] = field(default_factory=collections.Counter)
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def _app(self) -> web.Application:
@@ -125,12 +132,16 @@ class TokenServer(AppServer):
         if self.max_model_len is not None and len(ids) > self.max_model_len:
             return vllm_overlong(self.max_model_len, len(ids))
         prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
-        triggers = {m.group(2) for m in _TRIGGER.finditer(first_user_text(prompt))}
-        if "500" in triggers or "429" in triggers:
-            code = 500 if "500" in triggers else 429
-            return vllm_error(code, f"token server fault {code}")
-        if "garbage" in triggers:
-            return web.Response(body=b'{"choices": [', content_type="application/json")
+        found = [(m.group(1), m.group(2)) for m in _TRIGGER.finditer(first_user_text(prompt))]
+        triggers = {name for kind, name in found if kind == "tokens"}
+        for trigger in (name for kind, name in found if kind == "fault"):
+            mode = fault_mode(trigger, self._faulted)
+            if mode is not None and mode.isdigit() and 400 <= int(mode) <= 599:
+                self.faults.append(trigger)
+                return vllm_error(int(mode), f"token server fault {mode}")
+            if mode == "garbage":
+                self.faults.append(trigger)
+                return web.Response(body=b'{"choices": [', content_type="application/json")
         params = body.get("sampling_params") or {}
         completion, finish = self.completion(prompt, triggers, params)
         self.calls.append(GenerateCall(body, prompt, completion))

@@ -8,7 +8,7 @@ nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
 nemo-gym-env serve tokens [--port P] [--max-model-len N]   the scripted token server (train mode)
-nemo-gym-env stack up ENV... [--idle-timeout S]           a persistent shared NeMo Gym stack
+nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared NeMo Gym stack
 nemo-gym-env stack status [--json]                        the shared stacks running here
 nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
 
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from verifiers_nemogym.bridge.judge import Judge
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.errors import NeMoGymError
 from verifiers_nemogym.nemo.catalog import Catalog
@@ -71,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     local.add_argument("-o", "--output-dir", type=Path, default=Path("outputs"))
     local.add_argument(
+        "--judge",
+        choices=["local"],
+        default=None,
+        help="local: the local model also judges (NeMo Gym's LLM-judge environments)",
+    )
+    local.add_argument(
         "--train", action="store_true", help="verifiers' train client: token ids on every call"
     )
     serve = commands.add_parser("serve", help="run one of the package's model servers alone")
@@ -98,13 +105,41 @@ def _parser() -> argparse.ArgumentParser:
         help="stop after this many seconds without users (default: only on `stack down`)",
     )
     up.add_argument("--start-timeout", type=float, default=900.0)
+    _judge_arguments(up)
     status = stack_commands.add_parser("status", help="list the shared stacks running here")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     down = stack_commands.add_parser("down", help="stop shared stacks and wait for them")
     down.add_argument("envs", nargs="*", metavar="ENV", help="default: every shared stack")
+    _judge_arguments(down)
     options = commands.add_parser("options", help="the --env.taskset.* options and their meaning")
     options.add_argument("--markdown", action="store_true", help="as docs/options.md")
     return parser
+
+
+def _judge_arguments(parser: argparse.ArgumentParser) -> None:
+    """The judge of a stack, named as vf-eval's `--env.taskset.judge.*` names it."""
+    parser.add_argument("--judge.base-url", dest="judge_base_url", default=None)
+    parser.add_argument("--judge.model", dest="judge_model", default=None)
+    parser.add_argument("--judge.api-key-var", dest="judge_api_key_var", default=None)
+    parser.add_argument("--judge.api", dest="judge_api", choices=["chat", "responses"])
+    parser.add_argument(
+        "--judge.enable-optional", dest="judge_enable_optional", action="store_true"
+    )
+
+
+def _judge(args: argparse.Namespace) -> tuple[Judge | None, str | None]:
+    """The judge the `--judge.*` arguments name (and its key), or (None, None)."""
+    from verifiers_nemogym.taskset import NeMoGymJudgeConfig
+
+    fields = {
+        "base_url": args.judge_base_url, "model": args.judge_model,
+        "api_key_var": args.judge_api_key_var, "api": args.judge_api,
+    }  # fmt: skip
+    given = {k: v for k, v in fields.items() if v is not None}
+    if not given and not args.judge_enable_optional:
+        return None, None
+    config = NeMoGymJudgeConfig(**given, enable_optional=args.judge_enable_optional)
+    return config.endpoint(), config.key()
 
 
 def _stack(args: argparse.Namespace) -> int:
@@ -117,6 +152,7 @@ def _stack(args: argparse.Namespace) -> int:
     def config_paths(envs: list[str]) -> list[Path]:
         return [p for name in envs for p in catalog.env(name).config_paths]
 
+    judge, judge_key = _judge(args) if args.stack_command in ("up", "down") else (None, None)
     if args.stack_command == "up":
         info = asyncio.run(
             shared.bring_up(
@@ -124,6 +160,8 @@ def _stack(args: argparse.Namespace) -> int:
                 config_paths(args.envs),
                 idle_timeout=args.idle_timeout,
                 start_timeout=args.start_timeout,
+                judge=judge,
+                judge_key=judge_key,
             )
         )
         print(_describe(info))
@@ -138,7 +176,9 @@ def _stack(args: argparse.Namespace) -> int:
         for host in hosts:
             print(_describe(host.status) if host.status else f"{host.directory}: {host.error}")
         return 0
-    wanted = shared.stack_key(runtime, config_paths(args.envs)) if args.envs else None
+    wanted = (
+        shared.stack_key(runtime, config_paths(args.envs), judge, judge_key) if args.envs else None
+    )
     stopped = 0
     for host in hosts:
         if host.status is None or (wanted is not None and host.status["key"] != wanted):
@@ -159,7 +199,12 @@ def _describe(info: dict[str, Any]) -> str:
         f"shared stack {info['key']}: host pid {info['pid']}, head {info['head_url']}, "
         f"agents {', '.join(sorted(info['run_urls']))}, {info['users']} user(s), {idle}, "
         f"NeMo Gym {info['nemo_gym_version']} (Python {info['python_version']}), "
-        f"log {info['log']}"
+        + (
+            f"judge {judge['model']} at {judge['base_url']}, "
+            if (judge := info.get("judge"))
+            else ""
+        )
+        + f"log {info['log']}"
     )
 
 
@@ -296,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                     python=args.python,
                     vf_eval_args=passthrough,
                     train=args.train,
+                    judge=args.judge,
                 )
             )
             if args.train:

@@ -68,6 +68,9 @@ class LocalEvalOptions:
     """Passed on as `--env.taskset.python` when set."""
     vf_eval_args: list[str] = field(default_factory=list)
     """Further vf-eval arguments, appended last."""
+    judge: str | None = None
+    """`local`: the local model also judges NeMo Gym's LLM-judge environments (a demo that
+    needs no key; a 1.5B model is no trustworthy grader)."""
     train: bool = False
     """Run with verifiers' train client: token ids and logprobs on every call (see module doc).
     The renderer uses the GGUF's own chat template (`chat_template` is not used then)."""
@@ -89,10 +92,15 @@ def _die_with_parent() -> None:
 
 
 def vf_eval_command(
-    options: LocalEvalOptions, model: str, base_url: str, tokenizer: Path | None = None
+    options: LocalEvalOptions,
+    model: str,
+    base_url: str,
+    tokenizer: Path | None = None,
+    judge_url: str | None = None,
 ) -> list[str]:
     """The vf-eval command line for a server at `base_url` serving `model`; with `tokenizer`
-    (a tokenizer folder), for verifiers' train client."""
+    (a tokenizer folder), for verifiers' train client; with `judge_url` (the local server's
+    own base URL), that server judges too."""
     vf_eval = Path(sys.executable).with_name("vf-eval")
     if not vf_eval.exists():
         raise ConfigError(f"vf-eval not found beside {sys.executable}; is verifiers installed?")
@@ -108,6 +116,11 @@ def vf_eval_command(
         cmd += ["--env.taskset.nemo-gym-version", options.nemo_gym_version]
     if options.python:
         cmd += ["--env.taskset.python", options.python]
+    if judge_url is not None:
+        cmd += [
+            "--env.taskset.judge.base-url", judge_url, "--env.taskset.judge.model", model,
+            "--env.taskset.judge.api-key-var", _KEY_VAR,
+        ]  # fmt: skip
     if tokenizer is not None:
         cmd += [
             "--client.type", "train", "--client.renderer-model-name", str(tokenizer),
@@ -136,7 +149,8 @@ def run_local_eval(options: LocalEvalOptions) -> int:
             base_url,
             server.rss_bytes() // 2**20,
         )
-        cmd = vf_eval_command(options, server.model_name, base_url, tokenizer)
+        judge_url = server.base_url if options.judge == "local" else None
+        cmd = vf_eval_command(options, server.model_name, base_url, tokenizer, judge_url)
         logger.info("running: %s", " ".join(cmd[1:]))
         # Same process group: a Ctrl-C reaches vf-eval (which stops its NeMo Gym stack) and us
         # (which stops the model server once vf-eval has exited).

@@ -38,7 +38,7 @@ from verifiers_nemogym.nemo.release import (
     release_files,
     version_tuple,
 )
-from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, run_uv
+from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, private_cache, run_uv
 
 logger = logging.getLogger(__name__)
 
@@ -450,7 +450,9 @@ def ensure_venv(
     python = python or os.environ.get(PYTHON_ENV_VAR) or None
     allow = allow_below_floor_default() if allow_below_floor is None else allow_below_floor
     version = version or default_version(python)
-    root = cache_root() / "runtimes"
+    # Checked before use: a runtime or server venv someone else can write to runs their code.
+    root = private_cache("runtimes")
+    private_cache("server-venvs")
     runtime = _find_cached(root, version, python, allow)
     if runtime is None:
         runtime = _create(root, version, python, allow, log)

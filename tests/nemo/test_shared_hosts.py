@@ -79,8 +79,11 @@ VENV: Any = SimpleNamespace(
 class InProcessHost:
     """What the fake `spawn_host` returns: a `Popen` look-alike whose host is a task here."""
 
-    def __init__(self, directory: Path, spec: HostSpec, hosts: list[InProcessHost]) -> None:
-        self.host = StackHost(VENV, directory, spec)
+    def __init__(
+        self, directory: Path, spec: HostSpec, lock: Any, hosts: list[InProcessHost]
+    ) -> None:
+        # A copy of the spawner's flocked file, as a child process inherits it.
+        self.host = StackHost(VENV, directory, spec, os.fdopen(os.dup(lock.fileno()), "a"))
         self.task = asyncio.get_running_loop().create_task(self.host.run())
         self.pid = os.getpid()
         hosts.append(self)
@@ -118,7 +121,7 @@ async def hosts(monkeypatch: pytest.MonkeyPatch, cache: Path) -> AsyncIterator[l
     """Every host the test's users spawn (in-process, fake stack); all stopped at the end."""
     spawned: list[InProcessHost] = []
     monkeypatch.setattr(host_module, "NeMoGymStack", FakeStack)
-    monkeypatch.setattr(shared, "spawn_host", lambda d, s: InProcessHost(d, s, spawned))
+    monkeypatch.setattr(shared, "spawn_host", lambda d, s, lock: InProcessHost(d, s, lock, spawned))
     yield spawned
     for proc in spawned:
         proc.task.cancel()

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 FIRST_MESSAGE_TIMEOUT = 10.0
 """Seconds a connection to the lease socket may stay silent before the host drops it."""
 HOST_LOCK_WAIT = 5.0
-"""Seconds a new host retries `host.lock` (a user's `host_running` probe holds it an instant)."""
+"""Seconds a host not handed `host.lock` by its spawner retries it before giving up."""
 
 
 async def claim_host_lock(directory: Path) -> IO[str]:
@@ -79,8 +79,17 @@ class StackHost:
     control messages: `{"op": "lease", ...}` (held open), `{"op": "status"}`, `{"op": "down"}`.
     """
 
-    def __init__(self, venv: NeMoGymVenv, directory: Path, spec: HostSpec) -> None:
+    def __init__(
+        self,
+        venv: NeMoGymVenv,
+        directory: Path,
+        spec: HostSpec,
+        host_lock: IO[str] | None = None,
+    ) -> None:
+        """`host_lock`: `host.lock` already flocked for this host (handed over by its spawner);
+        None: `run()` claims it."""
         self.venv = venv
+        self._host_lock = host_lock
         self.directory = directory
         self.spec = spec
         self.front = FrontForwarder()
@@ -104,7 +113,7 @@ class StackHost:
 
     async def run(self) -> None:
         """Raises StackError (having started nothing) if another host holds `host.lock`."""
-        host_lock = await claim_host_lock(self.directory)
+        host_lock = self._host_lock or await claim_host_lock(self.directory)
         try:
             await self._run()
         finally:
@@ -321,11 +330,11 @@ def _loopback_url(url: str) -> str:
     return f"http://{LOOPBACK}:{port}"
 
 
-async def _run(directory: Path, spec: HostSpec) -> None:
+async def _run(directory: Path, spec: HostSpec, host_lock: IO[str] | None) -> None:
     venv = await asyncio.to_thread(
         ensure_venv, spec.nemo_gym_version, spec.python, allow_below_floor=spec.below_floor
     )
-    host = StackHost(venv, directory, spec)
+    host = StackHost(venv, directory, spec, host_lock)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -348,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--spec", required=True)
+    parser.add_argument("--lock-fd", type=int, help="host.lock, flocked, from the spawner")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -360,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("stack_host: bad --spec: %s", e)
         return 2
     try:
-        asyncio.run(_run(args.dir, spec))
+        # Taken over at once: the spawner's flock on host.lock stays held by this open file.
+        host_lock = None if args.lock_fd is None else os.fdopen(args.lock_fd, "a")
+        asyncio.run(_run(args.dir, spec, host_lock))
     except asyncio.CancelledError:
         return 1
     except NeMoGymError as e:

@@ -44,7 +44,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -131,15 +131,15 @@ def check_stack_dir(directory: Path) -> None:
         )
 
 
-def host_running(directory: Path) -> bool:
-    """Whether a stack host lives for `directory` (it holds `host.lock`), answering or not.
-    The probe holds the lock for an instant, so call it under the stack lock only (a host
-    that starts meanwhile retries, see `host.claim_host_lock`)."""
+def spawn_if_no_host(directory: Path, spec: HostSpec) -> subprocess.Popen[bytes] | None:
+    """Under the stack lock: a new host for `directory` if none runs (None if one does). The
+    new host inherits our flock on `host.lock` (the same open file), so there is no moment in
+    which the lock is free while it starts, even if we are killed right after."""
     handle = try_flock(_host_lock_path(directory))
     if handle is None:
-        return True
-    handle.close()
-    return False
+        return None
+    with handle:
+        return spawn_host(directory, spec, handle)
 
 
 def peer_uid(writer: asyncio.StreamWriter) -> int:
@@ -350,11 +350,11 @@ class HostSpec:
         return cls(**json.loads(text))
 
 
-def spawn_host(directory: Path, spec: HostSpec) -> subprocess.Popen[bytes]:
+def spawn_host(directory: Path, spec: HostSpec, host_lock: IO[str]) -> subprocess.Popen[bytes]:
     """Start a detached stack host for `directory` (its output goes to `host.log`; the previous
     host's log is kept as `host.log.1`, so logs do not grow forever). The caller holds the stack
-    lock and has checked that no host runs (`host_running`); the host itself removes a dead
-    host's socket."""
+    lock and `host_lock` (`host.lock`, flocked), which the host inherits and keeps for its life;
+    the host itself removes a dead host's socket."""
     log_path = directory / "host.log"
     with contextlib.suppress(FileNotFoundError):
         os.replace(log_path, directory / "host.log.1")
@@ -372,7 +372,10 @@ def spawn_host(directory: Path, spec: HostSpec) -> subprocess.Popen[bytes]:
                 str(directory),
                 "--spec",
                 spec.to_json(),
+                "--lock-fd",
+                str(host_lock.fileno()),
             ],
+            pass_fds=(host_lock.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -415,8 +418,7 @@ async def _host_or_start(
                 f"the shared NeMo Gym stack host exited with status {code} before it was ready; "
                 f"log tail ({directory / 'host.log'}):\n{_log_tail(directory)}"
             )
-        if proc is None and not host_running(directory):
-            proc = spawn_host(directory, spec)
+        if proc is None and (proc := spawn_if_no_host(directory, spec)) is not None:
             log.info(
                 "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
                 proc.pid,

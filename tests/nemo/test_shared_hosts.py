@@ -188,9 +188,10 @@ async def test_cancelled_starter_never_leads_to_two_hosts(
 ):
     async with most_running(hosts) as samples:
         a = asyncio.create_task(attach(configs, who="A"))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.1)
         b = asyncio.create_task(attach(configs, who="B"))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.1)
+        assert hosts and not running(hosts)[0].host.claimed  # its fake stack takes START_S
         a.cancel()  # mid-start of the host A spawned; B is waiting on the stack lock
         lease_b = await asyncio.wait_for(b, 10)
         assert lease_b.marker == hosts[0].host.stack.marker  # A's host, not a second one

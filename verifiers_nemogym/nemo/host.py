@@ -371,7 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         # Taken over at once: the spawner's flock on host.lock stays held by this open file.
-        host_lock = None if args.lock_fd is None else os.fdopen(args.lock_fd, "a")
+        host_lock = None
+        if args.lock_fd is not None:
+            # Not inherited further: a child holding it would keep "a host runs" true after us.
+            os.set_inheritable(args.lock_fd, False)
+            host_lock = os.fdopen(args.lock_fd, "a")
         asyncio.run(_run(args.dir, spec, host_lock))
     except asyncio.CancelledError:
         return 1

@@ -12,13 +12,14 @@ import contextlib
 import fcntl
 import os
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from verifiers_nemogym.errors import VenvSetupError
+from verifiers_nemogym.errors import ConfigError, VenvSetupError
 
 CACHE_ENV_VAR = "VF_NEMOGYM_CACHE"
 # Variables that would make a child use the parent's venv or Python instead of its own.
@@ -39,6 +40,39 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "verifiers-nemogym"
+
+
+def private_dir(path: Path) -> Path:
+    """`path`, created (mode 0700) if missing, after checking it is a real folder owned by this
+    uid and writable by no one else (as ssh checks ~/.ssh). Another user who can write into the
+    cache could plant runtimes or server venvs, or serve a fake stack host that learns a proxy
+    secret, so a folder that fails the check is a one-line ConfigError saying what to do
+    instead of being used."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(parents=True, mode=0o700)
+    info = path.lstat()
+    uid = os.getuid()
+    problem = ""
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "is not a folder (a symlink?)"
+    elif info.st_uid != uid:
+        problem = f"is owned by uid {info.st_uid}, not by you (uid {uid})"
+    elif info.st_mode & 0o022:
+        problem = f"is group- or world-writable (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem:
+        raise ConfigError(
+            f"the cache folder {path} {problem}; run `chmod go-w` on it if it is yours, or set "
+            f"{CACHE_ENV_VAR} to a private folder"
+        )
+    return path
+
+
+def private_cache(*parts: str) -> Path:
+    """`cache_root()/<parts...>`, each level checked by `private_dir` (the cache root first)."""
+    path = private_dir(cache_root())
+    for part in parts:
+        path = private_dir(path / part)
+    return path
 
 
 def uv_cache_dir() -> Path:
@@ -89,12 +123,20 @@ def run_uv(args: list[str], env: dict[str, str], what: str) -> None:
         raise VenvSetupError(f"{what} failed (exit {out.returncode}):\n{tail}")
 
 
+def open_nofollow(path: Path, binary: bool = False) -> IO[Any]:
+    """`path` opened for appending (created 0600), refusing a symlink (OSError ELOOP): a
+    planted link would make us write or lock a file of someone else's choosing."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    return os.fdopen(fd, "ab" if binary else "a")
+
+
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock on `path` (created with its folders); released by the kernel
     if this process dies."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
+    with open_nofollow(path) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -106,7 +148,7 @@ def try_flock(path: Path) -> IO[str] | None:
     """`path` (created with its folders) opened and exclusively flocked, or None if another
     holder has it. Closing the handle releases the lock (so does this process dying)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = path.open("a")
+    handle = open_nofollow(path)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

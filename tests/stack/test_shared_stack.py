@@ -30,7 +30,11 @@ from verifiers.v1.serve.pool import env_config_data
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo import shared
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, count_stack_programs
+from verifiers_nemogym.nemo.supervisor import (
+    MARKER_ENV_VAR,
+    count_stack_programs,
+    processes_with_env,
+)
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
@@ -424,3 +428,73 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
             await watch.stop()
         if await status(nemo_venv) is not None:
             await shared.take_down(stack_directory(nemo_venv))
+
+
+def _host_pids(directory: Path) -> list[int]:
+    """The stack host processes of `directory` (their children carry the marker too)."""
+    pids = processes_with_env(f"{shared.HOST_ENV_VAR}={directory.name}")
+    return [p for p in pids if b"verifiers_nemogym.nemo.host" in _cmdline(p)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+STARTER = """
+import asyncio, json, sys
+from pathlib import Path
+from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo.venv import ensure_venv
+paths = [Path(p) for p in json.loads(sys.argv[1])]
+asyncio.run(shared.attach_or_start(
+    ensure_venv(), paths, proxy_url="http://127.0.0.1:9", proxy_secret="s" * 32,
+    idle_timeout=float(sys.argv[2]), start_timeout=600,
+))
+"""
+
+
+async def test_starter_sigkilled_mid_start_leaves_its_host_to_the_next_user(
+    nemo_venv: NeMoGymVenv,
+) -> None:
+    """A user SIGKILLed while the host it spawned is still starting the stack: the next user
+    waits for that host and leases it (it does not start a second one); exactly one `ng_run`
+    throughout, and nothing left after the last user leaves."""
+    await assert_no_stack(nemo_venv)
+    paths = Catalog(nemo_venv).env(ENV).config_paths
+    directory = stack_directory(nemo_venv)
+    tag, env = run_tag()
+    watch = ProgramWatch(tag).start()
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, json.dumps([str(p) for p in paths]), str(GRACE)], env=env
+    )
+    lease = None
+    try:
+        await wait_for(lambda: _true_after(bool(_host_pids(directory))), 120, "a host to spawn")
+        (host_pid,) = _host_pids(directory)
+        starter.kill()  # SIGKILL: the stack lock drops, the host is not told
+        starter.wait()
+        assert await status(nemo_venv) is None, "the stack was up before the starter was killed"
+        lease = await shared.attach_or_start(
+            nemo_venv,
+            paths,
+            proxy_url="http://127.0.0.1:9",
+            proxy_secret=uuid.uuid4().hex,
+            idle_timeout=GRACE,
+            start_timeout=600,
+        )
+        assert (lease.host_pid, lease.started) == (host_pid, False)
+        await wait_for(lambda: _users_are(nemo_venv, 1), 10, "this test as the only user")
+        await watch.stop()
+        assert watch.max_tagged["ng_run"] == 1, watch
+    finally:
+        if watch._task is not None and not watch._task.done():
+            await watch.stop()
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
+        if lease is not None:
+            await lease.close()
+    assert await gone(tag, GRACE + TEARDOWN_S) == []

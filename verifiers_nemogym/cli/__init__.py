@@ -181,10 +181,14 @@ def _stack(args: argparse.Namespace) -> int:
     )
     stopped = 0
     for host in hosts:
-        if host.status is None or (wanted is not None and host.status["key"] != wanted):
+        if wanted is not None and host.directory.name != wanted:
             continue
-        pid = asyncio.run(shared.take_down(host.directory))
-        print(f"stopped shared stack {host.status['key']} (host pid {pid})")
+        if host.status is None and host.pid is None:
+            continue  # a socket nothing answers on, and no host process: nothing to stop
+        # A host that does not answer (starting, wedged) is stopped by its pid.
+        by_pid = None if host.status is not None else host.pid
+        pid = asyncio.run(shared.take_down(host.directory, pid=by_pid))
+        print(f"stopped shared stack {host.directory.name} (host pid {pid})")
         stopped += 1
     if not stopped:
         print("no matching shared NeMo Gym stack is running", file=sys.stderr)

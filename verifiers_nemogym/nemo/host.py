@@ -19,10 +19,11 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from verifiers_nemogym.bridge import redact as redact_module
@@ -30,19 +31,48 @@ from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_dig
 from verifiers_nemogym.bridge.judge import Judge
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.errors import NeMoGymError, StackError
+from verifiers_nemogym.nemo import shared
 from verifiers_nemogym.nemo.shared import (
     _LINE_LIMIT,
     HostSpec,
+    _host_lock_path,
     _receive,
     _send,
     _socket_path,
+    check_idle_timeout,
+    peer_uid,
 )
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.net import LOOPBACK
-from verifiers_nemogym.util import try_flock
+from verifiers_nemogym.util import acquire_flock, try_flock
 
 logger = logging.getLogger(__name__)
+
+FIRST_MESSAGE_TIMEOUT = 10.0
+"""Seconds a connection to the lease socket may stay silent before the host drops it."""
+HOST_LOCK_WAIT = 5.0
+"""Seconds a host not handed `host.lock` by its spawner retries it before giving up."""
+
+
+async def claim_host_lock(directory: Path) -> IO[str]:
+    """`directory/host.lock`, exclusively flocked for the caller's whole life (closing it, or
+    dying, releases it): the one host of the stack. StackError if another host holds it."""
+    try:
+        return await acquire_flock(_host_lock_path(directory), time.monotonic() + HOST_LOCK_WAIT)
+    except TimeoutError:
+        raise StackError(f"another stack host runs for {directory}; this one exits") from None
+
+
+def _answers(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True
 
 
 class StackHost:
@@ -57,11 +87,14 @@ class StackHost:
         venv: NeMoGymVenv,
         directory: Path,
         spec: HostSpec,
+        host_lock: IO[str] | None = None,
         secrets: dict[str, Any] | None = None,
     ) -> None:
+        """`host_lock`: `host.lock` already flocked for this host (handed over by its spawner);
+        None: `run()` claims it. `secrets`: what came on stdin (the judge's key and headers)."""
         self.venv = venv
+        self._host_lock = host_lock
         self.secrets = secrets or {}
-        """What came on stdin: the judge's key and headers."""
         self.directory = directory
         self.spec = spec
         self.front = FrontForwarder()
@@ -73,6 +106,10 @@ class StackHost:
         self._stopping = asyncio.Event()
         self._stop_reason = ""
         self._server: asyncio.AbstractServer | None = None
+        self._bound_inode: int | None = None
+        self.claimed = False
+        """Whether a user leased this host or `stack up` claimed it; an unclaimed ready host
+        stops after `shared.UNCLAIMED_GRACE` s (its starter was cancelled or killed)."""
 
     def request_stop(self, reason: str) -> None:
         if not self._stopping.is_set():
@@ -80,6 +117,14 @@ class StackHost:
             self._stopping.set()
 
     async def run(self) -> None:
+        """Raises StackError (having started nothing) if another host holds `host.lock`."""
+        host_lock = self._host_lock or await claim_host_lock(self.directory)
+        try:
+            await self._run()
+        finally:
+            host_lock.close()  # last: the stack is stopped and the socket gone
+
+    async def _run(self) -> None:
         try:
             await self.front.start()
             self.stack = NeMoGymStack(
@@ -97,14 +142,33 @@ class StackHost:
             await self.stack.start()
             # Listening last: a user that can connect finds a ready stack.
             self._server = await asyncio.start_unix_server(
-                self._serve, path=_socket_path(self.directory), limit=_LINE_LIMIT
+                self._serve, sock=self._bind(), limit=_LINE_LIMIT
             )
-            os.chmod(_socket_path(self.directory), 0o600)
             self.idle_since = time.monotonic()
             logger.info("shared stack ready; agents: %s", ", ".join(sorted(self.stack.agents)))
             await self._supervise()
         finally:
             await self._shutdown()
+
+    def _bind(self) -> socket.socket:
+        """The listening socket at `host.sock`. A leftover file is a dead host's (we hold
+        `host.lock`), removed, unless something answers on it: then StackError, never a bind
+        over a live socket (asyncio's own bind would silently remove it)."""
+        path = _socket_path(self.directory)
+        if path.exists() or path.is_symlink():
+            if _answers(path):
+                raise StackError(f"something else answers on {path}; not replacing it")
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+            os.chmod(path, 0o600)
+            self._bound_inode = path.stat().st_ino
+            sock.listen(100)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     async def _supervise(self) -> None:
         last_check = time.monotonic()
@@ -119,6 +183,9 @@ class StackHost:
                 except StackError as e:
                     self.request_stop(f"the stack died: {e}")
             timeout = self.spec.idle_timeout
+            if not self.claimed:
+                grace = shared.UNCLAIMED_GRACE
+                timeout = grace if timeout is None else min(timeout, grace)
             idle = not self.leases and timeout is not None and now - self.idle_since >= timeout
             if idle and await self._close_if_still_idle():
                 self.request_stop(f"no user for {timeout:g} s")
@@ -140,11 +207,18 @@ class StackHost:
             handle.close()
 
     def _stop_listening(self) -> None:
+        """Stop accepting; remove `host.sock` only if it is still the socket this host bound
+        (never another host's)."""
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._bound_inode is None:
+            return
+        path = _socket_path(self.directory)
         with contextlib.suppress(FileNotFoundError):
-            _socket_path(self.directory).unlink()
+            if path.lstat().st_ino == self._bound_inode:
+                path.unlink()
+        self._bound_inode = None
 
     def _tell_judge_failure(self, message: str) -> None:
         """Every user's rollouts may have been graded by the failed call: tell them all."""
@@ -181,7 +255,12 @@ class StackHost:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         user: FrontUser | None = None
         try:
-            message = await _receive(reader)
+            uid = peer_uid(writer)
+            if uid != os.getuid():
+                logger.warning("refused a connection from uid %d on the lease socket", uid)
+                return
+            async with asyncio.timeout(FIRST_MESSAGE_TIMEOUT):
+                message = await _receive(reader)
             if message is None:
                 return
             op = message.get("op")
@@ -191,12 +270,13 @@ class StackHost:
                 await _send(writer, self.status())
             elif op == "persist":
                 # `stack up` on a running stack: keep it until down or the new idle timeout.
-                timeout = message.get("idle_timeout")
-                self.spec = dataclasses.replace(
-                    self.spec,
-                    persistent=True,
-                    idle_timeout=None if timeout is None else float(timeout),
-                )
+                try:
+                    timeout = check_idle_timeout(message.get("idle_timeout"))
+                except StackError as e:
+                    await _send(writer, {"ok": False, "error": str(e)})
+                    return
+                self.spec = dataclasses.replace(self.spec, persistent=True, idle_timeout=timeout)
+                self.claimed = True
                 self.idle_since = time.monotonic()
                 await _send(writer, self.status())
             elif op == "down":
@@ -210,6 +290,7 @@ class StackHost:
                 )
                 self.front.add(user)
                 self.leases[writer] = user
+                self.claimed = True
                 self.leases_total += 1
                 answer = self.status()
                 await _send(writer, answer)
@@ -218,7 +299,7 @@ class StackHost:
                     pass
             else:
                 await _send(writer, {"ok": False, "error": f"unknown op {op!r}"})
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, TimeoutError) as e:
             logger.warning("bad client on the lease socket: %r", e)
         finally:
             if user is not None:
@@ -269,11 +350,13 @@ def _loopback_url(url: str) -> str:
     return f"http://{LOOPBACK}:{port}"
 
 
-async def _run(directory: Path, spec: HostSpec, secrets: dict[str, Any]) -> None:
+async def _run(
+    directory: Path, spec: HostSpec, host_lock: IO[str] | None, secrets: dict[str, Any]
+) -> None:
     venv = await asyncio.to_thread(
         ensure_venv, spec.nemo_gym_version, spec.python, allow_below_floor=spec.below_floor
     )
-    host = StackHost(venv, directory, spec, secrets)
+    host = StackHost(venv, directory, spec, host_lock, secrets)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -296,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--spec", required=True)
+    parser.add_argument("--lock-fd", type=int, help="host.lock, flocked, from the spawner")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -315,7 +399,13 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(secret, str):
             redact_module.protect(secret)
     try:
-        asyncio.run(_run(args.dir, spec, secrets))
+        # Taken over at once: the spawner's flock on host.lock stays held by this open file.
+        host_lock = None
+        if args.lock_fd is not None:
+            # Not inherited further: a child holding it would keep "a host runs" true after us.
+            os.set_inheritable(args.lock_fd, False)
+            host_lock = os.fdopen(args.lock_fd, "a")
+        asyncio.run(_run(args.dir, spec, host_lock, secrets))
     except asyncio.CancelledError:
         return 1
     except NeMoGymError as e:

@@ -5,8 +5,10 @@ Design (see docs/shared-stacks.md):
 - A stack is identified by its *key*: nemo-gym version, the runtime's Python and venv, the
   sorted set of NeMo Gym config files (and their contents), and its judge if any (endpoint,
   model, API and a digest of the key: two judges or two keys never share a stack). Its folder
-  `<cache>/stacks/<key>/` (mode 0700) holds `lock` (a flock serialising attach/start/stop
-  decisions), `host.sock` (the host's unix socket) and `host.log`.
+  `<cache>/stacks/<key>/` (mode 0700, checked to be ours and private before use) holds `lock`
+  (a flock serialising attach/start/stop decisions), `host.lock` (flocked by the live host for
+  its whole life: at most one host per key), `host.sock` (the host's unix socket; both ends
+  check the other's uid) and `host.log`.
 - The *stack host* is a detached process (`nemo/host.py`, run as `python -m`) that owns
   the `NeMoGymStack` (so the supervisor's teardown applies unchanged) and a small *front*
   forwarder registered as NeMo Gym's `policy_model`. It never runs rollouts.
@@ -21,7 +23,9 @@ Design (see docs/shared-stacks.md):
   socket, stops the stack and exits. Persistent stacks (`nemo-gym-env stack up`) use the same
   host with a longer (or no) idle timeout.
 - `attach_or_start` takes the flock, attaches to a live host or starts one and waits for it:
-  concurrent starts bring up exactly one stack.
+  concurrent starts bring up exactly one stack. A host that holds `host.lock` but does not
+  answer yet (starting, or slow) is waited for, never replaced; a host nobody leases within
+  `UNCLAIMED_GRACE` s of being ready (its starter was cancelled or killed) stops by itself.
 """
 
 from __future__ import annotations
@@ -31,20 +35,30 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from verifiers_nemogym.bridge.judge import Judge, JudgeStatus
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-from verifiers_nemogym.util import acquire_flock, cache_root, pid_alive
+from verifiers_nemogym.util import (
+    acquire_flock,
+    cache_root,
+    open_nofollow,
+    pid_alive,
+    private_dir,
+    try_flock,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +68,13 @@ HOST_ENV_VAR = "VF_NEMOGYM_STACK_HOST"
 DEFAULT_IDLE_GRACE = 5.0
 """Seconds an automatically started stack stays up after its last user left."""
 _LINE_LIMIT = 1 << 20
+LEASE_ANSWER_TIMEOUT = 30.0
+"""Seconds a user waits for a host's answer to its lease hello before asking again."""
+UNCLAIMED_GRACE = 60.0
+"""Seconds a ready host waits for its first lease (or `stack up`'s persist) before it stops:
+its starter was cancelled or killed while it started."""
+SOCKET_PATH_MAX = 107
+"""The longest unix socket path Linux accepts (sun_path is 108 bytes with its NUL)."""
 
 
 # ------------------------------------------------------------------------------ identity
@@ -102,16 +123,72 @@ def _socket_path(directory: Path) -> Path:
     return directory / "host.sock"
 
 
+def _host_lock_path(directory: Path) -> Path:
+    return directory / "host.lock"
+
+
+def check_stack_dir(directory: Path) -> None:
+    """Before anything starts: the cache root, `stacks/` and `directory` are ours and private
+    (else ConfigError, see `util.private_dir`), and `host.sock` fits a unix socket address
+    (else StackError naming the path)."""
+    private_dir(cache_root())
+    private_dir(directory.parent)
+    private_dir(directory)
+    path = _socket_path(directory)
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        raise StackError(
+            f"the shared stack socket path {path} is longer than {SOCKET_PATH_MAX} bytes; "
+            "set VF_NEMOGYM_CACHE to a shorter folder"
+        )
+
+
+def spawn_if_no_host(
+    directory: Path, spec: HostSpec, secrets: dict[str, Any] | None = None
+) -> subprocess.Popen[bytes] | None:
+    """Under the stack lock: a new host for `directory` if none runs (None if one does). The
+    new host inherits our flock on `host.lock` (the same open file), so there is no moment in
+    which the lock is free while it starts, even if we are killed right after."""
+    handle = try_flock(_host_lock_path(directory))
+    if handle is None:
+        return None
+    with handle:
+        return spawn_host(directory, spec, handle, secrets)
+
+
+def peer_uid(writer: asyncio.StreamWriter) -> int:
+    """The uid of the process at the other end of a unix socket connection (SO_PEERCRED)."""
+    sock = writer.get_extra_info("socket")
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the host socket at `path` whose listener runs as our uid; StackError
+    (nothing sent) if another user serves it; OSError if nothing listens."""
+    reader, writer = await asyncio.open_unix_connection(path, limit=_LINE_LIMIT)
+    uid = peer_uid(writer)
+    if uid != os.getuid():
+        writer.close()
+        raise StackError(
+            f"the shared stack socket {path} is served by uid {uid}, not by you "
+            f"(uid {os.getuid()}); refusing it: set VF_NEMOGYM_CACHE to a private folder"
+        )
+    return reader, writer
+
+
 @contextlib.asynccontextmanager
 async def stack_lock(directory: Path, deadline: float, what: str) -> AsyncIterator[None]:
-    """Hold `directory/lock` (flock) for the block; StackError naming `what` at `deadline`."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Hold `directory/lock` (flock) for the block; StackError naming `what` at `deadline`.
+    The folder is checked first (`check_stack_dir`)."""
+    check_stack_dir(directory)
     try:
         handle = await acquire_flock(directory / "lock", deadline)
     except TimeoutError:
         raise StackError(
             f"timed out waiting for the shared stack lock {directory / 'lock'} ({what})"
         ) from None
+    except OSError as e:  # e.g. ELOOP: `lock` is a symlink, which is never followed
+        raise StackError(f"cannot open the shared stack lock {directory / 'lock'}: {e}") from None
     try:
         yield
     finally:
@@ -139,11 +216,11 @@ async def _receive(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 
 async def request(directory: Path, message: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
     """Send one control message (`status`, `down`) to the host in `directory`; its answer.
-    Raises StackError if no host listens there."""
+    Raises StackError if no host (of our uid) listens there."""
     path = _socket_path(directory)
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_unix_connection(path, limit=_LINE_LIMIT)
+            reader, writer = await _connect(path)
             try:
                 await _send(writer, message)
                 answer = await _receive(reader)
@@ -204,25 +281,31 @@ class Lease:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
         if not self._writer.is_closing():
+            # shutdown, not just close: a child forked after attaching shares the socket, and a
+            # close would leave the connection open (and the host counting us) while it lives.
+            sock = self._writer.get_extra_info("socket")
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             self._writer.close()
             with contextlib.suppress(OSError, ConnectionError):
                 await self._writer.wait_closed()
 
 
 async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Lease | None:
-    """A lease from the host listening in `directory`, or None if none listens (or it is
-    shutting down)."""
+    """A lease from the host listening in `directory`, or None if none answers in
+    `LEASE_ANSWER_TIMEOUT` s (or it is shutting down). StackError, before the secret is sent,
+    if the listener is another user's."""
     path = _socket_path(directory)
     if not path.exists():
         return None
     try:
-        reader, writer = await asyncio.open_unix_connection(path, limit=_LINE_LIMIT)
+        reader, writer = await _connect(path)
     except OSError:
         return None
     try:
         hello = {"op": "lease", "pid": os.getpid(), "proxy_url": proxy_url, "secret": proxy_secret}
         await _send(writer, hello)
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(LEASE_ANSWER_TIMEOUT):
             answer = await _receive(reader)
     except (OSError, TimeoutError, ValueError):
         writer.close()
@@ -257,7 +340,8 @@ class HostSpec:
     below_floor: bool = False
     """The runtime was built below its release's declared Python floor (the explicit opt-in)."""
     judge: dict[str, Any] | None = None
-    """The stack's judge (`Judge.to_dict`: no key; the key reaches the host on its stdin)."""
+    """The stack's judge (`Judge.to_dict`: no key, no headers; those reach the host on its
+    stdin, see `spawn_host`)."""
 
     @classmethod
     def of(
@@ -290,22 +374,29 @@ class HostSpec:
         return cls(**json.loads(text))
 
 
+def host_secrets(judge: Judge | None, judge_key: str | None) -> dict[str, Any]:
+    """What a host gets on its stdin: the judge's key and headers."""
+    return {"judge_key": judge_key, "judge_headers": judge.headers if judge is not None else {}}
+
+
 def spawn_host(
-    directory: Path, spec: HostSpec, judge: Judge | None = None, judge_key: str | None = None
+    directory: Path, spec: HostSpec, host_lock: IO[str], secrets: dict[str, Any] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start a detached stack host for `directory` (its output goes to `host.log`). The caller
-    holds the stack lock and has checked that no host listens. The judge's key and headers go to
-    the host on its stdin (one JSON line), never in its arguments or environment."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Start a detached stack host for `directory` (its output goes to `host.log`; the previous
+    host's log is kept as `host.log.1`, so logs do not grow forever). The caller holds the stack
+    lock and `host_lock` (`host.lock`, flocked), which the host inherits and keeps for its life;
+    the host itself removes a dead host's socket. `secrets` (`host_secrets`) go to the host on
+    its stdin (one JSON line), never in its arguments or environment."""
+    log_path = directory / "host.log"
     with contextlib.suppress(FileNotFoundError):
-        _socket_path(directory).unlink()  # a killed host's leftover
+        os.replace(log_path, directory / "host.log.1")
     env = {**os.environ, HOST_ENV_VAR: directory.name}
     if spec.judge is not None and spec.judge.get("key_var"):
         env.pop(str(spec.judge["key_var"]), None)
     # Imported here: the host module builds on this one (the lease protocol, HostSpec).
     from verifiers_nemogym.nemo import host
 
-    with (directory / "host.log").open("ab") as log:
+    with open_nofollow(log_path, binary=True) as log:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -315,7 +406,10 @@ def spawn_host(
                 str(directory),
                 "--spec",
                 spec.to_json(),
+                "--lock-fd",
+                str(host_lock.fileno()),
             ],
+            pass_fds=(host_lock.fileno(),),
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -326,9 +420,7 @@ def spawn_host(
         )
     assert proc.stdin is not None
     with contextlib.suppress(OSError):  # a host that died at once says why in its log
-        headers = judge.headers if judge is not None else {}
-        secrets = {"judge_key": judge_key, "judge_headers": headers}
-        proc.stdin.write(json.dumps(secrets).encode() + b"\n")
+        proc.stdin.write(json.dumps(secrets or {}).encode() + b"\n")
         proc.stdin.close()
     return proc
 
@@ -341,39 +433,46 @@ def _log_tail(directory: Path, n: int = 30) -> str:
     return "\n".join(lines[-n:])
 
 
-async def wait_for_host(
+async def _host_or_start(
     directory: Path,
-    proc: subprocess.Popen[bytes],
-    deadline: float,
-    proxy_url: str,
-    proxy_secret: str,
-) -> Lease:
-    """Wait until the host `proc` serves `directory`, then take a lease (see `_await_host`)."""
-    return await _await_host(
-        directory, proc, deadline, lambda: _try_lease(directory, proxy_url, proxy_secret)
-    )
-
-
-async def _await_host(
-    directory: Path,
-    proc: subprocess.Popen[bytes],
+    spec: HostSpec,
     deadline: float,
     ready: Callable[[], Awaitable[T | None]],
-) -> T:
-    """Poll `ready()` until it gives a value. A host that exits first or misses `deadline` is a
-    StackError with its log tail (a late one is told to stop, which stops its stack, first)."""
+    log: logging.Logger,
+    secrets: dict[str, Any] | None = None,
+) -> tuple[T, bool]:
+    """Under the stack lock: poll `ready()` until the stack's host gives a value; returns it and
+    whether this call spawned the host.
+
+    A host is spawned only when none runs (`host.lock` free): one that is still starting or
+    answers slowly is waited for, so there is never a second host. A host we spawned that exits
+    first, or any wait past `deadline`, is a StackError with the log tail (a late host we
+    spawned is told to stop, which stops its stack, first)."""
+    proc: subprocess.Popen[bytes] | None = None
+    waiting_logged = False
     while True:
-        if (code := proc.poll()) is not None:
+        if (value := await ready()) is not None:
+            return value, proc is not None
+        if proc is not None and (code := proc.poll()) is not None:
             raise StackError(
                 f"the shared NeMo Gym stack host exited with status {code} before it was ready; "
                 f"log tail ({directory / 'host.log'}):\n{_log_tail(directory)}"
             )
-        if (value := await ready()) is not None:
-            return value
+        if proc is None and (proc := spawn_if_no_host(directory, spec, secrets)) is not None:
+            log.info(
+                "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
+                proc.pid,
+                ", ".join(Path(p).name for p in spec.config_paths),
+                directory / "host.log",
+            )
+        elif proc is None and not waiting_logged:
+            waiting_logged = True
+            log.info("waiting for the shared NeMo Gym stack host of %s to answer", directory)
         if time.monotonic() > deadline:
-            proc.send_signal(signal.SIGTERM)  # it stops its stack before exiting
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(proc.wait, 60)
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)  # it stops its stack before exiting
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(proc.wait, 60)
             raise StackError(
                 f"the shared NeMo Gym stack was not ready in time; log tail "
                 f"({directory / 'host.log'}):\n{_log_tail(directory)}"
@@ -396,24 +495,23 @@ async def attach_or_start(
     """A lease on the shared stack for `config_paths` on `venv`, started if none runs.
 
     The proxy at `proxy_url` (loopback) receives every model call NeMo Gym makes that carries
-    `proxy_secret`. Starts are serialised by the stack's flock: exactly one host starts a stack.
+    `proxy_secret`. Starts are serialised by the stack's flock and a host's `host.lock`:
+    at most one host runs per stack, whoever is cancelled or killed when. The stack folder is
+    checked before anything is sent (`check_stack_dir`: ConfigError or StackError).
     """
-    began = time.monotonic()
-    deadline = began + start_timeout + 60
+    deadline = time.monotonic() + start_timeout + 60
     directory = stack_dir(stack_key(venv, config_paths, judge, judge_key))
+    spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout, judge=judge)
     async with stack_lock(directory, deadline, "attach or start"):
-        lease = await _try_lease(directory, proxy_url, proxy_secret)
-        if lease is None:
-            spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout, judge=judge)
-            proc = spawn_host(directory, spec, judge, judge_key)
-            log.info(
-                "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
-                proc.pid,
-                ", ".join(Path(p).name for p in config_paths),
-                directory / "host.log",
-            )
-            lease = await wait_for_host(directory, proc, deadline, proxy_url, proxy_secret)
-            lease.started = True
+        lease, started = await _host_or_start(
+            directory,
+            spec,
+            deadline,
+            lambda: _try_lease(directory, proxy_url, proxy_secret),
+            log,
+            host_secrets(judge, judge_key),
+        )
+        lease.started = started
     lease.begin_watch()
     return lease
 
@@ -423,26 +521,69 @@ async def attach_or_start(
 
 @dataclass
 class HostInfo:
-    """One shared stack as `stack status` reports it."""
+    """One shared stack as `stack status` reports it; `status` is None (and `error` says why)
+    for a host that does not answer, e.g. one that is still starting; `pid` is the host's
+    process when known."""
 
     directory: Path
     status: dict[str, Any] | None
     error: str = ""
+    pid: int | None = None
+
+
+HOST_MODULE = "verifiers_nemogym.nemo.host"
+
+
+def host_processes() -> dict[Path, int]:
+    """Stack host processes of this uid serving folders under `stacks_root()`, found by their
+    marker (`HOST_ENV_VAR`) and command line: folder -> pid. Finds hosts that do not answer
+    on their socket (starting, wedged, or a socket lost)."""
+    found: dict[Path, int] = {}
+    root = stacks_root().absolute()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != os.getuid():
+                continue
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not any(entry.startswith(f"{HOST_ENV_VAR}=".encode()) for entry in environ):
+            continue  # the host's children inherit the marker, but run other programs
+        if HOST_MODULE not in argv or "--dir" not in argv[:-1]:
+            continue
+        directory = Path(argv[argv.index("--dir") + 1]).absolute()
+        if directory.parent == root:
+            found[directory] = int(name)
+    return found
 
 
 async def list_hosts() -> list[HostInfo]:
-    """Every stack folder with a host socket, and what its host answers."""
+    """Every stack host of this uid here: each stack folder with a host socket, and what its
+    host answers, plus every host process no socket leads to (see `host_processes`)."""
     found: list[HostInfo] = []
     root = stacks_root()
-    if not root.is_dir():
-        return found
-    for directory in sorted(root.iterdir()):
-        if not _socket_path(directory).exists():
-            continue
-        try:
-            found.append(HostInfo(directory, await request(directory, {"op": "status"})))
-        except StackError as e:
-            found.append(HostInfo(directory, None, str(e)))
+    processes = host_processes()
+    if root.is_dir():
+        for directory in sorted(root.iterdir()):
+            if not _socket_path(directory).exists():
+                continue
+            try:
+                status = await request(directory, {"op": "status"})
+            except StackError as e:
+                found.append(HostInfo(directory, None, str(e)))
+                continue
+            found.append(HostInfo(directory, status, pid=int(status["pid"])))
+    known = {h.pid for h in found if h.pid is not None}
+    for directory, pid in sorted(processes.items()):
+        if pid not in known:
+            found.append(
+                HostInfo(directory, None, f"host pid {pid} runs but does not answer", pid=pid)
+            )
     return found
 
 
@@ -457,21 +598,36 @@ async def bring_up(
 ) -> dict[str, Any]:
     """`stack up`: a persistent stack for `config_paths` (started, or an automatic one made
     persistent) that stays until `stack down` or `idle_timeout` seconds without users
-    (None: no limit). Returns its status."""
+    (None: no limit; else finite and >= 0, or StackError). Returns its status."""
+    check_idle_timeout(idle_timeout)
     deadline = time.monotonic() + start_timeout + 60
     directory = stack_dir(stack_key(venv, config_paths, judge, judge_key))
+    spec = HostSpec.of(
+        venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge
+    )
     async with stack_lock(directory, deadline, "stack up"):
-        if not _socket_path(directory).exists() or not await _answers(directory):
-            spec = HostSpec.of(
-                venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge
-            )
-            proc = spawn_host(directory, spec, judge, judge_key)
 
-            async def answering() -> bool | None:
-                return await _answers(directory) or None
+        async def answering() -> bool | None:
+            return await _answers(directory) or None
 
-            await _await_host(directory, proc, deadline, answering)
+        await _host_or_start(
+            directory, spec, deadline, answering, logger, host_secrets(judge, judge_key)
+        )
         return await request(directory, {"op": "persist", "idle_timeout": idle_timeout})
+
+
+def check_idle_timeout(value: object) -> float | None:
+    """An idle timeout as a host takes it: None (no limit) or a finite number >= 0 of seconds;
+    else StackError."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
+        raise StackError(f"idle timeout {value!r} is not a finite number of seconds >= 0")
+    return seconds
 
 
 async def _answers(directory: Path) -> bool:
@@ -481,11 +637,16 @@ async def _answers(directory: Path) -> bool:
         return False
 
 
-async def take_down(directory: Path, timeout: float = 60) -> int:
-    """`stack down` for the host in `directory`: ask it to stop and wait until it has exited
-    (its stack stopped with it). Returns the host's pid."""
-    answer = await request(directory, {"op": "down"})
-    pid = int(answer["pid"])
+async def take_down(directory: Path, timeout: float = 60, pid: int | None = None) -> int:
+    """`stack down` for the host in `directory`: ask it to stop (or, for a host process `pid`
+    that does not answer, SIGTERM it) and wait until it has exited (its stack stopped with it).
+    Returns the host's pid."""
+    if pid is None:
+        answer = await request(directory, {"op": "down"})
+        pid = int(answer["pid"])
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # the host stops its stack (or its start) first
     deadline = time.monotonic() + timeout
     while pid_alive(pid):
         if time.monotonic() > deadline:

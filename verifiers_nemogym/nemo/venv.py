@@ -38,7 +38,7 @@ from verifiers_nemogym.nemo.release import (
     release_files,
     version_tuple,
 )
-from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, run_uv
+from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, private_cache, run_uv
 
 logger = logging.getLogger(__name__)
 
@@ -443,14 +443,17 @@ def ensure_venv(
     `version` None means `default_version(python)`. `python` is as for `find_python`.
     `allow_below_floor` (None: $VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR) is the explicit opt-in to
     an interpreter below the release's declared floor; without it such an interpreter is a
-    one-line `VenvSetupError` saying how to opt in. Creation is atomic (built in a temporary
-    folder, then renamed) and serialised between processes by a file lock. The chosen release
-    and Python are logged (a warning when below the floor).
+    one-line `VenvSetupError` saying how to opt in. A cache, `runtimes/` or `server-venvs/`
+    folder that is not ours or that others can write to is a one-line ConfigError. Creation is
+    atomic (built in a temporary folder, then renamed) and serialised between processes by a
+    file lock. The chosen release and Python are logged (a warning when below the floor).
     """
     python = python or os.environ.get(PYTHON_ENV_VAR) or None
     allow = allow_below_floor_default() if allow_below_floor is None else allow_below_floor
     version = version or default_version(python)
-    root = cache_root() / "runtimes"
+    # Checked before use: a runtime or server venv someone else can write to runs their code.
+    root = private_cache("runtimes")
+    private_cache("server-venvs")
     runtime = _find_cached(root, version, python, allow)
     if runtime is None:
         runtime = _create(root, version, python, allow, log)

@@ -46,7 +46,7 @@ from verifiers_nemogym.nemo.catalog import (
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.supervisor import processes_with_marker
-from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, private_ray_auth
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.util import acquire_flock, uv_cache_dir
 
@@ -173,6 +173,8 @@ class NeMoGymStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         policy_config = write_policy_placeholder(self.workdir, self.policy_host, self.policy_port)
         # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
+        # mkdtemp makes it 0700: Ray's sockets, session logs and the stack's Ray token
+        # (`private_ray_auth`) are this user's alone.
         self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
         await self._acquire_build_lock_if_cold(deadline)
         # Cold (no start of this config set succeeded yet): let NeMo Gym build or repair every
@@ -192,7 +194,7 @@ class NeMoGymStack:
         command = await asyncio.to_thread(
             self.command, policy_config, head_port, warm=warm, deadline=deadline
         )
-        env = self.venv.env(self._ray_tmpdir)
+        env = self.venv.env(self._ray_tmpdir) | private_ray_auth(self._ray_tmpdir)
         if self.fast_start:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
             # connects; NeMo Gym's drivers start workers on demand if they ever run a task.

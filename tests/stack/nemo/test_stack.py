@@ -203,3 +203,53 @@ def _stack_for(venv: NeMoGymVenv, env: EnvSpec, policy: ScriptedPolicy) -> NeMoG
     return NeMoGymStack(
         venv, env.config_paths, policy_host=policy.host, policy_port=policy.port, start_timeout=300
     )
+
+
+_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+async def test_stack_ray_token_is_private_to_the_stack(
+    nemo_venv: NeMoGymVenv,
+    single_tool_env: EnvSpec,
+    policy: ScriptedPolicy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray's token lives in the stack's 0700 RAY_TMPDIR, mode 0600, unreadable by another uid,
+    and Ray neither reads nor writes `~/.ray` (a HOME of its own here, to see it)."""
+    from verifiers_nemogym.util import uv_cache_dir
+
+    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache_dir()))  # HOME moves; uv's cache does not
+    monkeypatch.setenv("HOME", str(tmp_path))
+    stack = _stack_for(nemo_venv, single_tool_env, policy)
+    try:
+        await stack.start()
+        ray_tmpdir = stack._ray_tmpdir
+        assert ray_tmpdir is not None
+        token = ray_tmpdir / "auth_token"
+        assert token.stat().st_mode & 0o777 == 0o600
+        assert ray_tmpdir.stat().st_mode & 0o777 == 0o700
+        # Every Ray process of the stack reads that token, none falls back to ~/.ray.
+        gcs = [
+            pid
+            for pid in processes_with_marker(stack.marker)
+            if Path(f"/proc/{pid}/exe").resolve().name == "gcs_server"
+        ]
+        assert len(gcs) == 1
+        environ = Path(f"/proc/{gcs[0]}/environ").read_bytes().split(b"\0")
+        assert f"RAY_AUTH_TOKEN_PATH={token}".encode() in environ
+        assert b"RAY_AUTH_MODE=token" in environ
+        assert not (tmp_path / ".ray").exists()
+        # A second real uid can read neither the token nor anything else of Ray's state.
+        for path in (token, ray_tmpdir):
+            probe = subprocess.run(
+                [*_NOBODY, "ls", "-l", str(path)], capture_output=True, text=True, check=False
+            )
+            assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe
+        probe = subprocess.run(
+            [*_NOBODY, "cat", str(token)], capture_output=True, text=True, check=False
+        )
+        assert probe.returncode != 0 and probe.stdout == "", probe
+    finally:
+        await stack.stop()
+    assert not (tmp_path / ".ray").exists()

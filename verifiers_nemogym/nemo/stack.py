@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 import signal
@@ -45,7 +44,7 @@ from verifiers_nemogym.nemo.catalog import (
     write_policy_placeholder,
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
-from verifiers_nemogym.nemo.supervisor import processes_with_marker
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, private_ray_auth
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.util import acquire_flock, uv_cache_dir
@@ -601,11 +600,10 @@ class NeMoGymStack:
     async def _sweep(self) -> list[int]:
         """Kill whatever still carries our marker (normally nothing: the supervisor did it)."""
         deadline = time.monotonic() + 5
+        entry = f"{MARKER_ENV_VAR}={self.marker}"
         while True:
-            alive = processes_with_marker(self.marker)
+            alive = processes_with_env(entry)
             if not alive or time.monotonic() > deadline:
                 return alive
-            for pid in alive:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            signal_with_env(alive, entry, signal.SIGKILL)  # by pidfd: never a reused PID
             await asyncio.sleep(0.2)

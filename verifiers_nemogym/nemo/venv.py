@@ -39,7 +39,7 @@ from verifiers_nemogym.nemo.release import (
     release_files,
     version_tuple,
 )
-from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, run_uv
+from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, run_uv, try_flock
 
 logger = logging.getLogger(__name__)
 
@@ -389,6 +389,37 @@ def private_ray_auth(ray_tmpdir: Path) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
 
 
+_TMP_BUILD = re.compile(r"\.tmp-(nemo-gym-.+)-[0-9a-f]{8}")
+
+
+def prune_interrupted_builds(root: Path) -> list[Path]:
+    """Delete the temporary folders (`.tmp-<runtime>-<hex>`) that runtime builds killed
+    before their cleanup (SIGKILL) left in `root`; returns those deleted, never raises.
+
+    A build makes and removes its folder while holding `.<runtime>.lock`, so a folder whose
+    lock can be taken here belongs to no live build."""
+    removed: list[Path] = []
+    try:
+        candidates = sorted(root.glob(".tmp-nemo-gym-*"))
+    except OSError:
+        return removed
+    for path in candidates:
+        if not (match := _TMP_BUILD.fullmatch(path.name)) or path.is_symlink():
+            continue
+        try:
+            handle = try_flock(root / f".{match.group(1)}.lock")
+        except OSError:
+            continue
+        if handle is None:
+            continue  # being built right now
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            handle.close()
+        removed.append(path)
+    return removed
+
+
 def _runtime_name(nemo_gym_version: str, python_version: str, below_floor: bool = False) -> str:
     suffix = "-below-floor" if below_floor else ""
     return f"nemo-gym-{nemo_gym_version}-py{python_version}{suffix}"
@@ -477,6 +508,7 @@ def ensure_venv(
     allow = allow_below_floor_default() if allow_below_floor is None else allow_below_floor
     version = version or default_version(python)
     root = cache_root() / "runtimes"
+    prune_interrupted_builds(root)
     runtime = _find_cached(root, version, python, allow)
     if runtime is None:
         runtime = _create(root, version, python, allow, log)

@@ -253,3 +253,43 @@ async def test_stack_ray_token_is_private_to_the_stack(
     finally:
         await stack.stop()
     assert not (tmp_path / ".ray").exists()
+
+
+async def test_failed_warm_start_drops_the_warm_stamp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm start (`skip_venv_if_present=true`) that fails leaves the next start cold, so
+    NeMo Gym re-checks the per-server venvs (one may have been left half-installed by an
+    interrupted start of another config set sharing it). A stand-in `ng_run` that records its
+    arguments and exits 1 plays NeMo Gym: seconds, no real stack."""
+    monkeypatch.setenv("VF_NEMOGYM_CACHE", str(tmp_path / "cache"))
+    runtime = tmp_path / "runtime"
+    (runtime / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    ng_run = runtime / "bin" / "ng_run"
+    ng_run.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\necho "RuntimeError: broken venv"\nexit 1\n'
+    )
+    ng_run.chmod(0o755)
+    venv = NeMoGymVenv(
+        venv=runtime, python=Path(sys.executable), python_version="3.12.1",
+        nemo_gym_version="0.4.0",
+    )  # fmt: skip
+    config = tmp_path / "env.yaml"
+    config.write_text("{}\n")
+
+    def attempt() -> NeMoGymStack:
+        return NeMoGymStack(
+            venv, [config], policy_host="127.0.0.1", policy_port=9, start_timeout=60
+        )
+
+    stamp = attempt()._warm_stamp()
+    stamp.parent.mkdir(parents=True)
+    stamp.write_text(f"{config}\n")  # a start of this set once succeeded
+    for _ in range(2):
+        with pytest.raises(StackError, match="broken venv"):
+            await attempt().start()
+    first, second = calls.read_text().splitlines()
+    assert "+skip_venv_if_present=true" in first.split()
+    assert "+skip_venv_if_present=false" in second.split()
+    assert not stamp.exists()

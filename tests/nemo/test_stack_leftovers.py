@@ -5,6 +5,7 @@ and the death and stop paths read a bounded tail of an unbounded `ng_run.log`.""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -40,19 +41,25 @@ def test_prune_stale_workdirs_removes_only_old_unused_own_folders(tmp_path: Path
     in_use = _folder(tmp_path / f"{WORKDIR_PREFIX}inuse")
     recent_log = _folder(tmp_path / f"{WORKDIR_PREFIX}recentlog")
     os.utime(recent_log / "ng_run.log")  # the stack still writes to it
+    running = _folder(tmp_path / f"{WORKDIR_PREFIX}running")  # a stack of an older release
+    (running / "responses_api_models").mkdir()
+    os.utime(running, (DAY_AGO, DAY_AGO))
     other = _folder(tmp_path / "something-else")
     target = _folder(tmp_path / "elsewhere")
     link = tmp_path / f"{WORKDIR_PREFIX}link"
     link.symlink_to(target)
     lock = try_flock(in_use / ".in-use")  # what a running stack holds
     assert lock is not None
+    sleeper = subprocess.Popen(["sleep", "60"], cwd=running / "responses_api_models")
     try:
         removed = prune_stale_workdirs(tmp_path)
     finally:
         lock.close()
+        sleeper.kill()
+        sleeper.wait()
     assert sorted(removed) == sorted([old, no_log])
     assert not old.exists() and not no_log.exists()
-    for kept in (fresh, in_use, recent_log, other, target, link):
+    for kept in (fresh, in_use, recent_log, running, other, target, link):
         assert kept.exists(), kept
 
 

@@ -141,3 +141,21 @@ def test_signal_with_env_spares_a_process_that_reused_a_scanned_pid() -> None:
         if newcomer is not None:
             newcomer.kill()
             newcomer.wait()
+
+
+@pytest.mark.parametrize("attempt", range(20))  # a race: many tries
+def test_a_command_that_exits_at_once_ends_the_supervisor(tmp_path: Path, attempt: int) -> None:
+    """Its exit is noticed (and is the supervisor's status) without the owner closing the
+    pipe: nothing but the supervisor's own reaping may collect the command."""
+    proc = subprocess.Popen(
+        [sys.executable, "-I", str(SUPERVISOR), "--marker", uuid.uuid4().hex,
+         "--log", str(tmp_path / "log"), "--cwd", str(tmp_path),
+         "--", "sh", "-c", "echo broken; exit 1"],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.wait(timeout=10) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -108,10 +108,12 @@ def prune_stale_workdirs(
     """Delete the `vf-nemogym-stack-*` folders directly in `parent` (workdirs of stacks that
     created their own: kept after a failed start for their log, or left by an owner killed
     together with its supervisor) that are this user's real folders (not links), whose folder
-    and `ng_run.log` are both older than `older_than` seconds, and whose lock no stack holds (a
-    stack holds it from creating its workdir to its stop). Returns the folders deleted; never
-    raises (what cannot be inspected is left alone)."""
+    and `ng_run.log` are both older than `older_than` seconds, that no process runs in (a
+    stack's supervisor and ng_run do, also those of releases without the lock), and whose lock
+    no stack holds (a stack holds it from creating its workdir to its stop). Returns the folders
+    deleted; never raises (what cannot be inspected is left alone)."""
     removed: list[Path] = []
+    in_use: set[Path] | None = None
     now = time.time()
     try:
         candidates = sorted(parent.glob(f"{WORKDIR_PREFIX}*"))
@@ -126,6 +128,11 @@ def prune_stale_workdirs(
             touched = max(info.st_mtime, log_file.stat().st_mtime if log_file.exists() else 0)
             if now - touched < older_than:
                 continue
+            if in_use is None:
+                in_use = _process_cwds()
+            real = path.resolve()  # /proc names cwds by their real path
+            if any(cwd == real or real in cwd.parents for cwd in in_use):
+                continue
             handle = try_flock(path / _WORKDIR_LOCK)
         except OSError:
             continue
@@ -138,6 +145,16 @@ def prune_stale_workdirs(
         log.info("removed a stale NeMo Gym stack folder: %s", path)
         removed.append(path)
     return removed
+
+
+def _process_cwds() -> set[Path]:
+    """The working folders of the processes this user may inspect."""
+    found: set[Path] = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                found.add(Path(os.readlink(f"/proc/{name}/cwd")))
+    return found
 
 
 class NeMoGymStack:

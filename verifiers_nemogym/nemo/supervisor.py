@@ -191,6 +191,7 @@ class _Supervisor:
         self.command = command
         self.owner = os.getppid()
         self.stop_requested = False
+        self.child: subprocess.Popen[bytes] | None = None
         self.child_pid: int | None = None
         self.child_status: int | None = None
 
@@ -213,7 +214,10 @@ class _Supervisor:
                 start_new_session=True,
                 preexec_fn=_die_with_parent(os.getpid()),
             )
-        # From here on children are reaped by `reap()` (we are a subreaper), not by Popen.
+        # From here on children are reaped by `reap()` (we are a subreaper), not by Popen. The
+        # Popen is kept: a dropped one polls its child on deletion, and would reap (and hide
+        # from `reap()`) a command that exited at once.
+        self.child = proc
         self.child_pid = proc.pid
         self.note(f"started pid {proc.pid}: {' '.join(self.command[:1])}")
 

@@ -287,7 +287,8 @@ async def test_failed_warm_start_drops_the_warm_stamp(
     stamp.parent.mkdir(parents=True)
     stamp.write_text(f"{config}\n")  # a start of this set once succeeded
     for _ in range(2):
-        with pytest.raises(StackError, match="broken venv"):
+        # Noticed at once (not at the start deadline): ng_run's exit and its first error.
+        with pytest.raises(StackError, match="exited with status 1: RuntimeError: broken venv"):
             await attempt().start()
     first, second = calls.read_text().splitlines()
     assert "+skip_venv_if_present=true" in first.split()

@@ -7,8 +7,13 @@ environment server fronting the agent on NeMo Gym >= 0.7, else the agent). It ra
 when the head server cannot be reached or returns no usable config, and ConfigError when the
 stack does not match this env process: its `policy_model` must be an address this process's
 model proxy listens on (the proxy IS the stack's policy model), and a `/run` target bound to
-loopback cannot be used from another host. Nothing is started or stopped here: the stack
-belongs to whoever started it.
+loopback cannot be used from another host. An agent or environment server bound to a wildcard
+address (`+default_host=0.0.0.0` or `::`) is reached at the head server's host (the only address
+of that machine known here), never at the wildcard, which would mean this machine. Every port the
+config names must be an integer in 1..65535, else a one-line ConfigError. A `url` carrying
+credentials (`user:password@`) is refused with a ConfigError: NeMo Gym's head server takes none,
+and they would be echoed in errors and logs; no error or log quotes them. Nothing is started or
+stopped here: the stack belongs to whoever started it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,33 @@ class RemoteStack:
     policy_address: tuple[str, int]
 
 
+def _port(value: object, what: str, head_url: str) -> int:
+    """`value` as a TCP port, or a one-line ConfigError naming `what`."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ConfigError(
+            f"the NeMo Gym stack at {head_url} names {what} port {str(value)[:40]!r}, "
+            "which is no port (an integer in 1..65535)"
+        )
+    return value
+
+
+def _reachable(url: str, what: str, head_host: str, head_url: str) -> str:
+    """`url` (a server's base URL from the config) with its port checked and a wildcard host
+    replaced by the head server's: a wildcard bind listens on every address of that machine."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    _port(port if port is not None else url.rsplit(":", 1)[-1], what, head_url)
+    if (parts.hostname or "") not in _WILDCARD:
+        return url
+    host = f"[{head_host}]" if ":" in head_host else head_host
+    return parts._replace(netloc=f"{host}:{port}").geturl()
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -59,13 +91,25 @@ async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteS
     """See the module contract. `proxy_port` 0 means "the port the stack's policy_model names"."""
     head_url = url.rstrip("/")
     parts = urlsplit(head_url)
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            "--env.taskset.stack-url carries credentials (user:password@); NeMo Gym's head "
+            "server takes none: remove them"
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"--env.taskset.stack-url {url!r} is not an http(s) URL of a head server")
+        shown = repr(url) if "@" not in url else "(not quoted: it may hold credentials)"
+        raise ConfigError(f"--env.taskset.stack-url {shown} is not an http(s) URL of a head server")
     config = await fetch_merged_config(head_url)
-    agents = server_urls(config, AGENTS)
+    agents = {
+        name: _reachable(target, f"agent {name!r}", parts.hostname, head_url)
+        for name, target in server_urls(config, AGENTS).items()
+    }
     if not agents:
         raise ConfigError(f"the NeMo Gym stack at {head_url} defines no agent server")
-    run_urls = run_targets(config)
+    run_urls = {
+        name: _reachable(target, f"the /run target of agent {name!r}", parts.hostname, head_url)
+        for name, target in run_targets(config).items()
+    }
     for name, target in run_urls.items():
         # This process connects to the `/run` target only (an environment server reaches its
         # agent on the stack's own machine), so only the target's address must be routable.
@@ -82,7 +126,8 @@ async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteS
             f"the NeMo Gym stack at {head_url} has no `{POLICY_INSTANCE}` with a host and port; "
             "start it with this env's model proxy address as its policy_model"
         )
-    policy_host, policy_port = str(policy[1]["host"]), int(policy[1]["port"])
+    policy_host = str(policy[1]["host"])
+    policy_port = _port(policy[1]["port"], f"its {POLICY_INSTANCE}", head_url)
     matches_host = (
         policy_host == proxy_host
         or proxy_host in _WILDCARD

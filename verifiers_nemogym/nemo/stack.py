@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -48,10 +49,10 @@ from verifiers_nemogym.nemo.catalog import (
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
-from verifiers_nemogym.nemo.supervisor import processes_with_marker
-from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, private_ray_auth
 from verifiers_nemogym.net import free_port
-from verifiers_nemogym.util import acquire_flock, uv_cache_dir
+from verifiers_nemogym.util import acquire_flock, try_flock, uv_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,13 @@ _PROGRESS_EVERY = 5.0
 _ALLOWED_MODEL_TYPES = "allowed_model_types"
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
+# What death and stop paths read of the stack log: its end. The log of a long run is unbounded.
+_LOG_TAIL_BYTES = 1 << 20
+_LOG_LINE_BYTES = 1 << 16
+WORKDIR_PREFIX = "vf-nemogym-stack-"
+# Held (flock) by the stack that created the workdir from creation to stop.
+_WORKDIR_LOCK = ".in-use"
+STALE_WORKDIR_SECONDS = 24 * 3600.0
 
 
 def _version_at_least(version: str, floor: tuple[int, int]) -> bool:
@@ -95,6 +103,61 @@ def _hydra_list(paths: list[Path]) -> str:
     """A hydra list literal; quoted so paths with commas or spaces stay one element."""
     quoted = ["'" + str(p).replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths]
     return "[" + ",".join(quoted) + "]"
+
+
+def prune_stale_workdirs(
+    parent: Path, older_than: float = STALE_WORKDIR_SECONDS, log: logging.Logger = logger
+) -> list[Path]:
+    """Delete the `vf-nemogym-stack-*` folders directly in `parent` (workdirs of stacks that
+    created their own: kept after a failed start for their log, or left by an owner killed
+    together with its supervisor) that are this user's real folders (not links), whose folder
+    and `ng_run.log` are both older than `older_than` seconds, that no process runs in (a
+    stack's supervisor and ng_run do, also those of releases without the lock), and whose lock
+    no stack holds (a stack holds it from creating its workdir to its stop). Returns the folders
+    deleted; never raises (what cannot be inspected is left alone)."""
+    removed: list[Path] = []
+    in_use: set[Path] | None = None
+    now = time.time()
+    try:
+        candidates = sorted(parent.glob(f"{WORKDIR_PREFIX}*"))
+    except OSError:
+        return removed
+    for path in candidates:
+        try:
+            info = path.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            log_file = path / "ng_run.log"
+            touched = max(info.st_mtime, log_file.stat().st_mtime if log_file.exists() else 0)
+            if now - touched < older_than:
+                continue
+            if in_use is None:
+                in_use = _process_cwds()
+            real = path.resolve()  # /proc names cwds by their real path
+            if any(cwd == real or real in cwd.parents for cwd in in_use):
+                continue
+            handle = try_flock(path / _WORKDIR_LOCK)
+        except OSError:
+            continue
+        if handle is None:
+            continue  # a stack is using it
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            handle.close()
+        log.info("removed a stale NeMo Gym stack folder: %s", path)
+        removed.append(path)
+    return removed
+
+
+def _process_cwds() -> set[Path]:
+    """The working folders of the processes this user may inspect."""
+    found: set[Path] = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                found.add(Path(os.readlink(f"/proc/{name}/cwd")))
+    return found
 
 
 class NeMoGymStack:
@@ -153,6 +216,10 @@ class NeMoGymStack:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ray_tmpdir: Path | None = None
         self._build_lock: IO[str] | None = None
+        self._workdir_lock: IO[str] | None = None
+        self._warm = False
+        self._ready_seen = False
+        self._ready_scanned = 0
         self._started = False
         self._failed = False
 
@@ -169,9 +236,16 @@ class NeMoGymStack:
         started = time.monotonic()
         try:
             await self._start(started)
-        except BaseException:
+        except BaseException as exc:
             # Cancellation and Ctrl-C included: nothing may outlive a failed start.
             self._failed = True
+            if self._warm and isinstance(exc, Exception):
+                # The stamp only says a start of this config set once succeeded; per-server
+                # venvs are shared with other sets, and a start of another set interrupted
+                # mid-install leaves one half-built, which a warm start never repairs. The next
+                # start is cold: NeMo Gym checks (and repairs) every venv again.
+                self._warm_stamp().unlink(missing_ok=True)
+                self.log.info("NeMo Gym warm start failed; the next start re-checks server venvs")
             await self.stop()
             raise
         self._started = True
@@ -182,13 +256,17 @@ class NeMoGymStack:
     async def _start(self, started: float) -> None:
         deadline = started + self.start_timeout
         if self.workdir is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="vf-nemogym-stack-"))
+            await asyncio.to_thread(prune_stale_workdirs, Path(tempfile.gettempdir()))
+            self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+            self._workdir_lock = try_flock(self.workdir / _WORKDIR_LOCK)
         self.workdir.mkdir(parents=True, exist_ok=True)
         policy_config = write_policy_placeholder(self.workdir, self.policy_host, self.policy_port)
         extra = [policy_config]
         if self.relay is not None:
             extra.append(await self._start_judge())
         # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
+        # mkdtemp makes it 0700: Ray's sockets, session logs and the stack's Ray token
+        # (`private_ray_auth`) are this user's alone.
         self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
         await self._acquire_build_lock_if_cold(deadline)
         # Cold (no start of this config set succeeded yet): let NeMo Gym build or repair every
@@ -196,7 +274,7 @@ class NeMoGymStack:
         # another server sharing its venv (several simple_agent instances) had created it,
         # before the packages were in (`No module named fastapi`), and it would reuse venvs an
         # interrupted start left half-installed.
-        warm = self._warm_stamp().exists()
+        warm = self._warm = self._warm_stamp().exists()
         placeholder_venv = placeholder_server_venv(self.venv)
         if not warm and placeholder_venv.is_symlink():
             placeholder_venv.unlink()  # older releases linked it to the runtime venv
@@ -208,7 +286,7 @@ class NeMoGymStack:
         command = await asyncio.to_thread(
             self.command, extra, head_port, warm=warm, deadline=deadline
         )
-        env = self.venv.env(self._ray_tmpdir)
+        env = self.venv.env(self._ray_tmpdir) | private_ray_auth(self._ray_tmpdir)
         if self.judge is not None and self.judge.key_var:
             env.pop(self.judge.key_var, None)  # the relay holds the key; NeMo Gym never does
         if self.fast_start:
@@ -420,7 +498,7 @@ class NeMoGymStack:
                     return response.status == 200
             except (aiohttp.ClientError, TimeoutError):
                 return False
-        return bool(_READY_LINE.search(self._read_log()))
+        return self._saw_ready_line()
 
     def _progress(self, up: set[str]) -> str:
         if not self.servers:
@@ -462,13 +540,36 @@ class NeMoGymStack:
     # ----------------------------------------------------------------------------- logs
 
     def _read_log(self) -> str:
-        """The whole stack log so far ("" before the stack started or if unreadable)."""
+        """The last `_LOG_TAIL_BYTES` of the stack log, from a line start ("" before the stack
+        started or if unreadable). Bounded: a long run's log is."""
         if self.workdir is None:
             return ""
         try:
-            return self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as handle:
+                start = max(0, handle.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES)
+                handle.seek(start)
+                data = handle.read(_LOG_TAIL_BYTES)
         except OSError:
             return ""
+        if start:
+            data = data.partition(b"\n")[2]  # a cut first line would be misread
+        return data.decode(errors="replace")
+
+    def _saw_ready_line(self) -> bool:
+        """Whether ng_run printed its ready line. Reads the log a line at a time, each part once
+        (from where the last call stopped), so memory stays bounded however long the log."""
+        if self._ready_seen or self.workdir is None:
+            return self._ready_seen
+        with contextlib.suppress(OSError), self.log_path.open("rb") as handle:
+            handle.seek(self._ready_scanned)
+            while line := handle.readline(_LOG_LINE_BYTES):
+                if not line.endswith(b"\n") and len(line) < _LOG_LINE_BYTES:
+                    break  # still being written: read it whole next time
+                self._ready_scanned += len(line)
+                if _READY_LINE.search(line.decode(errors="replace")):
+                    self._ready_seen = True
+                    break
+        return self._ready_seen
 
     def server_log_tail(self, name: str | None = None, n: int = 40) -> str:
         """The last `n` log lines of server `name` (NeMo Gym prefixes them "(name) "), or of
@@ -612,7 +713,7 @@ class NeMoGymStack:
             while (
                 self._proc is not None
                 and self._proc.poll() is None
-                and not _READY_LINE.search(self._read_log())
+                and not self._saw_ready_line()
                 and time.monotonic() < until
             ):
                 await asyncio.sleep(0.1)
@@ -632,6 +733,9 @@ class NeMoGymStack:
         if self.relay is not None:
             await self.relay.stop()
         self._release_build_lock()
+        if self._workdir_lock is not None:
+            self._workdir_lock.close()  # a failed start's kept workdir may be pruned one day
+            self._workdir_lock = None
         if self._ray_tmpdir is not None:
             shutil.rmtree(self._ray_tmpdir, ignore_errors=True)
             self._ray_tmpdir = None
@@ -646,11 +750,10 @@ class NeMoGymStack:
     async def _sweep(self) -> list[int]:
         """Kill whatever still carries our marker (normally nothing: the supervisor did it)."""
         deadline = time.monotonic() + 5
+        entry = f"{MARKER_ENV_VAR}={self.marker}"
         while True:
-            alive = processes_with_marker(self.marker)
+            alive = processes_with_env(entry)
             if not alive or time.monotonic() > deadline:
                 return alive
-            for pid in alive:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            signal_with_env(alive, entry, signal.SIGKILL)  # by pidfd: never a reused PID
             await asyncio.sleep(0.2)

@@ -9,7 +9,12 @@ It starts the command in its own session with `VF_NEMOGYM_STACK=ID` in its envir
 its output to FILE, and reads its own stdin until EOF. EOF (the owner closed the pipe or died),
 SIGTERM/SIGINT, the owner disappearing (re-parenting), or the command exiting all lead to the same
 teardown: SIGINT to the command's process group (NeMo Gym's own graceful shutdown), then SIGTERM
-and SIGKILL to every process whose environment carries the marker, whatever session it moved to.
+and SIGKILL to every process whose environment carries the marker, whatever session it moved to,
+and to every descendant of the supervisor (it is a subreaper, so a descendant that cleared its
+environment and left the session is still one). Processes are signalled through pidfds opened
+and re-checked after the scan, so a PID reused meanwhile is never hit. If the supervisor itself
+dies (SIGKILL), the command gets SIGINT from the kernel (PR_SET_PDEATHSIG), so that ng_run still
+runs its own shutdown of its servers.
 Exit status: the command's exit status, or 0 if it was stopped by the teardown.
 
 Its argument parsing and exit stay here rather than in `verifiers_nemogym.cli`: it is a program
@@ -31,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MARKER_ENV_VAR = "VF_NEMOGYM_STACK"
@@ -39,6 +45,7 @@ GRACEFUL_SECONDS = 10.0
 TERM_SECONDS = 3.0
 KILL_SECONDS = 5.0
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 def processes_with_marker(marker: str) -> list[int]:
@@ -63,6 +70,68 @@ def processes_with_env(entry: str) -> list[int]:
             continue
         if needle in environ.split(b"\0"):
             found.append(int(pid))
+    return found
+
+
+def signal_with_env(pids: list[int], entry: str, sig: int) -> list[int]:
+    """Send `sig` to those of `pids` (from a scan such as `processes_with_env(entry)`) that
+    still hold `entry` in their initial environment; returns the PIDs signalled.
+
+    Each process is pinned by a pidfd first and checked after: a PID that was reused since the
+    scan names a process without `entry`, which is left alone."""
+    return _signal_checked(pids, sig, lambda pid: entry.encode() in _environ(pid))
+
+
+def _signal_checked(pids: list[int], sig: int, still_ours: Callable[[int], bool]) -> list[int]:
+    """Send `sig` by pidfd to each of `pids` for which `still_ours(pid)` holds once the pidfd is
+    open (so the check is about the very process signalled); returns the PIDs signalled."""
+    signalled: list[int] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone (or not ours)
+            continue
+        try:
+            if still_ours(pid):
+                signal.pidfd_send_signal(fd, sig)
+                signalled.append(pid)
+        except OSError:  # exited meanwhile, or not ours to signal
+            pass
+        finally:
+            os.close(fd)
+    return signalled
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def descendants(root: int) -> dict[int, int]:
+    """Live (not zombie) descendants of `root`, each PID with its parent's PID."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                # The command name (field 2) may hold spaces and parentheses: split after the last.
+                state, ppid = handle.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(int(ppid), []).append((int(name), state))
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        parent = todo.pop()
+        for pid, state in children.get(parent, []):
+            if pid not in found:
+                if state != "Z":
+                    found[pid] = parent
+                todo.append(pid)
     return found
 
 
@@ -122,6 +191,7 @@ class _Supervisor:
         self.command = command
         self.owner = os.getppid()
         self.stop_requested = False
+        self.child: subprocess.Popen[bytes] | None = None
         self.child_pid: int | None = None
         self.child_status: int | None = None
 
@@ -142,8 +212,12 @@ class _Supervisor:
                 stderr=subprocess.STDOUT,
                 # Own session: signals we send to the group reach ng_run and its servers only.
                 start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),
             )
-        # From here on children are reaped by `reap()` (we are a subreaper), not by Popen.
+        # From here on children are reaped by `reap()` (we are a subreaper), not by Popen. The
+        # Popen is kept: a dropped one polls its child on deletion, and would reap (and hide
+        # from `reap()`) a command that exited at once.
+        self.child = proc
         self.child_pid = proc.pid
         self.note(f"started pid {proc.pid}: {' '.join(self.command[:1])}")
 
@@ -194,23 +268,52 @@ class _Supervisor:
             self.note(f"processes survived SIGKILL: {left}")
 
     def _signal_all(self, sig: signal.Signals, seconds: float) -> list[int]:
-        """Send `sig` to the group and to every marker process until none is left or time is up.
+        """Send `sig` to the group, every marker process and every descendant until none is
+        left or time is up.
 
         Repeated because a dying Ray raylet or a shell may still spawn a process meanwhile.
         """
-        if self.child_pid is not None:
+        # While ng_run is unreaped its PID (the group's id) cannot be reused; after, the group's
+        # members are found as marker processes or descendants.
+        if self.child_pid is not None and self.child_status is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.child_pid, sig)
+        entry = f"{MARKER_ENV_VAR}={self.marker}"
+        me = os.getpid()
         deadline = time.monotonic() + seconds
         while True:
             self.reap()
-            alive = [p for p in processes_with_marker(self.marker) if p != os.getpid()]
+            marked = [p for p in processes_with_env(entry) if p != me]
+            # A descendant that cleared its environment (and left the session) is still ours.
+            tree = descendants(me)
+            alive = sorted(set(marked) | set(tree))
             if not alive or time.monotonic() >= deadline:
                 return alive
-            for pid in alive:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
+            signal_with_env(marked, entry, sig)
+            _signal_checked([p for p in tree if p not in marked], sig, _still_below(tree, me))
             time.sleep(0.2)
+
+
+def _still_below(tree: dict[int, int], me: int) -> Callable[[int], bool]:
+    """Whether a PID of `tree` (`descendants(me)`) is still that process: its parent is the one
+    scanned, or us if that parent died since (we are a subreaper)."""
+    return lambda pid: _parent(pid) in (tree[pid], me)
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A `preexec_fn` giving the child SIGINT when `parent` (the supervisor) dies.
+
+    SIGINT, not SIGKILL: it is what the teardown sends first, and ng_run answers it by shutting
+    its servers down; SIGKILL would leave them running, orphaned. Best effort (Linux only)."""
+
+    def preexec() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0)
+        if os.getppid() != parent:  # died before the prctl took effect
+            os.kill(os.getpid(), signal.SIGINT)
+
+    return preexec
 
 
 def _become_subreaper() -> None:

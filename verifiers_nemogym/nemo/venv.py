@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -38,7 +39,15 @@ from verifiers_nemogym.nemo.release import (
     release_files,
     version_tuple,
 )
-from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, private_cache, run_uv
+from verifiers_nemogym.util import (
+    cache_root,
+    clean_env,
+    file_lock,
+    find_uv,
+    private_cache,
+    run_uv,
+    try_flock,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -351,6 +360,10 @@ class NeMoGymVenv:
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         env.pop("RAY_ADDRESS", None)
+        # A token of the user's own (or one in ~/.ray) must not be what a stack's Ray accepts:
+        # `private_ray_auth` gives each stack its own.
+        for key in _RAY_AUTH_VARS:
+            env.pop(key, None)
         env["RAY_TMPDIR"] = str(ray_tmpdir or Path("/tmp") / f"vfng-{os.getuid()}")
         # Datasets come from files; a stray hub lookup would only add latency or hang offline.
         env["HF_HUB_OFFLINE"] = "1"
@@ -361,6 +374,58 @@ class NeMoGymVenv:
             # refuse this interpreter; uv reads `[pip] python-version` from this file instead.
             env["UV_CONFIG_FILE"] = str(self.uv_config)
         return env
+
+
+_RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+RAY_TOKEN_FILE = "auth_token"
+
+
+def private_ray_auth(ray_tmpdir: Path) -> dict[str, str]:
+    """Environment entries that make a stack's Ray require a token of its own, written to
+    `ray_tmpdir/auth_token` (mode 0600; `ray_tmpdir` must be the stack's private 0700 folder).
+
+    Without them Ray (>= 2.60 turns token auth on by default) reuses or creates
+    `~/.ray/auth_token`, which it writes world-readable: any local user who can read it can run
+    tasks on the stack's Ray, i.e. run code as this user. Ray reads `RAY_AUTH_TOKEN_PATH` in
+    every process of the stack (the GCS, raylets and NeMo Gym's servers as drivers), so none of
+    them looks in `~/.ray`. Raises OSError if the file cannot be created (or already exists).
+    """
+    path = ray_tmpdir / RAY_TOKEN_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32))  # Ray's own token format: 256 bits, hex
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
+_TMP_BUILD = re.compile(r"\.tmp-(nemo-gym-.+)-[0-9a-f]{8}")
+
+
+def prune_interrupted_builds(root: Path) -> list[Path]:
+    """Delete the temporary folders (`.tmp-<runtime>-<hex>`) that runtime builds killed
+    before their cleanup (SIGKILL) left in `root`; returns those deleted, never raises.
+
+    A build makes and removes its folder while holding `.<runtime>.lock`, so a folder whose
+    lock can be taken here belongs to no live build."""
+    removed: list[Path] = []
+    try:
+        candidates = sorted(root.glob(".tmp-nemo-gym-*"))
+    except OSError:
+        return removed
+    for path in candidates:
+        if not (match := _TMP_BUILD.fullmatch(path.name)) or path.is_symlink():
+            continue
+        try:
+            handle = try_flock(root / f".{match.group(1)}.lock")
+        except OSError:
+            continue
+        if handle is None:
+            continue  # being built right now
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            handle.close()
+        removed.append(path)
+    return removed
 
 
 def _runtime_name(nemo_gym_version: str, python_version: str, below_floor: bool = False) -> str:
@@ -454,6 +519,7 @@ def ensure_venv(
     # Checked before use: a runtime or server venv someone else can write to runs their code.
     root = private_cache("runtimes")
     private_cache("server-venvs")
+    prune_interrupted_builds(root)
     runtime = _find_cached(root, version, python, allow)
     if runtime is None:
         runtime = _create(root, version, python, allow, log)

@@ -203,3 +203,94 @@ def _stack_for(venv: NeMoGymVenv, env: EnvSpec, policy: ScriptedPolicy) -> NeMoG
     return NeMoGymStack(
         venv, env.config_paths, policy_host=policy.host, policy_port=policy.port, start_timeout=300
     )
+
+
+_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+async def test_stack_ray_token_is_private_to_the_stack(
+    nemo_venv: NeMoGymVenv,
+    single_tool_env: EnvSpec,
+    policy: ScriptedPolicy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray's token lives in the stack's 0700 RAY_TMPDIR, mode 0600, unreadable by another uid,
+    and Ray neither reads nor writes `~/.ray` (a HOME of its own here, to see it)."""
+    from verifiers_nemogym.util import uv_cache_dir
+
+    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache_dir()))  # HOME moves; uv's cache does not
+    monkeypatch.setenv("HOME", str(tmp_path))
+    stack = _stack_for(nemo_venv, single_tool_env, policy)
+    try:
+        await stack.start()
+        ray_tmpdir = stack._ray_tmpdir
+        assert ray_tmpdir is not None
+        token = ray_tmpdir / "auth_token"
+        assert token.stat().st_mode & 0o777 == 0o600
+        assert ray_tmpdir.stat().st_mode & 0o777 == 0o700
+        # Every Ray process of the stack reads that token, none falls back to ~/.ray.
+        gcs = [
+            pid
+            for pid in processes_with_marker(stack.marker)
+            if Path(f"/proc/{pid}/exe").resolve().name == "gcs_server"
+        ]
+        assert len(gcs) == 1
+        environ = Path(f"/proc/{gcs[0]}/environ").read_bytes().split(b"\0")
+        assert f"RAY_AUTH_TOKEN_PATH={token}".encode() in environ
+        assert b"RAY_AUTH_MODE=token" in environ
+        assert not (tmp_path / ".ray").exists()
+        # A second real uid can read neither the token nor anything else of Ray's state.
+        for path in (token, ray_tmpdir):
+            probe = subprocess.run(
+                [*_NOBODY, "ls", "-l", str(path)], capture_output=True, text=True, check=False
+            )
+            assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe
+        probe = subprocess.run(
+            [*_NOBODY, "cat", str(token)], capture_output=True, text=True, check=False
+        )
+        assert probe.returncode != 0 and probe.stdout == "", probe
+    finally:
+        await stack.stop()
+    assert not (tmp_path / ".ray").exists()
+
+
+async def test_failed_warm_start_drops_the_warm_stamp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm start (`skip_venv_if_present=true`) that fails leaves the next start cold, so
+    NeMo Gym re-checks the per-server venvs (one may have been left half-installed by an
+    interrupted start of another config set sharing it). A stand-in `ng_run` that records its
+    arguments and exits 1 plays NeMo Gym: seconds, no real stack."""
+    monkeypatch.setenv("VF_NEMOGYM_CACHE", str(tmp_path / "cache"))
+    runtime = tmp_path / "runtime"
+    (runtime / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    ng_run = runtime / "bin" / "ng_run"
+    ng_run.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\necho "RuntimeError: broken venv"\nexit 1\n'
+    )
+    ng_run.chmod(0o755)
+    venv = NeMoGymVenv(
+        venv=runtime, python=Path(sys.executable), python_version="3.12.1",
+        nemo_gym_version="0.4.0",
+    )  # fmt: skip
+    config = tmp_path / "env.yaml"
+    config.write_text("{}\n")
+
+    def attempt() -> NeMoGymStack:
+        return NeMoGymStack(
+            venv, [config], policy_host="127.0.0.1", policy_port=9, start_timeout=60
+        )
+
+    stamp = attempt()._warm_stamp()
+    stamp.parent.mkdir(parents=True)
+    stamp.write_text(f"{config}\n")  # a start of this set once succeeded
+    for _ in range(2):
+        # Noticed at once (not at the start deadline): ng_run's exit and its first error.
+        with pytest.raises(StackError, match="exited with status 1: RuntimeError: broken venv"):
+            await attempt().start()
+    first, second = calls.read_text().splitlines()
+    assert "+skip_venv_if_present=true" in first.split()
+    assert "+skip_venv_if_present=false" in second.split()
+    assert not stamp.exists()

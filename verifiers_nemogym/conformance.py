@@ -14,7 +14,8 @@ environment's `example.jsonl` has a row with the same input (for the gymnasium a
 the reset observation it appends to the input), exactly that row's keys are kept (values from
 the recording; among example rows sharing one input, the recording's `_ng_task_index` or its
 task fields pick the row); otherwise `response`, `reward`, gymnasium's `terminated`,
-`truncated`, `info` and NeMo Gym's `_ng_*` bookkeeping are dropped, and a recording that lacks
+`truncated`, `info`, NeMo Gym's `_ng_*` bookkeeping and any field no example row has (what
+`/verify` added) are dropped, and a recording that lacks
 task fields every example row has is reported as a gap in the recording. Rows name their agent
 (`agent_ref`, else the environment's default agent) and carry their recording id in
 `responses_create_params.metadata[REPLAY_KEY]`, which the replay policy uses only to tell apart
@@ -166,6 +167,9 @@ class EnvReport:
     """Why the environment was not run at all (e.g. no usable recordings)."""
     start_error: str | None = None
     """Why its NeMo Gym stack did not start (one line); then it has no rows."""
+    judge_replies: int | None = None
+    """Judge calls the replay judge answered from this environment's recordings; None when
+    no judge graded it."""
 
     @property
     def completed(self) -> int:
@@ -188,6 +192,7 @@ class EnvReport:
             "parity": self.matches,
             "skipped": self.skipped,
             "start_error": self.start_error,
+            "judge_replies": self.judge_replies,
             "results": [asdict(r) | {"parity": r.parity} for r in self.rows],
         }
 
@@ -299,6 +304,12 @@ def replay_row(
         row = {
             k: v for k, v in recorded.items() if k not in _RESULT_KEYS and not k.startswith("_ng_")
         }
+        if examples:
+            # A field no example row has is one `/verify` added (a verdict, the judge's text):
+            # sent back, verifiers that spread the request into their response (omniscience)
+            # get it twice and fail.
+            known = set().union(*examples) | {"agent_ref"}
+            row = {k: v for k, v in row.items() if k in known}
         missing = sorted(_task_fields(examples) - set(recorded))
         if missing:
             notes.append(
@@ -452,6 +463,14 @@ async def run_conformance(
                 )
             if judge.misses:
                 logger.warning("conformance: %d judge call(s) had no recording", len(judge.misses))
+            for name in plan.judged:
+                used = [u for u in judge.used if u.rsplit(":", 1)[0] == name]
+                plan.reports[name].judge_replies = len(used)
+            for rid in dict.fromkeys(judge.lenient):
+                plan.results[rid].notes.append(
+                    "the judge's instructions differed from the recording (matched by what is "
+                    "judged)"
+                )
     return reports
 
 
@@ -542,6 +561,9 @@ def format_report(reports: Sequence[EnvReport]) -> str:
     matches = sum(r.matches for r in reports)
     lines.append(f"| **total** | {total} | {sum(r.completed for r in reports)} | "
                  f"{sum(r.errors for r in reports)} | {matches}/{total} |")  # fmt: skip
+    judged = [f"{r.env} {r.judge_replies}" for r in reports if r.judge_replies is not None]
+    if judged:
+        lines += ["", f"Judge calls answered from the recordings: {', '.join(judged)}."]
     misses = [row for r in reports for row in r.rows if not row.parity]
     if misses:
         lines += ["", "Mismatches:", ""]

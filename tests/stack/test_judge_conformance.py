@@ -1,10 +1,12 @@
 """Conformance of LLM-judge environments on the real chain: NeMo Gym 0.4.0's recorded rollouts
-of equivalence_llm_judge (Responses judge calls, converted to Chat Completions by NeMo Gym's
-inference_provider) and simpleqa (Chat Completions judge calls, recording only the judge's text)
-replayed on ONE stack, the policy by the replay policy and the judge by the replay judge, must
-score exactly the recorded rewards. Both environments' rewards are the judge's verdict, and the
-recordings hold right and wrong verdicts, so a judge answering anything but the recorded output
-of each call loses parity."""
+of three judge environments replayed on ONE stack, the policy by the replay policy and the judge
+by the replay judge, must score exactly the recorded rewards, each recorded judge call answered
+from its recording. The three cover the ways a judge is called and recorded:
+equivalence_llm_judge (Responses judge calls, which NeMo Gym's inference_provider converts to
+Chat Completions; the whole request recorded), abstention (Responses; only the judge's text
+recorded) and arena_judge (Chat Completions; two side-swapped calls per rollout, texts only).
+Their rewards are the judge's verdicts and the recordings hold several verdicts, so a judge
+answering anything but each call's recorded output loses parity."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import nemo_gym_env
 from verifiers_nemogym.conformance import JUDGE_REPLAY, format_report, run_conformance
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.policies.replay import load_recordings
+from verifiers_nemogym.policies.replay_judge import judge_entries
 
-ENVS = ["equivalence_llm_judge", "simpleqa"]
+ENVS = ["equivalence_llm_judge", "abstention", "arena_judge"]
 
 
 async def test_judge_environments_replay_policy_and_judge_with_reward_parity(
@@ -30,13 +34,17 @@ async def test_judge_environments_replay_policy_and_judge_with_reward_parity(
     )
     catalog = Catalog(nemo_venv)
     assert [r.env for r in reports] == ENVS
+    table = format_report(reports)
     for report in reports:
-        lines = catalog.env(report.env).example_rollouts.read_text().splitlines()
-        recorded = [json.loads(line)["reward"] for line in lines if line.strip()]
+        path = catalog.env(report.env).example_rollouts
+        recorded = [json.loads(line)["reward"] for line in path.read_text().splitlines()]
         assert len(report.rows) == len(recorded) > 0, report.env
-        assert report.errors == 0, format_report(reports)
-        assert [row.reward for row in report.rows] == recorded, format_report(reports)
+        assert report.errors == 0, table
+        assert [row.reward for row in report.rows] == recorded, table
         assert report.matches == len(recorded)
-        # The judge decided: each environment's recordings hold both verdicts.
-        assert {row.reward for row in report.rows} == {0.0, 1.0}, report.env
-    assert "Mismatches" not in format_report(reports)
+        # The judge decided: the recordings hold more than one verdict.
+        assert len(set(recorded)) > 1, report.env
+        # Every judge call the recordings keep was asked again and answered from them.
+        entries = [e for rec in load_recordings(path, report.env) for e in judge_entries(rec)]
+        assert report.judge_replies == len(entries) > 0, table
+    assert "Mismatches" not in table

@@ -20,7 +20,11 @@ recorded request, its messages' texts; for a recorded text only, the rollout's q
 (`question`, else `problem`), and for arena_judge the question, then the two answers in the
 order of that call. Among matching entries the one with the most needle text wins, then the one
 with most `hints` (the rollout's extracted answer) in the prompt; so rollouts of one question
-are told apart by the answer being judged. The reply is the recorded text, on both
+are told apart by the answer being judged. If no entry matches, a lenient pass lets an entry of
+several needles (a recorded request with a system message) match by its last needle alone (the
+user message, which holds what is judged): the judge's instructions may have been reworded since
+the recording (text_to_sql's); such answers are kept in `lenient`. The reply is the recorded text,
+on both
 `/v1/responses` and `/v1/chat/completions`; no match answers HTTP 404
 (`code: "no_recorded_judgement"`) and is kept in `misses`. The entry used is kept in `used`.
 """
@@ -55,16 +59,20 @@ class JudgeEntry:
     hints: tuple[str, ...] = ()
     """Texts that, found in the prompt too, prefer this entry among equal matches."""
 
-    def score(self, prompt: str) -> tuple[int, int] | None:
-        """(needle text, hint text) found in `prompt`; None unless every needle is there."""
+    def score(self, prompt: str, lenient: bool = False) -> tuple[int, int] | None:
+        """(needle text, hint text) found in `prompt`; None unless every needle is there (with
+        `lenient`, the last one of several)."""
         at = 0
-        for needle in self.needles:
+        needles = self.needles[-1:] if lenient else self.needles
+        if lenient and len(self.needles) < 2:
+            return None
+        for needle in needles:
             found = prompt.find(needle, at)
             if found < 0:
                 return None
             at = found + len(needle)
         hinted = sum(len(h) for h in self.hints if h in prompt)
-        return sum(map(len, self.needles)), hinted
+        return sum(map(len, needles)), hinted
 
 
 def _output_text(output: Any) -> str | None:
@@ -153,34 +161,43 @@ class JudgeIndex:
         """The recording ids that recorded at least one judge call."""
         return {e.recording for e in self.entries}
 
-    def match(self, prompt: str) -> JudgeEntry | None:
-        """The entry that answers a call whose prompt is `prompt` (module contract)."""
-        best: tuple[tuple[int, int], JudgeEntry] | None = None
-        for entry in self.entries:
-            score = entry.score(prompt)
-            if score is not None and (best is None or score > best[0]):
-                best = (score, entry)
-        return best[1] if best else None
+    def match(self, prompt: str) -> tuple[JudgeEntry, bool] | None:
+        """The entry that answers a call whose prompt is `prompt` and whether it matched
+        leniently (module contract); None if none does."""
+        for lenient in (False, True):
+            best: tuple[tuple[int, int], JudgeEntry] | None = None
+            for entry in self.entries:
+                score = entry.score(prompt, lenient)
+                if score is not None and (best is None or score > best[0]):
+                    best = (score, entry)
+            if best is not None:
+                return best[1], lenient
+        return None
 
 
 @dataclass
 class ReplayJudge(ScriptedJudge):
     """Serve `index` as a judge on `host:port` (0 = a free port); `base_url` ends in `/v1`.
-    Recording ids answered are kept in `used`, unmatched prompts' starts in `misses`."""
+    Recording ids answered are kept in `used` (those matched leniently in `lenient` too),
+    unmatched prompts' starts in `misses`."""
 
     index: JudgeIndex = field(default_factory=lambda: JudgeIndex([]))
     used: list[str] = field(default_factory=list)
+    lenient: list[str] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
     model_id: ClassVar[str] = "replay-judge"
 
     def verdict_for(self, prompt: str) -> str | web.Response:
-        entry = self.index.match(prompt)
-        if entry is None:
+        found = self.index.match(prompt)
+        if found is None:
             start = " ".join(prompt.split())[:120]
             self.misses.append(start)
             logger.warning("replay judge: no recorded judgement for a prompt starting %r", start)
             message = f"no recorded judge call matches this prompt (it starts {start!r})"
             error = {"message": message, "type": "invalid_request_error", "code": NO_JUDGEMENT}
             return web.json_response({"error": error}, status=404)
+        entry, lenient = found
         self.used.append(entry.recording)
+        if lenient:
+            self.lenient.append(entry.recording)
         return entry.reply

@@ -215,3 +215,17 @@ async def test_a_start_failure_reaches_run_conformance_as_a_stack_error(nemo_ven
                 load_env=load_env,
                 nemo_gym_version=nemo_venv.nemo_gym_version,
             )
+
+
+def test_a_row_rebuilt_without_its_example_row_drops_what_verify_added(nemo_venv):
+    """omniscience's recordings are of prompts no example row has: the rebuilt row keeps the
+    task fields (the verifier reads `question`, `expected_answer`) and drops the verdict fields
+    `/verify` added, which omniscience's verifier would get twice and fail on."""
+    spec = Catalog(nemo_venv).env("omniscience")
+    examples = _example_rows(spec)
+    for rec in load_recordings(spec.example_rollouts, "omniscience"):
+        assert {"verdict", "judge_output", "is_correct"} <= set(rec.row)
+        row, _ = replay_row(rec, spec, examples)
+        assert {"question", "expected_answer", "responses_create_params"} <= set(row)
+        assert set(row) <= set().union(*examples)
+        assert not {"verdict", "judge_output", "is_correct", "extracted_answer"} & set(row)

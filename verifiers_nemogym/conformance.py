@@ -14,11 +14,18 @@ environment's `example.jsonl` has a row with the same input (for the gymnasium a
 the reset observation it appends to the input), exactly that row's keys are kept (values from
 the recording; among example rows sharing one input, the recording's `_ng_task_index` or its
 task fields pick the row); otherwise `response`, `reward`, gymnasium's `terminated`,
-`truncated`, `info` and NeMo Gym's `_ng_*` bookkeeping are dropped, and a recording that lacks
+`truncated`, `info`, NeMo Gym's `_ng_*` bookkeeping and any field no example row has (what
+`/verify` added) are dropped, and a recording that lacks
 task fields every example row has is reported as a gap in the recording. Rows name their agent
 (`agent_ref`, else the environment's default agent) and carry their recording id in
 `responses_create_params.metadata[REPLAY_KEY]`, which the replay policy uses only to tell apart
 recordings of the same prompt.
+
+Judge environments replay their judge too: when an environment of the stack grades with an
+LLM judge (`nemo.judges`), the stack's judge is `ReplayJudge`, which answers each judge call
+with the judge output recorded for that rollout (`policies.replay_judge`); judges NeMo Gym ships
+switched off (math_with_judge, polymath) stay off unless `enable_optional_judges`. A rollout
+whose recording keeps no judge output and that loses parity is reported as a judge replay gap.
 
 `run_in_stacks` runs many environments on successive stacks; `format_report` renders the
 per-environment table; `EnvReport.to_json` the `--json` form. Printing them and the exit status
@@ -34,6 +41,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from verifiers_nemogym.bridge.redact import cut
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, Catalog, EnvSpec
+from verifiers_nemogym.nemo.judges import active, judge_refs
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.replay import (
     REPLAY_KEY,
@@ -50,6 +59,7 @@ from verifiers_nemogym.policies.replay import (
     input_keys,
     load_recordings,
 )
+from verifiers_nemogym.policies.replay_judge import JudgeIndex, ReplayJudge
 
 if TYPE_CHECKING:  # annotations only: this module imports verifiers inside run_conformance
     import verifiers.v1 as vf
@@ -81,12 +91,23 @@ RESCORED: dict[str, dict[str, tuple[float, str]]] = {
 """Release -> recording -> (the reward that release's own verifier gives it, why)."""
 NOT_OFFLINE: dict[str, str] = dict(_RELEASES["not_offline"])
 """Environments that do not run offline for a reason their config does not show."""
+JUDGE_REPLAY: dict[str, tuple[str, ...]] = {
+    release: tuple(envs) for release, envs in _RELEASES["judge_replay"].items()
+}
+"""Release -> the LLM-judge environments whose recordings keep the judge's output: what
+`nemo-gym-env conformance --judge-envs` replays, policy and judge (docs/conformance.md)."""
 
 
 def default_envs(release: str) -> tuple[str, ...]:
     """What `nemo-gym-env conformance` runs without names on `release`: its verified list, else
     0.4.0's."""
     return VERIFIED_OFFLINE.get(release, DEFAULT_ENVS)
+
+
+def judge_envs(release: str) -> tuple[str, ...]:
+    """What `nemo-gym-env conformance --judge-envs` runs on `release`: its `JUDGE_REPLAY` list,
+    else 0.4.0's."""
+    return JUDGE_REPLAY.get(release, JUDGE_REPLAY["0.4.0"])
 
 
 def offline_status(
@@ -146,6 +167,9 @@ class EnvReport:
     """Why the environment was not run at all (e.g. no usable recordings)."""
     start_error: str | None = None
     """Why its NeMo Gym stack did not start (one line); then it has no rows."""
+    judge_replies: int | None = None
+    """Judge calls the replay judge answered from this environment's recordings; None when
+    no judge graded it."""
 
     @property
     def completed(self) -> int:
@@ -168,6 +192,7 @@ class EnvReport:
             "parity": self.matches,
             "skipped": self.skipped,
             "start_error": self.start_error,
+            "judge_replies": self.judge_replies,
             "results": [asdict(r) | {"parity": r.parity} for r in self.rows],
         }
 
@@ -279,6 +304,12 @@ def replay_row(
         row = {
             k: v for k, v in recorded.items() if k not in _RESULT_KEYS and not k.startswith("_ng_")
         }
+        if examples:
+            # A field no example row has is one `/verify` added (a verdict, the judge's text):
+            # sent back, verifiers that spread the request into their response (omniscience)
+            # get it twice and fail.
+            known = set().union(*examples) | {"agent_ref"}
+            row = {k: v for k, v in row.items() if k in known}
         missing = sorted(_task_fields(examples) - set(recorded))
         if missing:
             notes.append(
@@ -306,9 +337,13 @@ class _Plan:
     recordings: list[Recording]
     results: dict[str, RowResult]
     runnable: list[str]
+    judged: list[str] = field(default_factory=list)
+    """The runnable environments whose stack needs a judge (active judge references)."""
+    unjudged: set[str] = field(default_factory=set)
+    """Recordings of `judged` environments that keep no judge output."""
 
 
-def _plan(catalog: Catalog, envs: Sequence[str]) -> _Plan:
+def _plan(catalog: Catalog, envs: Sequence[str], enable_optional_judges: bool = False) -> _Plan:
     plan = _Plan(reports={}, rows=[], recordings=[], results={}, runnable=[])
     for name in envs:
         spec = catalog.env(name)  # unknown names fail here, before anything starts
@@ -327,6 +362,11 @@ def _plan(catalog: Catalog, envs: Sequence[str]) -> _Plan:
             plan.rows.append(row)
         plan.recordings += recordings
         plan.runnable.append(name)
+        paths = catalog.env(name).config_paths
+        if any(active(judge_refs(catalog.merged_config(p)), enable_optional_judges) for p in paths):
+            plan.judged.append(name)
+            recorded = JudgeIndex(recordings).recordings
+            plan.unjudged |= {r.id for r in recordings if r.id not in recorded}
     return plan
 
 
@@ -364,35 +404,48 @@ async def run_conformance(
     concurrency: int = 8,
     start_timeout: float = 1800.0,
     run_timeout: float = 180.0,
+    enable_optional_judges: bool = False,
 ) -> list[EnvReport]:
     """Replay every recorded rollout of `envs` on one stack; one report per environment.
     `load_env(**taskset_fields)` builds the env (the CLI passes the env package's
-    `load_environment`; the library does not import the plug-in). A stack that does not start
-    raises StackError with its reason (see `run_in_stacks`)."""
+    `load_environment`; the library does not import the plug-in). A stack with judge
+    environments grades with `ReplayJudge` (module contract; `enable_optional_judges` turns on
+    the judges NeMo Gym ships off). A stack that does not start raises StackError with its
+    reason (see `run_in_stacks`)."""
     import verifiers.v1 as vf
     from verifiers.v1.configs.client import EvalClientConfig
 
     if not envs:
         raise ConfigError("conformance needs at least one NeMo Gym environment name")
     runtime = await asyncio.to_thread(ensure_venv, nemo_gym_version, python)
-    plan = await asyncio.to_thread(_plan, Catalog(runtime), list(dict.fromkeys(envs)))
+    plan = await asyncio.to_thread(
+        _plan, Catalog(runtime), list(dict.fromkeys(envs)), enable_optional_judges
+    )
     reports = list(plan.reports.values())
     if not plan.rows:
         return reports
     with tempfile.TemporaryDirectory(prefix="vf-nemogym-conformance-") as tmp:
         rows_file = Path(tmp) / "rows.jsonl"
         rows_file.write_text("".join(json.dumps(r) + "\n" for r in plan.rows), encoding="utf-8")
-        env = load_env(
-            nemo_env=plan.runnable,
-            jsonl_path=str(rows_file),
-            nemo_gym_version=runtime.nemo_gym_version,
-            python=python,
-            start_timeout=start_timeout,
-            task={"run_timeout": run_timeout},
-        )
-        tasks = list(env.taskset)
         # record=False: an agent that loops must not grow our memory with every request.
-        async with ReplayPolicy(index=ReplayIndex(plan.recordings), record=False) as policy:
+        async with (
+            ReplayPolicy(index=ReplayIndex(plan.recordings), record=False) as policy,
+            ReplayJudge(index=JudgeIndex(plan.recordings), record=False) as judge,
+        ):
+            # The judge is part of a stack's identity: name it only where one grades.
+            judged = {"judge": {"base_url": judge.base_url, "model": judge.model_id,
+                                "api_key_var": "", "api": "chat",
+                                "enable_optional": enable_optional_judges}}  # fmt: skip
+            env = load_env(
+                nemo_env=plan.runnable,
+                jsonl_path=str(rows_file),
+                nemo_gym_version=runtime.nemo_gym_version,
+                python=python,
+                start_timeout=start_timeout,
+                task={"run_timeout": run_timeout},
+                **(judged if plan.judged else {}),
+            )
+            tasks = list(env.taskset)
             client = EvalClientConfig(base_url=policy.base_url, api_key_var="VF_NEMOGYM_REPLAY")
             ctx = vf.ModelContext(model="replay", client=client)
             logger.info(
@@ -407,6 +460,16 @@ async def run_conformance(
                 logger.info("conformance: stack up in %.0f s", time.monotonic() - began)
                 await _replay_all(
                     env, tasks, ctx, plan, policy, concurrency, runtime.nemo_gym_version
+                )
+            if judge.misses:
+                logger.warning("conformance: %d judge call(s) had no recording", len(judge.misses))
+            for name in plan.judged:
+                used = [u for u in judge.used if u.rsplit(":", 1)[0] == name]
+                plan.reports[name].judge_replies = len(used)
+            for rid in dict.fromkeys(judge.lenient):
+                plan.results[rid].notes.append(
+                    "the judge's instructions differed from the recording (matched by what is "
+                    "judged)"
                 )
     return reports
 
@@ -446,10 +509,12 @@ async def _replay_all(
     await asyncio.gather(*(one(t) for t in tasks))
     lenient = set(policy.lenient)
     for result in plan.results.values():
-        _explain(result, lenient, release)
+        _explain(result, lenient, release, plan.unjudged)
 
 
-def _explain(result: RowResult, lenient: set[str], release: str) -> None:
+def _explain(
+    result: RowResult, lenient: set[str], release: str, unjudged: AbstractSet[str] = frozenset()
+) -> None:
     # Bare folder name: `environments/blackjack` is the same environment as `blackjack`.
     env = result.recording.rsplit(":", 1)[0].rsplit("/", 1)[-1]
     if result.recording in lenient:
@@ -462,6 +527,8 @@ def _explain(result: RowResult, lenient: set[str], release: str) -> None:
         result.reason = rescored[1]
     elif env in KNOWN_REASONS:
         result.reason = KNOWN_REASONS[env]
+    elif result.recording in unjudged:
+        result.reason = "judge replay gap: the recording keeps no judge output for this rollout"
     elif lacks is not None:
         result.reason = f"gap in the recording: {lacks}"
     elif result.error is not None and "no_matching_recording" in result.error:
@@ -494,6 +561,9 @@ def format_report(reports: Sequence[EnvReport]) -> str:
     matches = sum(r.matches for r in reports)
     lines.append(f"| **total** | {total} | {sum(r.completed for r in reports)} | "
                  f"{sum(r.errors for r in reports)} | {matches}/{total} |")  # fmt: skip
+    judged = [f"{r.env} {r.judge_replies}" for r in reports if r.judge_replies is not None]
+    if judged:
+        lines += ["", f"Judge calls answered from the recordings: {', '.join(judged)}."]
     misses = [row for r in reports for row in r.rows if not row.parity]
     if misses:
         lines += ["", "Mismatches:", ""]

@@ -4,6 +4,7 @@ nemo-gym-env setup [--nemo-gym-version V] [--python P]   create the NeMo Gym run
 nemo-gym-env list                                         environments the runtime ships (both
                                                           layouts, which run offline)
 nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's recorded rollouts
+    [--judge-envs] [--enable-optional-judges]             (judge environments: the judge too)
 nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with a local CPU model
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
@@ -58,6 +59,16 @@ def _parser() -> argparse.ArgumentParser:
     conf.add_argument("--json", action="store_true", help="machine-readable output")
     conf.add_argument("--strict", action="store_true", help="exit 1 on any reward mismatch")
     conf.add_argument("--concurrency", type=int, default=8, help="rollouts at once")
+    conf.add_argument(
+        "--judge-envs",
+        action="store_true",
+        help="without ENV: the LLM-judge environments whose recordings keep the judge's output",
+    )
+    conf.add_argument(
+        "--enable-optional-judges",
+        action="store_true",
+        help="turn on the judges NeMo Gym ships off (math_with_judge, polymath)",
+    )
     local = commands.add_parser(
         "eval-local", help="vf-eval with a local CPU model, no API key (after --: vf-eval args)"
     )
@@ -215,11 +226,17 @@ def _describe(info: dict[str, Any]) -> str:
 def _conformance(args: argparse.Namespace) -> int:
     """Run, print the table (or JSON) on stdout; exit 1 on parity loss with `--strict`."""
     import nemo_gym_env
-    from verifiers_nemogym.conformance import default_envs, format_report, run_in_stacks
+    from verifiers_nemogym.conformance import (
+        default_envs,
+        format_report,
+        judge_envs,
+        run_in_stacks,
+    )
 
     envs = list(args.envs)
     if not envs:  # the release's verified list: which release is the runtime's to say
-        envs = list(default_envs(ensure_venv(args.nemo_gym_version, args.python).nemo_gym_version))
+        release = ensure_venv(args.nemo_gym_version, args.python).nemo_gym_version
+        envs = list(judge_envs(release) if args.judge_envs else default_envs(release))
     reports = asyncio.run(
         run_in_stacks(
             envs,
@@ -227,6 +244,7 @@ def _conformance(args: argparse.Namespace) -> int:
             nemo_gym_version=args.nemo_gym_version,
             python=args.python,
             concurrency=args.concurrency,
+            enable_optional_judges=args.enable_optional_judges,
         )
     )
     if args.json:

@@ -5,7 +5,8 @@ see docs/judges.md), so a fixed reply selects the verdict deterministically. `Sc
 answers `POST /v1/responses` and `POST /v1/chat/completions` with `verdict` (settable while it
 runs), records every call (`calls`: the body; `Call.prompt` is the first user message's text),
 and can play the failures a judge has: with `key` set, a call without `Authorization: Bearer
-<key>` gets 401; with `fail_status`, every call gets that status.
+<key>` gets 401; with `fail_status`, every call gets that status. Subclasses choose the reply
+per call by overriding `verdict_for` (text, or an error answer).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 from aiohttp import web
 
 from verifiers_nemogym.bridge.responses import complete_response
+from verifiers_nemogym.policies.replay import message_text
 from verifiers_nemogym.policies.server import Call, ResponsesServer
 
 
@@ -27,6 +29,22 @@ def _chat_prompt(body: dict[str, Any]) -> str:
                 return content
             return " ".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
     return ""
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """A judge call's prompt as one string: the texts of its messages (Responses `instructions`
+    and `input`, or Chat Completions `messages`), joined by newlines. The same for a Responses
+    call and the Chat Completions call NeMo Gym's `inference_provider` converts it into."""
+    texts: list[str] = []
+    if isinstance(body.get("instructions"), str):
+        texts.append(body["instructions"])
+    items = body.get("input", body.get("messages"))
+    if isinstance(items, str):
+        texts.append(items)
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and "content" in item:
+            texts.append(message_text(item["content"]))
+    return "\n".join(texts)
 
 
 @dataclass
@@ -60,11 +78,19 @@ class ScriptedJudge(ResponsesServer):
     async def _responses(self, request: web.Request) -> web.Response:
         return self._refusal(request) or await super()._responses(request)
 
+    def verdict_for(self, prompt: str) -> str | web.Response:
+        """The reply to a judge call whose messages' texts, joined by newlines, are `prompt`
+        (`prompt_text`): `verdict` here; a subclass may answer an error instead."""
+        return self.verdict
+
     async def respond(self, body: dict[str, Any]) -> web.Response:
+        verdict = self.verdict_for(prompt_text(body))
+        if isinstance(verdict, web.Response):
+            return verdict
         n = next(self._ids)
         item = {
             "type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
-            "content": [{"type": "output_text", "text": self.verdict, "annotations": []}],
+            "content": [{"type": "output_text", "text": verdict, "annotations": []}],
         }  # fmt: skip
         reply = {
             "id": f"resp_{n}",
@@ -81,6 +107,9 @@ class ScriptedJudge(ResponsesServer):
         if self.record:
             self.calls.append(_ChatCall(request.headers.get("X-Session-ID"), body))
         self.chat_calls += 1
+        verdict = self.verdict_for(prompt_text(body))
+        if isinstance(verdict, web.Response):
+            return verdict
         n = next(self._ids)
         return web.json_response(
             {
@@ -91,7 +120,7 @@ class ScriptedJudge(ResponsesServer):
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": self.verdict},
+                        "message": {"role": "assistant", "content": verdict},
                         "finish_reason": "stop",
                     }
                 ],

@@ -62,7 +62,7 @@ REASONING: Key = ("reasoning",)
 """Reasoning items count by position only: their content may be re-encoded or summarised."""
 
 
-def _text(content: Any) -> str:
+def message_text(content: Any) -> str:
     """Message content as one string: text parts joined, other parts as canonical JSON."""
     if isinstance(content, str):
         return content
@@ -114,12 +114,16 @@ def item_key(item: Any) -> Key | None:
         return REASONING
     if kind == "message":
         role = str(item.get("role", "user"))
-        return ("message", "system" if role == "developer" else role, _text(item.get("content")))
+        return (
+            "message",
+            "system" if role == "developer" else role,
+            message_text(item.get("content")),
+        )
     if kind == "function_call":
         return ("function_call", str(item.get("name")), _arguments(item.get("arguments")))
     if kind == "function_call_output":
         output = item.get("output")
-        return ("function_call_output", output if isinstance(output, str) else _text(output))
+        return ("function_call_output", output if isinstance(output, str) else message_text(output))
     ignored = ("id", "status", "call_id", "prompt_token_ids", "generation_token_ids")
     rest = {k: v for k, v in item.items() if k not in ignored and k != "generation_log_probs"}
     return (kind, json.dumps(rest, sort_keys=True))

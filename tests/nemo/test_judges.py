@@ -43,7 +43,9 @@ def test_judge_references_of_the_shipped_configs(catalog: Catalog) -> None:
 
 
 def test_judge_config_redirects_defines_and_replaces(catalog: Catalog, tmp_path: Path) -> None:
-    names = ["equivalence_llm_judge", "simpleqa", "frontierscience_judge", "math_with_judge"]
+    names = [
+        "equivalence_llm_judge", "simpleqa", "frontierscience_judge", "math_with_judge", "verifif"
+    ]  # fmt: skip
     merged = [catalog.merged_config(p) for n in names for p in catalog.env(n).config_paths]
     refs = active([r for m in merged for r in judge_refs(m)], enable_optional=True)
     path = write_judge_config(
@@ -64,6 +66,11 @@ def test_judge_config_redirects_defines_and_replaces(catalog: Catalog, tmp_path:
     assert "openai_model" in config["judge_model"]["responses_api_models"]["_delete_key"]
     assert "_delete_key" not in config["genrm_model"]["responses_api_models"]
     assert config["judge_base_url"] == "http://127.0.0.1:1/v1"
+    # verifif calls its judge URL itself: it gets the relay's address, token and the model.
+    verifif = config["verifif"]["resources_servers"]["verifif"]
+    assert (verifif["judge_base_url"], verifif["judge_api_key"], verifif["judge_model"]) == (
+        "http://127.0.0.1:1/v1", "tok-123456789", "judge-m"
+    )  # fmt: skip
 
 
 def test_a_judge_with_a_stack_url_is_a_config_error() -> None:

@@ -118,7 +118,7 @@ def test_signal_with_env_spares_a_process_that_reused_a_scanned_pid() -> None:
     marked.wait()
     newcomer = None
     try:
-        for _ in range(20):  # another process on the machine may take the PID first
+        for _ in range(200):  # another process or thread may take the PID first
             try:
                 Path("/proc/sys/kernel/ns_last_pid").write_text(str(marked.pid - 1))
             except OSError as e:

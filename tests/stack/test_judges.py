@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import time
@@ -59,7 +60,7 @@ def _question(task: vf.Task) -> str:
 
 
 async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
-    policy: ScriptedPolicy, any_nemo_venv: NeMoGymVenv
+    policy: ScriptedPolicy, any_nemo_venv: NeMoGymVenv, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Both of NeMo Gym's judge surfaces (equivalence_llm_judge posts Responses, simpleqa Chat
     Completions) mixed with a judge-free environment on one stack: the verdict decides the
@@ -75,6 +76,7 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
         )
         tasks = _tasks(env)
         ctx = model_context(policy)
+        caplog.set_level(logging.INFO, logger="verifiers_nemogym.env")
         async with env.serving():
             marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
             assert isinstance(env.stack, PrivateStack)
@@ -97,6 +99,9 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
     for task, is_judged in zip(tasks, judged, strict=True):
         assert (_question(task)[:60] in prompts) == is_judged, _question(task)[:60]
     assert calls_equal >= 2 * ROWS_PER_ENV and judge.chat_calls == len(judge.calls)
+    # The run's record of the judge's spend (its calls carry no rollout to charge them to).
+    summary = f"judge on this stack: {len(judge.calls)} calls, 0 failed, 0 retried, "
+    assert any(r.getMessage().startswith(summary) for r in caplog.records), caplog.text[-2000:]
 
 
 def _environ(pid: int) -> bytes:
@@ -133,7 +138,8 @@ async def test_the_judge_key_reaches_no_process_config_log_or_trace(
         async with env.serving():
             assert isinstance(env.stack, SharedStack)
             eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
-            status_log = Path(str((await _status(env))["log"]))
+            status = await _status(env)
+            status_log = Path(str(status["log"]))
             async with aiohttp.ClientSession() as http:
                 url = f"{env.stack.lease.head_url}/global_config_dict_yaml"
                 async with http.get(url) as response:
@@ -157,6 +163,10 @@ async def test_the_judge_key_reaches_no_process_config_log_or_trace(
     assert [f for f, data in files.items() if key.encode() in data] == []
     assert key not in status_log.read_text(errors="replace")
     assert judge.calls and judge.chat_calls == 0  # the Responses path, with the key
+    # `stack status --json` shows who judges and what it cost (no key).
+    assert status["judge"] == {"base_url": judge.base_url, "model": "scripted-judge",
+                               "api": "responses"}  # fmt: skip
+    assert str(status["judge_stats"]).startswith(f"{len(judge.calls)} calls, 0 failed")
 
 
 async def _status(env: Any) -> dict[str, Any]:

@@ -528,3 +528,22 @@ async def test_lock_and_log_symlinks_are_not_followed(
     with pytest.raises(OSError):
         shared.open_nofollow(directory / "host.log")
     assert victim.read_text() == "untouched"
+
+
+@pytest.mark.parametrize("name", ["releases", "models", "tokenizers"])
+def test_other_cache_folders_others_can_write_are_refused(cache: Path, name: str) -> None:
+    """Release files (configs NeMo Gym runs), the local model and its tokenizer: planted ones
+    would run as you, so an open folder is refused before anything is read from it."""
+    from verifiers_nemogym.nemo.release import release_files
+    from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
+    from verifiers_nemogym.policies.local_model import packaged_model_path
+
+    use = {
+        "releases": lambda: release_files("0.4.0"),
+        "models": packaged_model_path,
+        "tokenizers": lambda: tokenizer_dir(cache / "model.gguf"),
+    }[name]
+    (cache / name).mkdir(mode=0o700, exist_ok=True)
+    (cache / name).chmod(0o777)
+    with pytest.raises(ConfigError, match=f"{name} is group- or world-writable"):
+        use()

@@ -34,7 +34,7 @@ import yaml
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.release import ReleaseFiles
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-from verifiers_nemogym.util import cache_root
+from verifiers_nemogym.util import private_cache
 
 RESOURCES_SERVERS = "resources_servers"
 ENVIRONMENTS = "environments"
@@ -622,7 +622,8 @@ class Catalog:
         where = str(config_path.relative_to(self.root) if config_path.is_relative_to(self.root)
                     else config_path)  # fmt: skip
         key = hashlib.sha256(where.encode() + b"\0" + content).hexdigest()[:24]
-        folder = cache_root() / "resolved" / f"nemo-gym-{self.version}"
+        # Checked before use: a planted merge would be started as this config.
+        folder = private_cache("resolved", f"nemo-gym-{self.version}")
         cached = folder / f"{key}.yaml"
         if cached.is_file():
             return parse_config(cached.read_text(encoding="utf-8"), str(cached))

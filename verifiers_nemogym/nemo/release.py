@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.util import cache_root, clean_env, file_lock, find_uv, run_uv
+from verifiers_nemogym.util import clean_env, file_lock, find_uv, private_cache, run_uv
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,8 @@ class ReleaseFiles:
 def release_files(version: str, log: logging.Logger = logger) -> ReleaseFiles:
     """The files of nemo-gym `version`, fetched on first use (see the module contract)."""
     check_release(version)
-    root = cache_root() / "releases"
+    # Checked before use: configs planted by another user would run in NeMo Gym as you.
+    root = private_cache("releases")
     target = root / f"nemo-gym-{version}"
     if (target / _COMPLETE).is_file():
         return ReleaseFiles(target, version)

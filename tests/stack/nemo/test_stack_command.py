@@ -35,7 +35,7 @@ def test_pairing_declared_in_an_included_config_is_seen(
     including.write_text(f"config_paths:\n  - {asr}\n")
     with caplog.at_level(logging.WARNING):
         command = _stack(nemo_venv_07, [including]).command(
-            PLACEHOLDER, 11000, warm=True, deadline=time.monotonic() + 60
+            [PLACEHOLDER], 11000, warm=True, deadline=time.monotonic() + 60
         )
     assert "+allow_unsupported_pairing=true" in command
     (warning,) = [r.getMessage() for r in caplog.records if "pairing check" in r.getMessage()]

@@ -221,11 +221,12 @@ async def test_a_judge_refusing_the_key_fails_every_rollout_naming_the_judge(
 async def test_a_judge_that_goes_down_makes_rollouts_errors_naming_it(
     policy: ScriptedPolicy,
 ) -> None:
-    """equivalence_llm_judge's `/verify` fails when its judge does; terminus_judge (on 0.4.0)
-    scores a failed judge call 0.0 instead: both are errors, never rewards."""
+    """equivalence_llm_judge's `/verify` fails when its judge does; over_refusal_detection
+    (0.4.0) scores a failed judge call 0.5 ("unclear") instead: both are errors, never
+    rewards."""
     async with ScriptedJudge(verdict=EQUAL) as judge:
         env = nemo_gym_env.load_environment(
-            nemo_env="equivalence_llm_judge,terminus_judge", shared_stack=False,
+            nemo_env="equivalence_llm_judge,over_refusal_detection", shared_stack=False,
             judge=_judge(judge),
         )  # fmt: skip
         tasks = _tasks(env)

@@ -24,6 +24,7 @@ import verifiers.v1 as vf
 from verifiers.v1.configs.client import TrainClientConfig
 from verifiers.v1.runtimes import ProgramResult, Runtime
 
+from verifiers_nemogym.bridge.judge import question_of
 from verifiers_nemogym.bridge.proxy import Route
 from verifiers_nemogym.bridge.redact import cut, redact
 from verifiers_nemogym.errors import AgentRunError, StackError
@@ -87,18 +88,19 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             endpoint, secret, stop_condition=lambda: _stop_condition(trace), train=train
         ) as route:
             began = time.time()
+            params = data.row.get("responses_create_params") or {}
+            question = live.judge.running(question_of(params)) if live.judge else ""
             try:
                 result = await _post_run(live, data, agent_url, route)
             except AgentRunError as e:
                 # NeMo Gym reports a failed judge call as a bare 500 (or a masked sample):
-                # name the judge's own failure, seen while this rollout ran, as the cause.
-                if live.judge and (judged := live.judge.failure_since(began)):
+                # name the judge's own failure as the cause.
+                if live.judge and (judged := live.judge.failure_for(began, question)):
                     raise AgentRunError(f"{judged}; then {e}") from None
                 raise
-            if live.judge and (judged := live.judge.failure_since(began)):
+            if live.judge and (judged := live.judge.failure_for(began, question)):
                 # Some judge environments score a failed judge call (0, 0.5, a fallback) instead
-                # of failing: no measurement. Judge calls carry no rollout, so every rollout
-                # verified while the judge failed is an error (never a fake reward).
+                # of failing: no measurement, so an error, never that reward.
                 raise AgentRunError(f"{judged}; NeMo Gym scored the rollout anyway: no reward")
         record(trace, result, keep_ng_trajectory=live.keep_ng_trajectory)
         return ProgramResult(exit_code=0, stdout="", stderr="")

@@ -9,7 +9,7 @@ import time
 import aiohttp
 import pytest
 
-from verifiers_nemogym.bridge.judge import ATTEMPTS, Judge, JudgeRelay
+from verifiers_nemogym.bridge.judge import ATTEMPTS, Judge, JudgeRelay, JudgeStatus, question_of
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.policies.judge import ScriptedJudge
 
@@ -56,7 +56,7 @@ async def test_transient_failures_are_retried_then_answered_with_424_naming_the_
         assert await _post(relay, "/chat/completions", relay.token) == 424
         assert time.monotonic() - began < 5
         assert (relay.stats.calls, relay.stats.retries, relay.stats.failures) == (1, 2, 1)
-        failure = relay.status.failure_since(began - 1)
+        failure = relay.status.failure_for(began - 1, "")
         assert failure is not None
         assert "scripted-judge at" in failure and "503: scripted judge fault 503" in failure
 
@@ -72,8 +72,8 @@ async def test_the_key_never_appears_in_a_failure_the_judge_echoes() -> None:
     async with ScriptedJudge(fail_status=500) as judge, _relay(judge) as relay:
         judge.verdict = KEY  # not reached: every call fails
         assert await _post(relay, "/chat/completions", relay.token) == 424
-        assert relay.status.last_failure is not None
-        assert KEY not in relay.status.last_failure[1]
+        ((_, message, _),) = relay.status.failures
+        assert KEY not in message
 
 
 async def test_preflight_names_the_judge_and_the_key_variable_it_refused() -> None:
@@ -90,3 +90,18 @@ async def test_preflight_names_the_judge_and_the_key_variable_it_refused() -> No
 
 def test_attempts_match_the_openai_clients_default() -> None:
     assert ATTEMPTS == 3  # the first try and the OpenAI client's 2 retries
+
+
+def test_a_judge_failure_is_charged_to_the_rollout_whose_question_its_prompt_quotes() -> None:
+    status = JudgeStatus({})
+    first = status.running(question_of({"input": [{"role": "user", "content": "What is  2+2?"}]}))
+    second = status.running("Name the capital\nof France.")
+    began = time.time()
+    status.failed("judge failed: 503", prompt="Grade this.\nQuestion: What is 2+2? Answer: 4")
+    assert status.failure_for(began, first) == "judge failed: 503"
+    assert status.failure_for(began, second) is None  # another rollout's call
+    # A failed prompt that quotes no recent rollout's question cannot be charged to one: every
+    # rollout verified meanwhile fails with it.
+    status.failed("judge failed: 400", prompt="a prompt about nothing we ran")
+    assert status.failure_for(began, second) == "judge failed: 400"
+    assert status.failure_for(time.time() + 1, first) is None  # only failures since `began`

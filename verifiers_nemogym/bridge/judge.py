@@ -20,6 +20,7 @@ lines or environment (NeMo Gym's judge block holds the relay's address and token
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import json
@@ -35,6 +36,7 @@ import aiohttp
 from aiohttp import web
 
 from verifiers_nemogym.bridge import redact, wire
+from verifiers_nemogym.bridge.responses import message_text
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.net import LOOPBACK, AppServer
 
@@ -46,6 +48,27 @@ _BACKOFF = (1.0, 4.0)
 _RETRY_AFTER_CAP = 30.0
 _TRANSIENT = frozenset({408, 409, 429})
 _MESSAGE_LIMIT = 500
+PROMPT_KEPT = 256 * 1024
+"""Characters of a failed judge call's prompt kept to charge the failure to its rollout."""
+_FAILURES_KEPT = 256
+_QUESTION_HEAD = 200
+_QUESTIONS_KEPT = 4096
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """A judge call's prompt as one string: the texts of its messages (Responses `instructions`
+    and `input`, or Chat Completions `messages`), joined by newlines. The same for a Responses
+    call and the Chat Completions call NeMo Gym's `inference_provider` converts it into."""
+    texts: list[str] = []
+    if isinstance(body.get("instructions"), str):
+        texts.append(body["instructions"])
+    items = body.get("input", body.get("messages"))
+    if isinstance(items, str):
+        texts.append(items)
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and "content" in item:
+            texts.append(message_text(item["content"]))
+    return "\n".join(texts)
 
 
 @dataclass(frozen=True)
@@ -98,21 +121,63 @@ class Judge:
         return cls(**data, headers=dict(headers or {}))
 
 
+def normal(text: str) -> str:
+    """`text` with whitespace runs collapsed: how a question is looked for in a judge prompt
+    (templates re-wrap and indent what they quote)."""
+    return " ".join(text.split())
+
+
+def question_of(params: dict[str, Any]) -> str:
+    """The last user message's text of a row's `responses_create_params`: what a judge prompt
+    quotes of the rollout it grades ("" if none)."""
+    items = params.get("input")
+    if isinstance(items, str):
+        return items
+    users = [i for i in items or [] if isinstance(i, dict) and i.get("role") == "user"]
+    return message_text(users[-1].get("content")) if users else ""
+
+
 @dataclass
 class JudgeStatus:
-    """The judge as the rollouts of a stack see it: who it is and its last failure (seconds
-    since the epoch, and the message), which a failed rollout's error quotes."""
+    """The judge as the rollouts of a stack see it: who it is (`judge`), its recent failures
+    (seconds since the epoch, message, the failed call's prompt) and the questions of recent
+    rollouts, so that a failure is charged to the rollout whose question its prompt quotes.
+
+    NeMo Gym's judge calls carry nothing else that ties them to a rollout. A failure whose
+    prompt quotes no recent rollout's question cannot be charged to one: every rollout verified
+    while it happened fails with it (an error, never the score NeMo Gym gave instead)."""
 
     judge: dict[str, Any]
-    last_failure: tuple[float, str] | None = None
+    failures: collections.deque[tuple[float, str, str]] = field(
+        default_factory=lambda: collections.deque(maxlen=_FAILURES_KEPT)
+    )
+    questions: dict[str, None] = field(default_factory=dict)
+    """Recent rollouts' question heads, oldest first (at most `_QUESTIONS_KEPT`)."""
 
-    def failed(self, message: str, at: float | None = None) -> None:
-        self.last_failure = (time.time() if at is None else at, message)
+    def failed(self, message: str, at: float | None = None, prompt: str = "") -> None:
+        at = time.time() if at is None else at
+        self.failures.append((at, message, normal(prompt)[:PROMPT_KEPT]))
 
-    def failure_since(self, since: float) -> str | None:
-        """The last judge failure at or after `since` (seconds since the epoch), if any."""
-        if self.last_failure is not None and self.last_failure[0] >= since:
-            return self.last_failure[1]
+    def running(self, question: str) -> str:
+        """Note a rollout's question (before its `/run`); returns the head it is known by."""
+        head = normal(question)[:_QUESTION_HEAD]
+        self.questions.pop(head, None)
+        self.questions[head] = None
+        while len(self.questions) > _QUESTIONS_KEPT:
+            self.questions.pop(next(iter(self.questions)))
+        return head
+
+    def failure_for(self, since: float, head: str) -> str | None:
+        """The message of a judge failure at or after `since` that is the rollout's with
+        question `head` (`running`): its prompt quotes `head`, or quotes no recent rollout's
+        question. None if there is none."""
+        for at, message, prompt in reversed(self.failures):
+            if at < since:
+                break
+            if head and head in prompt:
+                return message
+            if not any(q and q in prompt for q in self.questions):
+                return message
         return None
 
 
@@ -132,14 +197,15 @@ class JudgeStats:
 
 
 class JudgeRelay(AppServer):
-    """See the module contract. `on_failure(message)` is told of every call that failed."""
+    """See the module contract. `on_failure(message, prompt)` is told of every call that
+    failed (`prompt`: the call's `prompt_text`)."""
 
     def __init__(
         self,
         judge: Judge,
         key: str | None,
         *,
-        on_failure: Callable[[str], None] | None = None,
+        on_failure: Callable[[str, str], None] | None = None,
         backoff: tuple[float, float] = _BACKOFF,
     ) -> None:
         self.judge = judge
@@ -241,11 +307,15 @@ class JudgeRelay(AppServer):
                 break
             await asyncio.sleep(wait if wait > 0 else self._pause(attempt))
         message = f"the judge {self.judge.describe()} failed: {problem}"
+        try:
+            prompt = prompt_text(json.loads(body))[:PROMPT_KEPT]
+        except (ValueError, AttributeError):
+            prompt = ""
         self.stats.failures += 1
-        self.status.failed(message)
+        self.status.failed(message, prompt=prompt)
         logger.warning("%s", message)
         if self._on_failure is not None:
-            self._on_failure(message)
+            self._on_failure(message, prompt)
         return wire.json_error(424, message, "judge_failed")
 
     async def _call(self, path: str, body: bytes) -> tuple[int, bytes, float | None]:

@@ -110,3 +110,21 @@ def incomplete_response(request: JSON, reason: str) -> JSON:
         },
         request,
     )
+
+
+def message_text(content: Any) -> str:
+    """Message content as one string: text parts joined, other parts as canonical JSON."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return json.dumps(content, sort_keys=True)
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif isinstance(part, dict):
+            rest = {k: v for k, v in part.items() if k not in ("annotations", "logprobs")}
+            parts.append(json.dumps(rest, sort_keys=True))
+        else:
+            parts.append(str(part))
+    return "\n".join(parts)

@@ -220,9 +220,10 @@ class StackHost:
                 path.unlink()
         self._bound_inode = None
 
-    def _tell_judge_failure(self, message: str) -> None:
-        """Every user's rollouts may have been graded by the failed call: tell them all."""
-        event = {"event": "judge_failed", "message": message, "at": time.time()}
+    def _tell_judge_failure(self, message: str, prompt: str) -> None:
+        """Any user's rollout may have been graded by the failed call: tell them all (with its
+        prompt, which each user matches against its rollouts' questions)."""
+        event = {"event": "judge_failed", "message": message, "at": time.time(), "prompt": prompt}
         for writer in list(self.leases):
             with contextlib.suppress(OSError, ConnectionError, RuntimeError):
                 writer.write(json.dumps(event).encode() + b"\n")

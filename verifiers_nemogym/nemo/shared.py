@@ -267,7 +267,11 @@ class Lease:
         try:
             while (message := await _receive(self._reader)) is not None:
                 if message.get("event") == "judge_failed" and self.judge is not None:
-                    self.judge.failed(str(message.get("message")), float(message["at"]))
+                    self.judge.failed(
+                        str(message.get("message")),
+                        float(message["at"]),
+                        str(message.get("prompt") or ""),
+                    )
                 elif message.get("event") == "down":
                     reason = f"the shared NeMo Gym stack went down: {message.get('reason')}"
         except (OSError, ValueError) as e:

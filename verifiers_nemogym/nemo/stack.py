@@ -178,7 +178,7 @@ class NeMoGymStack:
         fast_start: bool = True,
         judge: Judge | None = None,
         judge_key: str | None = None,
-        on_judge_failure: Callable[[str], None] | None = None,
+        on_judge_failure: Callable[[str, str], None] | None = None,
         log: logging.Logger = logger,
     ) -> None:
         if not config_paths:

@@ -16,25 +16,9 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 
+from verifiers_nemogym.bridge.judge import prompt_text
 from verifiers_nemogym.bridge.responses import complete_response
-from verifiers_nemogym.policies.replay import message_text
 from verifiers_nemogym.policies.server import Call, ResponsesServer
-
-
-def prompt_text(body: dict[str, Any]) -> str:
-    """A judge call's prompt as one string: the texts of its messages (Responses `instructions`
-    and `input`, or Chat Completions `messages`), joined by newlines. The same for a Responses
-    call and the Chat Completions call NeMo Gym's `inference_provider` converts it into."""
-    texts: list[str] = []
-    if isinstance(body.get("instructions"), str):
-        texts.append(body["instructions"])
-    items = body.get("input", body.get("messages"))
-    if isinstance(items, str):
-        texts.append(items)
-    for item in items if isinstance(items, list) else []:
-        if isinstance(item, dict) and "content" in item:
-            texts.append(message_text(item["content"]))
-    return "\n".join(texts)
 
 
 @dataclass

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 
-from verifiers_nemogym.bridge.responses import complete_response
+from verifiers_nemogym.bridge.responses import complete_response, message_text
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.policies.server import ResponsesServer
 
@@ -60,24 +60,6 @@ JSON = dict[str, Any]
 _MODEL_KINDS = ("function_call", "reasoning")
 REASONING: Key = ("reasoning",)
 """Reasoning items count by position only: their content may be re-encoded or summarised."""
-
-
-def message_text(content: Any) -> str:
-    """Message content as one string: text parts joined, other parts as canonical JSON."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return json.dumps(content, sort_keys=True)
-    parts = []
-    for part in content:
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            parts.append(part["text"])
-        elif isinstance(part, dict):
-            rest = {k: v for k, v in part.items() if k not in ("annotations", "logprobs")}
-            parts.append(json.dumps(rest, sort_keys=True))
-        else:
-            parts.append(str(part))
-    return "\n".join(parts)
 
 
 def _arguments(raw: Any) -> str:

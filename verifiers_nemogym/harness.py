@@ -89,7 +89,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
         ) as route:
             began = time.time()
             params = data.row.get("responses_create_params") or {}
-            question = live.judge.running(question_of(params)) if live.judge else ""
+            question = live.judge.running(question_of(params)) if live.judge else ()
             try:
                 result = await _post_run(live, data, agent_url, route)
             except AgentRunError as e:

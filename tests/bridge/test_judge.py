@@ -94,10 +94,16 @@ def test_attempts_match_the_openai_clients_default() -> None:
 
 def test_a_judge_failure_is_charged_to_the_rollout_whose_question_its_prompt_quotes() -> None:
     status = JudgeStatus({})
-    first = status.running(question_of({"input": [{"role": "user", "content": "What is  2+2?"}]}))
+    problem = "Compute the sum of  the first ten positive integers."
+    row = {
+        "input": [{"role": "user", "content": f"Solve this, answer in \\boxed{{}}.\n\n{problem}"}]
+    }
+    first = status.running(question_of(row))
     second = status.running("Name the capital\nof France.")
     began = time.time()
-    status.failed("judge failed: 503", prompt="Grade this.\nQuestion: What is 2+2? Answer: 4")
+    # The judge prompt quotes the problem, not the instructions around it.
+    prompt = "Grade this.\nQuestion: Compute the sum of the first ten positive integers.\nA: 55"
+    status.failed("judge failed: 503", prompt=prompt)
     assert status.failure_for(began, first) == "judge failed: 503"
     assert status.failure_for(began, second) is None  # another rollout's call
     # A failed prompt that quotes no recent rollout's question cannot be charged to one: every

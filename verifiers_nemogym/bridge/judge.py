@@ -52,6 +52,8 @@ PROMPT_KEPT = 256 * 1024
 """Characters of a failed judge call's prompt kept to charge the failure to its rollout."""
 _FAILURES_KEPT = 256
 _QUESTION_HEAD = 200
+_MARK_MIN = 30
+_MARKS = 5
 _QUESTIONS_KEPT = 4096
 
 
@@ -151,34 +153,48 @@ class JudgeStatus:
     failures: collections.deque[tuple[float, str, str]] = field(
         default_factory=lambda: collections.deque(maxlen=_FAILURES_KEPT)
     )
-    questions: dict[str, None] = field(default_factory=dict)
-    """Recent rollouts' question heads, oldest first (at most `_QUESTIONS_KEPT`)."""
+    questions: dict[tuple[str, ...], None] = field(default_factory=dict)
+    """Recent rollouts' questions (`marks`), oldest first (at most `_QUESTIONS_KEPT`)."""
 
     def failed(self, message: str, at: float | None = None, prompt: str = "") -> None:
         at = time.time() if at is None else at
         self.failures.append((at, message, normal(prompt)[:PROMPT_KEPT]))
 
-    def running(self, question: str) -> str:
-        """Note a rollout's question (before its `/run`); returns the head it is known by."""
-        head = normal(question)[:_QUESTION_HEAD]
-        self.questions.pop(head, None)
-        self.questions[head] = None
+    def running(self, question: str) -> tuple[str, ...]:
+        """Note a rollout's question (before its `/run`); returns the marks it is known by."""
+        found = marks(question)
+        self.questions.pop(found, None)
+        self.questions[found] = None
         while len(self.questions) > _QUESTIONS_KEPT:
             self.questions.pop(next(iter(self.questions)))
-        return head
+        return found
 
-    def failure_for(self, since: float, head: str) -> str | None:
+    def failure_for(self, since: float, question: tuple[str, ...]) -> str | None:
         """The message of a judge failure at or after `since` that is the rollout's with
-        question `head` (`running`): its prompt quotes `head`, or quotes no recent rollout's
-        question. None if there is none."""
+        `question` (its `running` marks): the failed prompt quotes it, or quotes no recent
+        rollout's question. None if there is none."""
         for at, message, prompt in reversed(self.failures):
             if at < since:
                 break
-            if head and head in prompt:
+            if _quotes(prompt, question):
                 return message
-            if not any(q and q in prompt for q in self.questions):
+            if not any(_quotes(prompt, q) for q in self.questions):
                 return message
         return None
+
+
+def marks(question: str) -> tuple[str, ...]:
+    """What a judge prompt quotes of a question: its longest lines (whitespace collapsed, cut
+    to `_QUESTION_HEAD`), at least `_MARK_MIN` characters each (an environment's instructions
+    around the question are rarely quoted with it), else the whole question."""
+    lines = sorted({normal(line)[:_QUESTION_HEAD] for line in question.splitlines()}, key=len)
+    long = [line for line in lines if len(line) >= _MARK_MIN][-_MARKS:]
+    whole = normal(question)[:_QUESTION_HEAD]
+    return tuple(long) if long else ((whole,) if whole else ())
+
+
+def _quotes(prompt: str, question: tuple[str, ...]) -> bool:
+    return any(mark in prompt for mark in question)
 
 
 @dataclass

@@ -28,6 +28,8 @@ from verifiers_nemogym.policies.scripted import ScriptedPolicy
 if TYPE_CHECKING:
     import verifiers.v1 as vf
 
+    from verifiers_nemogym.policies.replay import Recording
+
 REPO = Path(__file__).resolve().parent.parent
 """The repository root (wherever under tests/ the test that asks for it lives)."""
 TEST_RUN_VAR = "VF_NEMOGYM_TEST_RUN"
@@ -163,6 +165,32 @@ def model_context(policy: ScriptedPolicy) -> vf.ModelContext:
 
     client = EvalClientConfig(base_url=policy.base_url, api_key_var="SCRIPTED_KEY")
     return vf.ModelContext(model="scripted", client=client)
+
+
+async def run_timed(
+    env: Any, tasks: list[vf.Task], ctx: vf.ModelContext
+) -> tuple[list[vf.Episode], dict[str, float]]:
+    """Every task's episode at once, and each one's seconds by its prompt text."""
+    durations: dict[str, float] = {}
+
+    async def timed(task: vf.Task) -> vf.Episode:
+        began = time.monotonic()
+        try:
+            return await env.run_episode(task, ctx)
+        finally:
+            durations[task.data.prompt_text] = time.monotonic() - began
+
+    return list(await asyncio.gather(*(timed(t) for t in tasks))), durations
+
+
+def recordings_of(catalog: Catalog, names: tuple[str, ...]) -> list[Recording]:
+    """The recorded rollouts (`example_rollouts.jsonl`) of environments `names`, in order."""
+    from verifiers_nemogym.policies.replay import load_recordings
+
+    found: list[Recording] = []
+    for name in names:
+        found += load_recordings(catalog.env(name).example_rollouts, name)
+    return found
 
 
 def train_context(base_url: str) -> vf.ModelContext:

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers import recordings_of
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog
@@ -29,10 +30,7 @@ ENVS = ("example_single_tool_call", "example_multi_step", "example_multi_turn_gy
 
 @pytest.fixture(scope="module")
 def recordings(catalog: Catalog) -> list[Recording]:
-    found: list[Recording] = []
-    for name in ENVS:
-        found += load_recordings(catalog.env(name).example_rollouts, name)
-    return found
+    return recordings_of(catalog, ENVS)
 
 
 def requests_of(rec: Recording) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:

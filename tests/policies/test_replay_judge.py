@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers import recordings_of
 
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import Recording, load_recordings
@@ -28,10 +29,7 @@ ENVS = ("equivalence_llm_judge", "text_to_sql", "math_with_judge", "aalcr", "inv
 
 @pytest.fixture(scope="module")
 def recordings(catalog: Catalog) -> list[Recording]:
-    found: list[Recording] = []
-    for name in ENVS:
-        found += load_recordings(catalog.env(name).example_rollouts, name)
-    return found
+    return recordings_of(catalog, ENVS)
 
 
 def _recorded_calls(rec: Recording) -> list[tuple[list[dict[str, Any]], str]]:

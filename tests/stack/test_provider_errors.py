@@ -8,16 +8,14 @@ only double: `ScriptedPolicy` and its `[fault:STATUS]` trigger.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import error_text, gone, run_command, run_tag, script, write_rows
+from helpers import error_text, gone, run_command, run_tag, run_timed, script, write_rows
 from verifiers.v1.configs.client import EvalClientConfig
 
 import nemo_gym_env
@@ -47,16 +45,7 @@ async def test_every_provider_status_is_an_error_naming_it(
         secret_watch.watch(env)
         marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
         live = env.taskset.config.task._live
-        durations: dict[str, float] = {}
-
-        async def timed(task: vf.Task) -> vf.Episode:
-            began = time.monotonic()
-            try:
-                return await env.run_episode(task, ctx)
-            finally:
-                durations[task.data.prompt_text] = time.monotonic() - began
-
-        episodes = await asyncio.gather(*(timed(t) for t in tasks))
+        episodes, durations = await run_timed(env, tasks, ctx)
         assert live.proxy.open_routes == 0
     assert len(episodes) == len(texts)  # none lost
     by_text = {e.task.data.prompt_text: e for e in episodes}

@@ -10,13 +10,11 @@ their `[fault:MODE]` / `[fault:MODExN]` triggers.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf
-from helpers import error_text, gone, model_context, write_rows
+from helpers import error_text, gone, model_context, run_timed, write_rows
 from renderers.configs import DefaultRendererConfig
 from verifiers.v1.configs.client import TrainClientConfig
 
@@ -102,18 +100,7 @@ async def test_transient_errors_are_retried_without_duplicating_turns_or_tokens(
         live = env.taskset.config.task._live
         results: dict[str, tuple[dict[str, vf.Episode], dict[str, float]]] = {}
         for mode, ctx in (("eval", model_context(policy)), ("train", _train_ctx(tokens))):
-            durations: dict[str, float] = {}
-
-            async def timed(
-                task: vf.Task, ctx: vf.ModelContext = ctx, durations: dict[str, float] = durations
-            ) -> vf.Episode:
-                began = time.monotonic()
-                try:
-                    return await env.run_episode(task, ctx)
-                finally:
-                    durations[task.data.prompt_text] = time.monotonic() - began
-
-            episodes = await asyncio.gather(*(timed(t) for t in tasks))
+            episodes, durations = await run_timed(env, tasks, ctx)
             results[mode] = ({e.task.data.prompt_text: e for e in episodes}, durations)
         assert live.proxy.open_routes == 0
     assert await gone(marker) == []

@@ -13,8 +13,9 @@ lines or environment (NeMo Gym's judge block holds the relay's address and token
   NeMo Gym's client does not retry (it retries 429 and 5xx without end), so the rollout whose
   `/verify` asked becomes an error within a bounded time.
 - `stats` counts calls, failures and tokens (NeMo Gym's judge calls carry no rollout, so these
-  are per stack); `status` keeps the last failure for the rollouts' errors; `preflight()` checks
-  at start that the judge answers and takes the key.
+  are per stack); `status` (`JudgeStatus`) keeps recent failures with their prompts, charged to
+  the rollout whose question a failed prompt quotes; `preflight()` checks at start that the
+  judge answers and takes the key.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ class LiveStack:
     keep_ng_trajectory: bool = False
     """Keep NeMo Gym's trajectory records in traces (`--env.taskset.keep-ng-trajectory`)."""
     judge: JudgeStatus | None = None
-    """The stack's judge (who it is, its last failure), when it has one; each rollout copies
-    who it is to `trace.info["nemo_gym_judge"]`, and a failed rollout quotes a judge failure
-    seen while it ran."""
+    """The stack's judge (who it is, its recent failures), when it has one; each rollout copies
+    who it is to `trace.info["nemo_gym_judge"]`, and is an error quoting a judge failure that
+    is charged to it (`JudgeStatus.failure_for`)."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
     failure: str | None = None

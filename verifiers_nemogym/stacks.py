@@ -7,7 +7,7 @@ the stack's merged config, for every backend); `marker` is the stack's process m
 elsewhere); `lost` is set, with `reason`, once the stack is unusable (a server died, the shared
 host went away, a remote head server stopped answering); `close()` gives it up (idempotent):
 stops what this process owns, releases a lease, or only stops watching. `judge` is the stack's
-judge (`bridge.judge.JudgeStatus`: who it is, its last failure) when it has one, and
+judge (`bridge.judge.JudgeStatus`: who it is, its recent failures) when it has one, and
 `judge_summary()` its calls, failures and tokens so far.
 
 Backends, chosen by `open_stack` from the taskset config:

@@ -61,6 +61,12 @@ class NeMoGymJudgeConfig(vf.JudgeConfig):
     api_key_var: str = vf.JudgeConfig.model_fields["api_key_var"].default
     """The environment variable holding the judge's key ("" for a judge without one)."""
 
+    api: Literal["chat", "responses"] = "chat"
+    """How the judge is called: `chat` (any Chat Completions endpoint; NeMo Gym's Responses
+    judge calls are converted) or `responses` (an OpenAI Responses endpoint)."""
+    enable_optional: bool = False
+    """Also turn on the judges NeMo Gym ships switched off (math_with_judge, polymath)."""
+
     @model_validator(mode="after")
     def _what_nemo_gym_decides(self) -> Self:
         # NeMo Gym's environments bring their own judge prompts and sampling settings.
@@ -72,12 +78,6 @@ class NeMoGymJudgeConfig(vf.JudgeConfig):
         if self.headers_from_env:
             raise ValueError("env.taskset.judge.headers_from_env is not supported; use headers")
         return self
-
-    api: Literal["chat", "responses"] = "chat"
-    """How the judge is called: `chat` (any Chat Completions endpoint; NeMo Gym's Responses
-    judge calls are converted) or `responses` (an OpenAI Responses endpoint)."""
-    enable_optional: bool = False
-    """Also turn on the judges NeMo Gym ships switched off (math_with_judge, polymath)."""
 
     def endpoint(self) -> Judge:
         """The judge as the stack runs it (no key)."""

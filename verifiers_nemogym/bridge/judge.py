@@ -346,7 +346,7 @@ class JudgeRelay(AppServer):
             ) as response:
                 payload = await response.read()
                 status = response.status
-                retry_after = response.headers.get("Retry-After")
+                asked = wire.retry_after(response.headers)
         except (aiohttp.ClientError, TimeoutError) as e:
             return 0, (str(e) or type(e).__name__).encode(), 0.0
         if status == 200:
@@ -356,7 +356,8 @@ class JudgeRelay(AppServer):
                 return -1, payload, 0.0
             return 200, payload, None
         if status in _TRANSIENT or status >= 500:
-            return status, payload, _retry_after(retry_after)
+            # The wait the answer asks for, capped; 0 (the default backoff) if it asks none.
+            return status, payload, min(_RETRY_AFTER_CAP, max(0.0, asked)) if asked else 0.0
         return status, payload, None
 
     def _pause(self, attempt: int) -> float:
@@ -376,24 +377,13 @@ class JudgeRelay(AppServer):
         self.stats.completion_tokens += completion if isinstance(completion, int) else 0
 
 
-def _retry_after(value: str | None) -> float:
-    try:
-        return min(_RETRY_AFTER_CAP, max(0.0, float(value))) if value else 0.0
-    except ValueError:
-        return 0.0
-
-
 def _message(payload: bytes) -> str:
     """The error message of an OpenAI-style error body, else the body's start (redacted)."""
-    text = payload[: _MESSAGE_LIMIT * 4].decode("utf-8", "replace")
     try:
-        error = json.loads(payload).get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            text = error["message"]
-        elif isinstance(error, str):
-            text = error
-    except (ValueError, AttributeError):
-        pass
+        text = wire.error_message(json.loads(payload))
+    except ValueError:
+        text = ""
+    text = text or payload[: _MESSAGE_LIMIT * 4].decode("utf-8", "replace")
     return redact.cut(text.strip(), _MESSAGE_LIMIT) or "(no message)"
 
 

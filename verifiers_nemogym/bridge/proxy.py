@@ -35,12 +35,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import email.utils
 import logging
-import math
 import random
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -410,7 +407,7 @@ class NeMoGymModelProxy(AppServer):
             else:
                 if final or not _transient(status) or route.stopped() is not None:
                     return status, raw
-                retry_after = _retry_after(answer_headers)
+                retry_after = wire.retry_after(answer_headers)
                 if retry_after is not None and retry_after > self.limits.max_retry_after:
                     return status, raw  # asked to wait longer than we would: the error stands
                 delay, why = self._backoff(attempt, retry_after), f"answer {status}"
@@ -477,23 +474,6 @@ def _transient(status: int) -> bool:
     return status in (408, 429) or status >= 500
 
 
-def _retry_after(headers: Any) -> float | None:
-    """Seconds the answer asks to wait (`retry-after-ms`, or `Retry-After` in seconds or as an
-    HTTP date), as the OpenAI SDK reads them; None if absent or unreadable."""
-    with contextlib.suppress(TypeError, ValueError):
-        seconds = float(headers.get("retry-after-ms")) / 1000
-        return seconds if math.isfinite(seconds) else None
-    value = headers.get("retry-after")
-    with contextlib.suppress(TypeError, ValueError):
-        seconds = float(value)
-        return seconds if math.isfinite(seconds) else None
-    try:
-        date = email.utils.parsedate_tz(value)
-        return None if date is None else float(email.utils.mktime_tz(date) - time.time())
-    except (TypeError, ValueError, OverflowError, OSError):
-        return None
-
-
 async def _send(
     session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str]
 ) -> tuple[int, bytes, Any]:
@@ -544,7 +524,9 @@ def _reply_error(
         payload = pydantic_core.from_json(raw)
     except ValueError:
         payload = None
-    message = redact.cut(_message(payload) or raw[: 2000 + 256].decode(errors="replace"), 2000)
+    message = redact.cut(
+        wire.error_message(payload) or raw[: 2000 + 256].decode(errors="replace"), 2000
+    )
     # Decided by verifiers' own state, never by the status or text alone: verifiers sets the
     # trace's stop condition before it refuses a call (turn limit, @vf.stop), while a provider's
     # 400/401/409 relayed by its interception leaves the rollout running.
@@ -557,16 +539,6 @@ def _reply_error(
     if isinstance(payload, dict):
         return _json(payload, status)
     return json_error(status, f"upstream answered {status}: {message}", "upstream_error")
-
-
-def _message(payload: Any) -> str:
-    if isinstance(payload, dict):
-        error = payload.get("error")
-        if isinstance(error, dict):
-            return str(error.get("message", ""))
-        if error is not None:
-            return str(error)
-    return ""
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:

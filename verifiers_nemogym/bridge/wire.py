@@ -14,8 +14,12 @@ does not retry forever.
 
 from __future__ import annotations
 
+import contextlib
+import email.utils
 import hmac
+import math
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -115,3 +119,32 @@ def is_secret(claimed: list[bytes], secret: bytes) -> bool:
 def json_error(status: int, message: str, kind: str) -> web.Response:
     """An OpenAI-style error body (`{"error": {"message", "type"}}`) with `status`."""
     return web.json_response({"error": {"message": message, "type": kind}}, status=status)
+
+
+def error_message(payload: Any) -> str:
+    """The message of a parsed OpenAI-style error body (`{"error": {"message": ...}}`, or
+    `{"error": "..."}`); "" if it has none."""
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict):
+            return str(error.get("message", ""))
+        if error is not None:
+            return str(error)
+    return ""
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds the answer asks to wait (`retry-after-ms`, or `Retry-After` in seconds or as an
+    HTTP date), as the OpenAI SDK reads them; None if absent or unreadable."""
+    with contextlib.suppress(TypeError, ValueError):
+        seconds = float(headers.get("retry-after-ms")) / 1000
+        return seconds if math.isfinite(seconds) else None
+    value = headers.get("retry-after")
+    with contextlib.suppress(TypeError, ValueError):
+        seconds = float(value)
+        return seconds if math.isfinite(seconds) else None
+    try:
+        date = email.utils.parsedate_tz(value)
+        return None if date is None else float(email.utils.mktime_tz(date) - time.time())
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None

@@ -222,6 +222,7 @@ class NeMoGymStack:
         self._ready_scanned = 0
         self._started = False
         self._failed = False
+        self._merged: list[dict[str, Any]] | None = None
 
     @property
     def log_path(self) -> Path:
@@ -339,8 +340,7 @@ class NeMoGymStack:
         assert self.relay is not None and self.judge is not None and self.workdir is not None
         await self.relay.start()
         await self.relay.preflight()
-        catalog = Catalog(self.venv)
-        merged = [await asyncio.to_thread(catalog.merged_config, p) for p in self.config_paths]
+        merged = await asyncio.to_thread(self._merged_configs)
         refs = active([r for m in merged for r in judge_refs(m)], self.judge.enable_optional)
         self.log.info(
             "judge %s serves %s (relay %s)",
@@ -403,14 +403,20 @@ class NeMoGymStack:
             overrides.append("+allow_unsupported_pairing=true")
         return overrides
 
+    def _merged_configs(self) -> list[dict[str, Any]]:
+        """Each of our configs as NeMo Gym merges it (`Catalog.merged_config`), read once per
+        stack: the judge config and the pairing check both look at them."""
+        if self._merged is None:
+            catalog = Catalog(self.venv)
+            self._merged = [catalog.merged_config(path) for path in self.config_paths]
+        return self._merged
+
     def _model_type_restrictions(self) -> dict[str, list[str]]:
         """Resources servers of our configs that declare `allowed_model_types`, with them, as
         NeMo Gym merges the configs (a declaration may come from an included config or an
         inherited block)."""
-        catalog = Catalog(self.venv)
         found: dict[str, list[str]] = {}
-        for path in self.config_paths:
-            merged = catalog.merged_config(path)
+        for merged in self._merged_configs():
             for name, (_, settings) in server_blocks(merged, RESOURCES_SERVERS).items():
                 if allowed := settings.get(_ALLOWED_MODEL_TYPES):
                     found[name] = [allowed] if isinstance(allowed, str) else list(map(str, allowed))

@@ -99,11 +99,9 @@ async def test_masked_sample_is_an_error_with_nemo_gyms_failure_fields(run_serve
         "rows.jsonl:1: agent 'a' /run: NeMo Gym masked the sample (judge_error): "
         "judge endpoint answered 503"
     )
-    # The row went out tagged with the route id as NeMo Gym's rollout id.
-    assert (
-        seen[0]["_ng_rollout_id"]
-        == seen[0]["responses_create_params"]["metadata"]["vf_nemogym_route"]
-    )
+    # The row went out tagged with the route's rollout id (route id + credential).
+    route_id = seen[0]["responses_create_params"]["metadata"]["vf_nemogym_route"]
+    assert seen[0]["_ng_rollout_id"].startswith(f"{route_id}.")
     # NeMo Gym's reason is unbounded: cut (after redaction) to what the trace keeps.
     long_reason = {**masked, "failure_reason": "r" * 10_000_000}
     with pytest.raises(AgentRunError) as caught:

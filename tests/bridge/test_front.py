@@ -73,7 +73,7 @@ async def test_front_forwards_rollout_prefixed_calls() -> None:
         front.add(FrontUser(1, proxy.url, secret_digest(proxy.secret)))
         try:
             route = proxy.open_route(policy.base_url, "bearer")
-            url = f"http://{front.host}:{front.port}/ng-rollout/{route.id}/v1/responses"
+            url = f"http://{front.host}:{front.port}/ng-rollout/{route.rollout_id}/v1/responses"
             async with (
                 aiohttp.ClientSession() as http,
                 http.post(url, json=_body(_meta(route))) as response,

@@ -27,6 +27,7 @@ from verifiers_nemogym.bridge.wire import (
     ROUTE_HEADER,
     ROUTE_KEY,
     SECRET_KEY,
+    rollout_id,
     route_metadata,
     tag_row,
 )
@@ -283,41 +284,74 @@ async def test_route_tag_is_the_one_routing_form(proxy, upstream, http):
     assert up.seen[-1]["body"]["metadata"] == {"k": "v"}  # routing keys never go upstream
 
 
-async def test_ng_rollout_paths_route_exactly_like_v1(proxy, upstream, http):
-    """NeMo Gym >= 0.7 with observability on calls `/ng-rollout/<row's _ng_rollout_id>/v1/...`:
-    tagged rows carry the route id there, and the path alone routes the call like `/v1/...`."""
+async def test_ng_rollout_paths_route_and_authenticate_by_the_path(proxy, upstream, http):
+    """NeMo Gym >= 0.7 with rollout correlation on calls `/ng-rollout/<row's _ng_rollout_id>/v1/
+    ...`, and its coding-agent CLIs carry nothing else of the rollout: the tagged rollout id
+    (route id + credential) routes and authenticates the call by its path alone, any dialect."""
     up, endpoint = upstream
-    ids = [proxy.open_route(endpoint, f"s{i}").id for i in range(200)]
-    assert all(ROLLOUT_ID_PATTERN.match(i) for i in ids)  # any route id is a valid rollout id
+    ids = [proxy.open_route(endpoint, f"s{i}").rollout_id for i in range(200)]
+    assert all(ROLLOUT_ID_PATTERN.match(i) for i in ids)  # any rollout id is valid for NeMo Gym
     route = proxy.open_route(endpoint, "bearer-secret")
     tagged = route.tag({"responses_create_params": {"input": "hi"}})
-    assert tagged[ROLLOUT_ID_KEY] == route.id
-    only_secret = {"input": "hi", "metadata": {SECRET_KEY: proxy.secret}}
+    assert tagged[ROLLOUT_ID_KEY] == route.rollout_id != route.id
+    assert tag_row({"responses_create_params": {}}, route.id, proxy.secret)[
+        ROLLOUT_ID_KEY
+    ] == route.rollout_id  # another process's form
 
-    async def post_at(rollout_id: str, payload: dict[str, Any]) -> tuple[int, Any]:
-        url = f"{proxy.url}/ng-rollout/{rollout_id}/v1/responses"
-        async with http.post(url, json=payload) as r:
+    async def post_at(rollout_id: str, payload: dict[str, Any], tail: str = "responses"):
+        url = f"{proxy.url}/ng-rollout/{rollout_id}/v1/{tail}"
+        headers = {"Authorization": "Bearer EMPTY"}  # what NeMo Gym gives its CLIs
+        async with http.post(url, json=payload, headers=headers) as r:
             return r.status, await r.json()
 
-    for payload in (only_secret, tagged["responses_create_params"]):
-        status, reply = await post_at(tagged[ROLLOUT_ID_KEY], payload)
+    for payload in ({"input": "hi"}, tagged["responses_create_params"]):
+        status, reply = await post_at(route.rollout_id, payload)
         assert status == 200, reply
         assert reply["output"][0]["content"][0]["text"] == "bearer-secret"  # this route's
         assert up.seen[-1]["path"] == "/v1/responses"  # the prefix never goes upstream
+        assert "metadata" not in up.seen[-1]["body"]  # nor our routing keys
     assert route.calls == 2 and proxy.rollout_path_calls == 2
-    status, reply = await post_at(tagged[ROLLOUT_ID_KEY], {"input": "hi"})
-    assert status == 401  # the path names a route; the secret is still required
-    status, reply = await post_at("no-such-route", only_secret)
+    only_secret = {"input": "hi", "metadata": {SECRET_KEY: proxy.secret}}
+    forged = route.rollout_id[:-1] + ("0" if route.rollout_id[-1] != "0" else "1")
+    other = NeMoGymModelProxy()  # a credential another proxy's secret made
+    foreign = tag_row({"responses_create_params": {}}, route.id, other.secret)[ROLLOUT_ID_KEY]
+    for refused in (route.id, forged, foreign, f"{route.id}."):
+        status, reply = await post_at(refused, only_secret)
+        assert (status, reply["error"]["type"]) == (401, "unauthorized"), refused
+    assert route.failure is None  # a forged call cannot fail a rollout
+    status, reply = await post_at(rollout_id("no-such-route", proxy.secret), {})
     assert (status, reply["error"]["type"]) == (404, "unknown_route")
     for malformed in ("_x", ".x", "a%20b"):
         status, reply = await post_at(malformed, only_secret)
-        assert status == 404, malformed
+        assert status in (401, 404), malformed
     await proxy.close_route(route)
-    status, reply = await post_at(route.id, only_secret)
+    status, reply = await post_at(route.rollout_id, {"input": "hi"})
     assert (status, reply["error"]["type"]) == (410, "route_finished")
     with pytest.raises(ValueError, match="does not match"):
         proxy.open_route(endpoint, "s", "-leading-dash")
     assert len(up.seen) == 2
+
+
+async def test_refused_rollout_calls_are_refused_before_their_body_is_read(proxy, upstream):
+    """A call on a rollout path without the right credential is answered before one byte of its
+    body is read: the client still sending a large body gets its 401 first."""
+    up, endpoint = upstream
+    route = proxy.open_route(endpoint, "b")
+    forged = f"{route.id}.{'0' * 32}"
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(
+            f"POST /ng-rollout/{forged}/v1/chat/completions HTTP/1.1\r\n"
+            f"Host: x\r\nContent-Type: application/json\r\nContent-Length: {10**9}\r\n\r\n"
+            .encode()
+        )
+        writer.write(b"{" + b" " * 65536)  # a sliver of the gigabyte it announced
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 401"), head
+    finally:
+        writer.close()
+    assert up.seen == [] and route.calls == 0
 
 
 async def test_dead_upstream_is_502_not_a_dropped_connection(proxy, http):

@@ -9,7 +9,6 @@ Contract: an unknown or missing secret is 401; a registered proxy that stopped a
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass
 
@@ -17,17 +16,13 @@ import aiohttp
 from aiohttp import web
 
 from verifiers_nemogym.bridge import wire
+from verifiers_nemogym.bridge.wire import secret_digest
 from verifiers_nemogym.net import LOOPBACK, AppServer
 
 FRONT_CALL_TIMEOUT = 3700.0
 """Seconds the front waits for a proxy's answer: the proxy bounds each call itself
 (`ProxyLimits.call_timeout`, one hour); this only caps a proxy that stopped answering without
 closing its connection."""
-
-
-def secret_digest(secret: str | bytes) -> bytes:
-    """What the front keeps of a proxy's secret (never the secret itself)."""
-    return hashlib.sha256(secret.encode() if isinstance(secret, str) else secret).digest()
 
 
 @dataclass
@@ -85,19 +80,32 @@ class FrontForwarder(AppServer):
             return None
         return user
 
-    async def _forward(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        # The body is never parsed: the user is picked by the secret its bytes carry.
-        user = next(filter(None, map(self._user_for, wire.claimed_secrets(request, raw))), None)
-        if user is None:
-            return wire.json_error(401, "missing or unknown proxy secret", "unauthorized")
+    def _user_of_rollout(self, path_id: str) -> FrontUser | None:
+        """The user whose proxy gave this rollout id its credential (`wire.rollout_id`)."""
+        return next(
+            (u for u in self.users.values() if wire.rollout_route(path_id, u.secret_digest)), None
+        )
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        if (path_id := request.match_info.get("rollout_id")) is not None:
+            # A rollout's own path: its credential picks the user before the body is read.
+            user = self._user_of_rollout(path_id)
+            if user is None:
+                return wire.json_error(401, "missing or unknown rollout credential", "unauthorized")
+            raw = await request.read()
+        else:
+            raw = await request.read()
+            # The body is never parsed: the user is picked by the secret its bytes carry.
+            user = next(filter(None, map(self._user_for, wire.claimed_secrets(request, raw))), None)
+            if user is None:
+                return wire.json_error(401, "missing or unknown proxy secret", "unauthorized")
         self.calls += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() in wire.FORWARDED_HEADERS}
         assert self._http is not None
         try:
             # The path is kept: `/ng-rollout/<id>/v1/...` names the rollout to the proxy too.
             async with self._http.post(
-                f"{user.proxy_url}{request.path}", data=raw, headers=headers
+                f"{user.proxy_url}{request.path_qs}", data=raw, headers=headers
             ) as upstream:
                 payload = await upstream.read()
                 return web.Response(

@@ -47,7 +47,11 @@ import pydantic_core
 from aiohttp import web
 
 from verifiers_nemogym.bridge import chat, redact, wire
-from verifiers_nemogym.bridge.responses import complete_response, incomplete_response
+from verifiers_nemogym.bridge.responses import (
+    complete_response,
+    incomplete_response,
+    response_events,
+)
 from verifiers_nemogym.bridge.wire import (
     MAX_BODY_BYTES,
     ROLLOUT_ID_PATTERN,
@@ -140,6 +144,12 @@ class Route:
         self.inflight: set[asyncio.Future[tuple[int, bytes]]] = set()
         """Its calls now upstream (cancelled when the route closes)."""
 
+    @property
+    def rollout_id(self) -> str:
+        """NeMo Gym's rollout id for this route: what its `/ng-rollout/<id>/` calls carry, which
+        routes and authenticates them (`wire.rollout_id`)."""
+        return wire.rollout_id(self.id, self.proxy_secret)
+
     def tag(self, row: dict[str, Any]) -> dict[str, Any]:
         """A copy of `row` whose model calls come to this route (`wire.tag_row`)."""
         return wire.tag_row(row, self.id, self.proxy_secret)
@@ -171,6 +181,7 @@ class NeMoGymModelProxy(AppServer):
         self.port = port
         self.secret = secret or secrets.token_urlsafe(32)
         self._secret_bytes = self.secret.encode()
+        self._digest = wire.secret_digest(self.secret)
         self.limits = limits or ProxyLimits()
         self.calls = 0
         """Model calls forwarded upstream since start (any outcome)."""
@@ -285,13 +296,42 @@ class NeMoGymModelProxy(AppServer):
 
     # --- handlers -------------------------------------------------------------------------
 
+    def _rollout_route(self, path_id: str) -> Route | web.Response:
+        """The open route a `/ng-rollout/<id>/` path names with a valid credential, or the
+        refusal, decided before the body is read (`wire.rollout_id`)."""
+        if not ROLLOUT_ID_PATTERN.match(path_id):
+            return json_error(404, "malformed rollout id in path", "unknown_route")
+        route_id = wire.rollout_route(path_id, self._digest)
+        if route_id is None:
+            # Not charged to any route: whoever forges a call must not be able to fail one.
+            return json_error(401, "missing or wrong rollout credential", "unauthorized")
+        route = self._routes.get(route_id)
+        if route is None:
+            if route_id in self._finished:
+                return json_error(410, f"route {route_id!r} has finished", "route_finished")
+            return json_error(404, f"unknown route {route_id!r}", "unknown_route")
+        return route
+
     async def _forward(self, request: web.Request) -> web.StreamResponse:
+        path_id = request.match_info.get("rollout_id")
+        by_path = self._rollout_route(path_id) if path_id is not None else None
+        if isinstance(by_path, web.Response):
+            return by_path
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return json_error(
                 413, f"body exceeds {self.limits.max_body_bytes} bytes", "request_too_large"
             )
+        if by_path is not None:
+            try:
+                body = await _parse(raw)
+            except ValueError as e:
+                return json_error(400, f"body is not JSON: {e}", "invalid_request_error")
+            if not isinstance(body, dict):
+                return json_error(400, "body must be a JSON object", "invalid_request_error")
+            _drop_routing_keys(body)
+            return await self._count(by_path, request, body)
         # Authenticate before parsing: an unauthenticated body is never parsed.
         if not wire.is_secret(wire.claimed_secrets(request, raw), self._secret_bytes):
             message = "missing or wrong proxy secret"
@@ -310,13 +350,7 @@ class NeMoGymModelProxy(AppServer):
             return json_error(400, f"body is not JSON: {e}", "invalid_request_error")
         if not isinstance(body, dict):
             return json_error(400, "body must be a JSON object", "invalid_request_error")
-        metadata = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
-        metadata.pop(SECRET_KEY, None)
-        path_id = request.match_info.get("rollout_id")
-        if path_id is not None and not ROLLOUT_ID_PATTERN.match(path_id):
-            return json_error(404, f"malformed rollout id {path_id!r} in path", "unknown_route")
-        # The path's rollout id is the route id we tagged the row with (`ROLLOUT_ID_KEY`).
-        route_id = metadata.pop(ROUTE_KEY, None) or request.headers.get(ROUTE_HEADER) or path_id
+        route_id = _drop_routing_keys(body) or request.headers.get(ROUTE_HEADER)
         if not isinstance(route_id, str):  # absent, or not a string (a list is unhashable)
             return json_error(404, f"unknown route {route_id!r}", "unknown_route")
         route = self._routes.get(route_id)
@@ -324,22 +358,37 @@ class NeMoGymModelProxy(AppServer):
             if route_id in self._finished:
                 return json_error(410, f"route {route_id!r} has finished", "route_finished")
             return json_error(404, f"unknown route {route_id!r}", "unknown_route")
-        if "metadata" in body and not metadata:
-            del body["metadata"]  # it held only our routing keys
+        return await self._count(route, request, body)
+
+    async def _count(
+        self, route: Route, request: web.Request, body: dict[str, Any]
+    ) -> web.Response:
         route.calls += 1
         self.calls += 1
-        self.rollout_path_calls += path_id is not None
+        self.rollout_path_calls += "rollout_id" in request.match_info
         return await self._call(route, request.match_info["tail"], body)
 
     async def _call(self, route: Route, tail: str, body: dict[str, Any]) -> web.Response:
         if route.train and tail == "responses":
             return await self._train_call(route, body)
+        if route.train and tail != "chat/completions":
+            # verifiers' train client renders Chat Completions only; anything else would be a
+            # turn without token ids, a silent hole in the training sample.
+            message = (
+                f"train mode records token ids of Chat Completions and Responses calls; this "
+                f"rollout's agent called /v1/{tail}, which verifiers' train client cannot render"
+            )
+            route.fail(ProviderFailure(400, message))
+            return json_error(400, message, "invalid_request_error")
         status, raw, failure, attempts = await self._post(route, tail, body)
         if failure is not None:
             return failure
+        if status == 200 and body.get("stream") is True:
+            # Served whole by verifiers once the turn is committed: relayed as it came.
+            return web.Response(body=raw, content_type="text/event-stream")
         if status == 200:
             return _reply_ok(route, raw, body, attempts, is_responses=tail == "responses")
-        return _reply_error(route, status, raw, body, attempts, is_responses=tail == "responses")
+        return _reply_error(route, status, raw, body, attempts, tail=tail)
 
     async def _post(
         self, route: Route, tail: str, body: dict[str, Any]
@@ -433,7 +482,11 @@ class NeMoGymModelProxy(AppServer):
         return delay * (1 - 0.25 * random.random())
 
     async def _train_call(self, route: Route, request: dict[str, Any]) -> web.Response:
-        """One Responses call of a train route, carried as Chat Completions."""
+        """One Responses call of a train route, carried as Chat Completions (a streamed one
+        is answered whole, as the events of the converted reply)."""
+        streamed = request.get("stream") is True
+        if streamed:
+            request = {k: v for k, v in request.items() if k not in ("stream", "stream_options")}
         try:
             chat_body = chat.responses_to_chat(request)
         except chat.ChatConversionError as e:
@@ -452,15 +505,28 @@ class NeMoGymModelProxy(AppServer):
             # verifiers' stop first, as in eval mode; then the one error NeMo Gym's own
             # training server turns into an answer: a prompt over the model's context.
             if route.stopped() is None and chat.is_overlong_prompt(status, payload):
-                return _json(chat.overlong_response(request))
-            return _reply_error(route, status, raw, request, attempts, is_responses=True)
+                return _responses_reply(chat.overlong_response(request), streamed)
+            return _reply_error(route, status, raw, request, attempts)
         try:
             reply = pydantic_core.from_json(raw)
-            return _json(chat.chat_to_responses(reply, request))
+            return _responses_reply(chat.chat_to_responses(reply, request), streamed)
         except (ValueError, chat.ChatConversionError) as e:
             message = redact.cut(f"model endpoint answered 200 with no chat completion: {e}", 2000)
             route.fail(ProviderFailure(502, message, attempts))
             return json_error(502, message, "upstream_error")
+
+
+def _drop_routing_keys(body: dict[str, Any]) -> Any:
+    """Remove our routing entries from `body`'s metadata (they never go upstream; metadata
+    that held only them goes too); the route id it named, if any."""
+    metadata = body.get("metadata")
+    if not isinstance(metadata, dict):
+        return None
+    metadata.pop(SECRET_KEY, None)
+    route_id = metadata.pop(ROUTE_KEY, None)
+    if not metadata:
+        del body["metadata"]
+    return route_id
 
 
 RETRY_COUNT_HEADER = "x-stainless-retry-count"
@@ -515,10 +581,11 @@ def _reply_error(
     request: dict[str, Any],
     attempts: int,
     *,
-    is_responses: bool,
+    tail: str = "responses",
 ) -> web.Response:
     """An error answer of the endpoint: verifiers refusing a call of a stopped rollout becomes an
-    `incomplete` reply (Responses only); anything else is a provider failure of the route,
+    `incomplete` reply to a Responses call (relayed as it is in other dialects: the agent's CLI
+    ends, and NeMo Gym verifies what it did); anything else is a provider failure of the route,
     relayed with its status."""
     try:
         payload = pydantic_core.from_json(raw)
@@ -530,15 +597,27 @@ def _reply_error(
     # Decided by verifiers' own state, never by the status or text alone: verifiers sets the
     # trace's stop condition before it refuses a call (turn limit, @vf.stop), while a provider's
     # 400/401/409 relayed by its interception leaves the rollout running.
-    stopped = route.stopped() if is_responses else None
-    if stopped is not None:
+    stopped = route.stopped()
+    if stopped is not None and tail == "responses" and request.get("stream") is not True:
         # NeMo Gym's agent would raise and never verify; an `incomplete` reply makes it end its
         # loop and verify what was done, so the reward is kept.
         return _json(incomplete_response(request, message or f"rollout stopped: {stopped}"))
+    if stopped is not None:
+        return (
+            _json(payload, status)
+            if isinstance(payload, dict)
+            else json_error(status, message or f"rollout stopped: {stopped}", "rollout_stopped")
+        )
     route.fail(ProviderFailure(status, message[:2000], attempts))
     if isinstance(payload, dict):
         return _json(payload, status)
     return json_error(status, f"upstream answered {status}: {message}", "upstream_error")
+
+
+def _responses_reply(response: dict[str, Any], streamed: bool) -> web.Response:
+    if streamed:
+        return web.Response(body=response_events(response), content_type="text/event-stream")
+    return _json(response)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:

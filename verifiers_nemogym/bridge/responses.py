@@ -128,3 +128,47 @@ def message_text(content: Any) -> str:
         else:
             parts.append(str(part))
     return "\n".join(parts)
+
+
+def response_events(response: JSON) -> bytes:
+    """A complete Responses object as the server-sent events a streaming Responses client reads
+    (`response.created`, each output item added and done, text as one delta, then
+    `response.completed`): what a streamed call gets when its answer exists whole first."""
+    events: list[tuple[str, JSON]] = []
+    opening = {**response, "status": "in_progress", "output": []}
+    events.append(("response.created", {"response": opening}))
+    events.append(("response.in_progress", {"response": opening}))
+    for index, item in enumerate(response.get("output") or []):
+        base = {"output_index": index, "item_id": item.get("id")}
+        if item.get("type") == "message":
+            events.append(
+                (
+                    "response.output_item.added",
+                    {
+                        "output_index": index,
+                        "item": {**item, "status": "in_progress", "content": []},
+                    },
+                )
+            )
+            for part_index, part in enumerate(item.get("content") or []):
+                where = {**base, "content_index": part_index}
+                events.append(
+                    (
+                        "response.content_part.added",
+                        {**where, "part": {**part, "text": ""} if "text" in part else part},
+                    )
+                )
+                if part.get("type") == "output_text":
+                    events.append(("response.output_text.delta", {**where, "delta": part["text"]}))
+                    events.append(("response.output_text.done", {**where, "text": part["text"]}))
+                events.append(("response.content_part.done", {**where, "part": part}))
+        else:
+            events.append(("response.output_item.added", {"output_index": index, "item": item}))
+        events.append(("response.output_item.done", {"output_index": index, "item": item}))
+    final = "response.completed" if response.get("status") == "completed" else (
+        "response.incomplete")  # fmt: skip
+    events.append((final, {"response": response}))
+    return b"".join(
+        f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': n, **data})}\n\n".encode()
+        for n, (name, data) in enumerate(events)
+    )

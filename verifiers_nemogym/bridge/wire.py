@@ -4,18 +4,23 @@ Both servers that stand as `policy_model` use it: the per-process model proxy
 (`bridge.proxy`) and the shared stack's front forwarder (`bridge.front`), which passes each call
 on to the proxy owning it. A route NeMo Gym adds, a key or a limit changes here, for both.
 
-Contract: a model call is `POST /v1/<tail>` (or, NeMo Gym >= 0.7 with observability on,
-`POST /ng-rollout/<rollout id>/v1/<tail>`) whose JSON body's `metadata` carries `SECRET_KEY`
-and `ROUTE_KEY` (NeMo Gym forwards a row's metadata on every turn; agents cannot set headers),
-or the same as `Authorization: Bearer` and `ROUTE_HEADER` headers. `GET /` answers NeMo Gym's
-readiness poll without credentials. Every refusal is a JSON error body with a status NeMo Gym
-does not retry forever.
+Contract: a model call is either
+- `POST /ng-rollout/<rollout id>/v1/<tail>` (NeMo Gym >= 0.7 with rollout correlation on, which
+  is how its coding-agent CLIs call the policy): the rollout id is `rollout_id(route, secret)`,
+  which routes and authenticates the call by its path alone, before the body is read; or
+- `POST /v1/<tail>` whose JSON body's `metadata` carries `SECRET_KEY` and `ROUTE_KEY` (NeMo Gym
+  forwards a row's metadata on every turn; agents cannot set headers), or the same as
+  `Authorization: Bearer` and `ROUTE_HEADER` headers.
+`<tail>` is `responses`, `chat/completions` or `messages` (Anthropic), streaming or not.
+`GET /` answers NeMo Gym's readiness poll without credentials. Every refusal is a JSON error body
+with a status NeMo Gym does not retry forever.
 """
 
 from __future__ import annotations
 
 import contextlib
 import email.utils
+import hashlib
 import hmac
 import math
 import re
@@ -43,6 +48,33 @@ FORWARDED_HEADERS = frozenset({"content-type", "authorization", ROUTE_HEADER.low
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def secret_digest(secret: str | bytes) -> bytes:
+    """What a front keeps of a proxy's secret (never the secret itself); also the key of the
+    proxy's rollout credentials (`rollout_id`), so a front can check them too."""
+    return hashlib.sha256(secret.encode() if isinstance(secret, str) else secret).digest()
+
+
+def rollout_id(route_id: str, proxy_secret: str) -> str:
+    """NeMo Gym's rollout id for a route: `<route id>.<credential>`, the credential an HMAC of
+    the route id under the proxy's secret digest. It rides in the path of every call NeMo Gym's
+    agents (and the coding-agent CLIs they run) make for the rollout, which is all a CLI carries:
+    the path alone routes and authenticates such a call, before its body is read."""
+    return f"{route_id}.{_credential(route_id, secret_digest(proxy_secret))}"
+
+
+def _credential(route_id: str, digest: bytes) -> str:
+    return hmac.new(digest, route_id.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def rollout_route(path_id: str, digest: bytes) -> str | None:
+    """The route id of a path's rollout id if its credential is the one the proxy of `digest`
+    gives (`rollout_id`), else None (compared in constant time)."""
+    route_id, dot, credential = path_id.rpartition(".")
+    if not dot or not route_id:
+        return None
+    return route_id if hmac.compare_digest(credential, _credential(route_id, digest)) else None
+
+
 def route_metadata(route_id: str, proxy_secret: str) -> dict[str, str]:
     """The `metadata` entries that send a Responses body to one route of one proxy (also what
     a process other than the proxy's builds from the two values, e.g. the benchmarks)."""
@@ -51,12 +83,12 @@ def route_metadata(route_id: str, proxy_secret: str) -> dict[str, str]:
 
 def tag_row(row: dict[str, Any], route_id: str, proxy_secret: str) -> dict[str, Any]:
     """A copy of the NeMo Gym `row` whose model calls go to that route: the routing entries in
-    `responses_create_params.metadata` (NeMo Gym forwards it on every model call), and the route
-    id as NeMo Gym's rollout id (its `/ng-rollout/<id>/v1/...` calls)."""
+    `responses_create_params.metadata` (NeMo Gym forwards it on every model call), and the
+    route's `rollout_id` as NeMo Gym's rollout id (its `/ng-rollout/<id>/v1/...` calls)."""
     params = row["responses_create_params"]
     metadata = {**(params.get("metadata") or {}), **route_metadata(route_id, proxy_secret)}
     tagged = {**row, "responses_create_params": {**params, "metadata": metadata}}
-    tagged[ROLLOUT_ID_KEY] = route_id
+    tagged[ROLLOUT_ID_KEY] = rollout_id(route_id, proxy_secret)
     return tagged
 
 

@@ -49,6 +49,10 @@ _MANIFEST = "manifest.yaml"
 RESOLVE_TIMEOUT = 300.0
 """Seconds one `gym env resolve` may take (~10 s on a loaded 2-core machine)."""
 POLICY_INSTANCE = "policy_model"
+POLICY_KEYS = ("policy_base_url", "policy_api_key", "policy_model_name")
+"""The global keys of NeMo Gym's env.yaml naming the policy; coding-agent harness configs read
+them (`${policy_base_url}` ...), so every config merge and stack defines them."""
+PLACEHOLDER_POLICY_VALUE = "unset-by-vf-nemogym"
 """The instance name NeMo Gym's agent configs reference as their model server."""
 PLACEHOLDER_IMPL = "vf_external_model"
 """Folder of the placeholder model server we put in ng_run's cwd (cwd wins over the install)."""
@@ -263,21 +267,28 @@ def run_targets(merged: dict[str, Any]) -> dict[str, str]:
     return targets
 
 
-def write_policy_placeholder(workdir: Path, host: str, port: int) -> Path:
+def write_policy_placeholder(
+    workdir: Path, host: str, port: int, policy_keys: dict[str, str] | None = None
+) -> Path:
     """Register an external policy model at `host:port` for an `ng_run` started in `workdir`.
 
     Writes a model-server folder `responses_api_models/<PLACEHOLDER_IMPL>/` (found because
     NeMo Gym looks in its cwd first, for folders that have a requirements.txt) whose process
     only waits to be stopped, and returns the config YAML that names it `policy_model` with that
-    host/port: agents then call the model at `host:port` directly. No patch to NeMo Gym."""
+    host/port: agents then call the model at `host:port` directly. No patch to NeMo Gym.
+    `policy_keys`: the global policy keys NeMo Gym's env.yaml would define (the coding-agent
+    harness configs read them; `nemo.harnesses.policy_keys`), else placeholders that only let
+    such configs merge."""
     server_dir = workdir / MODELS / PLACEHOLDER_IMPL
     server_dir.mkdir(parents=True, exist_ok=True)
     (server_dir / "app.py").write_text(_PLACEHOLDER_APP)
     (server_dir / "requirements.txt").write_text("# stdlib only; see app.py\n")
-    config = {
+    keys = policy_keys or {key: PLACEHOLDER_POLICY_VALUE for key in POLICY_KEYS}
+    config: dict[str, Any] = {
+        **keys,
         POLICY_INSTANCE: {
             MODELS: {PLACEHOLDER_IMPL: {"entrypoint": "app.py", "host": host, "port": port}}
-        }
+        },
     }
     path = workdir / f"{PLACEHOLDER_IMPL}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))

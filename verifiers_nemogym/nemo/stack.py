@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
+import yaml
 
 from verifiers_nemogym.bridge.judge import Judge, JudgeRelay
 from verifiers_nemogym.errors import StackError
@@ -46,6 +47,13 @@ from verifiers_nemogym.nemo.catalog import (
     server_blocks,
     server_urls,
     write_policy_placeholder,
+)
+from verifiers_nemogym.nemo.harnesses import (
+    cli_env,
+    harness_agents,
+    harness_config,
+    install_clis,
+    policy_keys,
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
@@ -261,10 +269,16 @@ class NeMoGymStack:
             self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
             self._workdir_lock = try_flock(self.workdir / _WORKDIR_LOCK)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        policy_config = write_policy_placeholder(self.workdir, self.policy_host, self.policy_port)
+        policy_url = f"http://{self.policy_host}:{self.policy_port}/v1"
+        policy_config = write_policy_placeholder(
+            self.workdir, self.policy_host, self.policy_port, policy_keys(policy_url)
+        )
         extra = [policy_config]
         if self.relay is not None:
             extra.append(await self._start_judge())
+        cli_folders, harness = await self._prepare_harnesses(deadline)
+        if harness:
+            extra.append(harness)
         # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
         # mkdtemp makes it 0700: Ray's sockets, session logs and the stack's Ray token
         # (`private_ray_auth`) are this user's alone.
@@ -290,6 +304,13 @@ class NeMoGymStack:
         env = self.venv.env(self._ray_tmpdir) | private_ray_auth(self._ray_tmpdir)
         if self.judge is not None and self.judge.key_var:
             env.pop(self.judge.key_var, None)  # the relay holds the key; NeMo Gym never does
+        if cli_folders or harness:
+            # The CLIs we installed come first (NeMo Gym's install check then finds them); no
+            # CLI updates itself, and a `npm install -g` one runs lands in this stack's folder,
+            # never in the user's global prefix or our cache.
+            env["PATH"] = os.pathsep.join([*map(str, cli_folders), env["PATH"]])
+            env.update(cli_env())
+            env["NPM_CONFIG_PREFIX"] = str(self.workdir / "npm-global")
         if self.fast_start:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
             # connects; NeMo Gym's drivers start workers on demand if they ever run a task.
@@ -334,6 +355,24 @@ class NeMoGymStack:
             )
         self._mark_warm()
         self._release_build_lock()
+
+    async def _prepare_harnesses(self, deadline: float) -> tuple[list[Path], Path | None]:
+        """For configs with coding-agent harnesses (`nemo.harnesses`): install their CLIs
+        (cached) and write the config routing their calls per rollout; the folders to put
+        first on PATH and that config (None without harnesses)."""
+        agents = harness_agents(await asyncio.to_thread(self._merged_configs))
+        if not agents:
+            return [], None
+        self.log.info(
+            "coding-agent harnesses: %s",
+            ", ".join(f"{a.instance} ({a.cli.package}@{a.version})" for a in agents),
+        )
+        folders = await asyncio.to_thread(install_clis, agents, deadline, self.log)
+        assert self.workdir is not None
+        path = self.workdir / "vf_nemogym_harnesses.yaml"
+        config = harness_config(agents, self.workdir / "model-calls")
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return folders, path
 
     async def _start_judge(self) -> Path:
         """Start the judge relay, check the judge answers, and write the judge config."""

@@ -29,6 +29,7 @@ from verifiers_nemogym.bridge.proxy import Route
 from verifiers_nemogym.bridge.redact import cut, redact
 from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.nemo.supervisor import kill_processes_mentioning
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             params = data.row.get("responses_create_params") or {}
             question = live.judge.running(question_of(params)) if live.judge else ()
             try:
-                result = await _post_run(live, data, agent_url, route)
+                result = await _run_stopping_leftovers(live, data, agent_url, route)
             except AgentRunError as e:
                 # NeMo Gym reports a failed judge call as a bare 500 (or a masked sample):
                 # name the judge's own failure as the cause.
@@ -104,6 +105,19 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
                 raise AgentRunError(f"{judged}; NeMo Gym scored the rollout anyway: no reward")
         record(trace, result, keep_ng_trajectory=live.keep_ng_trajectory)
         return ProgramResult(exit_code=0, stdout="", stderr="")
+
+
+async def _run_stopping_leftovers(
+    live: LiveStack, data: NeMoGymData, url: str, route: Route
+) -> dict[str, Any]:
+    """`_post_run`; when it does not return a result (a deadline, a lost stack, a cancelled
+    rollout), NeMo Gym's agent may still run the rollout's coding-agent CLI, and what that
+    started, until the agent's own timeout: they carry the rollout id, so they are stopped."""
+    try:
+        return await _post_run(live, data, url, route)
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(kill_processes_mentioning, route.rollout_id))
+        raise
 
 
 def _stop_condition(trace: vf.Trace) -> str | None:

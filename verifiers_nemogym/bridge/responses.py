@@ -168,7 +168,9 @@ def response_events(response: JSON) -> bytes:
     final = "response.completed" if response.get("status") == "completed" else (
         "response.incomplete")  # fmt: skip
     events.append((final, {"response": response}))
-    return b"".join(
-        f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': n, **data})}\n\n".encode()
-        for n, (name, data) in enumerate(events)
-    )
+    return b"".join(_event(name, n, data) for n, (name, data) in enumerate(events))
+
+
+def _event(name: str, number: int, data: JSON) -> bytes:
+    payload = json.dumps({"type": name, "sequence_number": number, **data})
+    return f"event: {name}\ndata: {payload}\n\n".encode()

@@ -102,6 +102,37 @@ def _signal_checked(pids: list[int], sig: int, still_ours: Callable[[int], bool]
     return signalled
 
 
+def processes_mentioning(token: str) -> list[int]:
+    """PIDs of live processes whose initial environment mentions `token` in any value, or names
+    a `CODEX_HOME` whose `config.toml` does (codex reads its base URL only from there): the
+    processes of one rollout of a coding-agent CLI, whose only per-rollout value is the rollout
+    id in its model URL, and their children, which inherit that environment."""
+    needle = token.encode()
+    return [
+        int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _mentions(int(pid), needle)
+    ]
+
+
+def _mentions(pid: int, needle: bytes) -> bool:
+    environ = _environ(pid)
+    if any(needle in entry for entry in environ):
+        return True
+    for entry in environ:
+        if entry.startswith(b"CODEX_HOME="):
+            with contextlib.suppress(OSError):
+                return needle in Path(os.fsdecode(entry[11:]), "config.toml").read_bytes()
+    return False
+
+
+def kill_processes_mentioning(token: str) -> list[int]:
+    """SIGKILL every process `processes_mentioning(token)` finds (each re-checked through a
+    pidfd, so a reused PID is spared); returns the PIDs killed."""
+    needle = token.encode()
+    return _signal_checked(
+        processes_mentioning(token), signal.SIGKILL, lambda pid: _mentions(pid, needle)
+    )
+
+
 def _environ(pid: int) -> list[bytes]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:

@@ -423,7 +423,10 @@ class Catalog:
                     f"{', '.join(c.name for c in configs)}"
                 )
             chosen = matching[0]
-        merged = self.merged_config(chosen)
+        try:
+            merged = self.merged_config(chosen)
+        except ConfigError as e:
+            raise ConfigError(f"environment {name!r}: {e}") from None
         agents = self._agents(chosen, merged)
         if not agents:
             raise ConfigError(
@@ -670,15 +673,25 @@ class Catalog:
             ) from None
         if out.returncode != 0:
             # NeMo Gym prints some errors on stdout; the merged config never reached it here.
-            text = out.stderr.strip() or out.stdout.strip()
-            lines = [line for line in text.splitlines() if line.strip()]
-            last = lines[-1] if lines else f"exit {out.returncode}"
-            raise ConfigError(f"NeMo Gym cannot merge {config_path}: {last[:300]}")
+            reason = resolver_error(out.stderr.strip() or out.stdout.strip(), out.returncode)
+            raise ConfigError(f"NeMo Gym cannot merge {config_path}: {reason}")
         merged = parse_config(out.stdout, f"`gym env resolve` of {config_path}")
         tmp = folder / f".{key}.{uuid.uuid4().hex[:8]}.tmp"
         tmp.write_text(out.stdout, encoding="utf-8")
         os.replace(tmp, cached)
         return merged
+
+
+def resolver_error(text: str, status: int) -> str:
+    """The one-line reason of a failed `gym env resolve`: its `Error: ...` paragraph (NeMo Gym
+    wraps it over lines, then adds advice), else its last line."""
+    lines = [line.strip() for line in text.splitlines()]
+    for start, line in enumerate(lines):
+        if line.startswith("Error:"):
+            end = lines.index("", start) if "" in lines[start:] else len(lines)
+            return " ".join(lines[start:end]).removeprefix("Error:").strip()[:300]
+    last = [line for line in lines if line]
+    return (last[-1] if last else f"exit {status}")[:300]
 
 
 def _needs_merge(raw: dict[str, Any]) -> bool:

@@ -4,6 +4,7 @@ Gym retries forever."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import aiohttp
@@ -80,6 +81,44 @@ async def test_front_forwards_rollout_prefixed_calls() -> None:
             ):
                 assert response.status == 200, await response.text()
             assert route.calls == 1 and proxy.rollout_path_calls == 1
+        finally:
+            await front.stop()
+
+
+async def test_front_routes_rollout_paths_by_their_credential_before_reading_bodies() -> None:
+    """A coding-agent CLI's call carries nothing but its rollout id in the path: the front picks
+    the proxy whose secret made that id's credential, and refuses a forged or foreign one
+    before reading its body (the forger's gigabyte is never read)."""
+    front = FrontForwarder()
+    await front.start()
+    async with ScriptedPolicy() as policy, NeMoGymModelProxy() as a, NeMoGymModelProxy() as b:
+        for pid, proxy in enumerate((a, b)):
+            front.add(FrontUser(pid, proxy.url, secret_digest(proxy.secret)))
+        try:
+            routes = [p.open_route(policy.base_url, "bearer") for p in (a, b)]
+            base = f"http://{front.host}:{front.port}/ng-rollout"
+            async with aiohttp.ClientSession() as http:
+                for route in routes:
+                    body = {"model": "m", "input": "hi"}  # no routing metadata at all
+                    url = f"{base}/{route.rollout_id}/v1/responses"
+                    async with http.post(url, json=body) as response:
+                        assert response.status == 200, await response.text()
+                assert [r.calls for r in routes] == [1, 1]  # each reached its own proxy
+            forged = f"{routes[0].id}.{'0' * 32}"
+            for path_id in (routes[0].id, forged, "x"):
+                reader, writer = await asyncio.open_connection(front.host, front.port)
+                try:
+                    writer.write(
+                        f"POST /ng-rollout/{path_id}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                        f"Content-Type: application/json\r\nContent-Length: {10**9}\r\n\r\n{{"
+                        .encode()
+                    )
+                    await writer.drain()
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                    assert head.startswith(b"HTTP/1.1 401"), (path_id, head)
+                finally:
+                    writer.close()
+            assert [r.calls for r in routes] == [1, 1] and front.calls == 2
         finally:
             await front.stop()
 

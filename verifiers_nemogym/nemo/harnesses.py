@@ -17,6 +17,7 @@ CLI from updating itself mid-run.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -107,7 +108,7 @@ def _merge_into(into: dict[str, Any], update: dict[str, Any]) -> None:
         if isinstance(value, dict) and isinstance(into.get(key), dict):
             _merge_into(into[key], value)
         else:
-            into[key] = value
+            into[key] = copy.deepcopy(value)
 
 
 def harness_agents(configs: Iterable[dict[str, Any]]) -> list[HarnessAgent]:

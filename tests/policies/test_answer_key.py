@@ -129,7 +129,7 @@ async def test_each_dialect_answers_right_and_wrong_and_logs_the_call(
     assert right == "\\boxed{32}"
     assert third == "\\boxed{\\sqrt{2}}"  # the answer's \( \) dropped: it would not parse boxed
     assert wrong.startswith("\\boxed{") and wrong != "\\boxed{\\frac{1}{6}}"
-    calls = policy.calls
+    calls = policy.log
     assert [(c.path, c.dialect, c.stream) for c in calls] == [(PATHS[dialect], dialect, stream)] * 3
     assert [(c.session_id, c.row, c.wrong) for c in calls] == [
         ("rollout-a", 0, False),
@@ -149,7 +149,7 @@ async def test_anthropic_beta_path_is_answered_and_logged_with_its_query(
         extra_query={"beta": "true"},  # the path Claude Code calls
     )
     assert [b.text for b in message.content if b.type == "text"] == ["\\boxed{\\sqrt{2}}"]
-    assert policy.calls[0].path == "/v1/messages?beta=true" and policy.calls[0].row == 2
+    assert policy.log[0].path == "/v1/messages?beta=true" and policy.log[0].row == 2
 
 
 async def events_of(url: str, body: dict[str, Any]) -> list[tuple[str | None, str]]:
@@ -228,7 +228,7 @@ async def test_the_question_is_found_anywhere_and_side_calls_get_plain_text(
         model="m", messages=[{"role": "user", "content": "Generate a title for this chat."}]
     )
     assert side.choices[0].message.content == SIDE_REPLY
-    assert [(c.row, c.wrong, c.reply) for c in policy.calls] == [
+    assert [(c.row, c.wrong, c.reply) for c in policy.log] == [
         (2, False, "\\boxed{\\sqrt{2}}"),
         (None, False, SIDE_REPLY),
     ]
@@ -262,12 +262,12 @@ async def test_unknown_paths_are_logged_and_credentials_are_not(policy: AnswerKe
         body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
         async with http.post(f"{policy.url}/v1/messages", json=body) as reply:
             assert reply.status == 200
-    unknown, answered = policy.calls
+    unknown, answered = policy.log
     assert (unknown.path, unknown.dialect) == ("/v1/messages/count_tokens", "unknown")
     assert answered.headers["authorization"] == "Bearer <redacted>"
     assert answered.headers["x-api-key"] == "<redacted>"
     assert answered.headers["anthropic-version"] == "v"
-    assert KEY not in repr(policy.calls)
+    assert KEY not in repr(policy.log)
 
 
 async def test_a_body_that_is_not_a_json_object_is_a_400(policy: AnswerKeyPolicy) -> None:

@@ -161,7 +161,7 @@ class AnswerKeyPolicy(ResponsesServer):
     `start()`/`stop()`. See the module contract.
 
     `rows`: the answer key (e.g. `load_answer_key(path)`); `wrong`: indices into `rows` of the
-    rows to answer wrong. `calls` holds `AnswerCall`s."""
+    rows to answer wrong. `calls` (typed: `log`) holds `AnswerCall`s."""
 
     rows: list[AnswerRow] = field(default_factory=list)
     wrong: frozenset[int] = frozenset()
@@ -176,6 +176,11 @@ class AnswerKeyPolicy(ResponsesServer):
         self._questions = sorted(
             ((_normal(r.question), i) for i, r in enumerate(self.rows)), key=lambda q: -len(q[0])
         )
+
+    @property
+    def log(self) -> list[AnswerCall]:
+        """`calls`, typed: every call so far, in arrival order (empty without `record`)."""
+        return [c for c in self.calls if isinstance(c, AnswerCall)]
 
     def _app(self) -> web.Application:
         # The base's routes, but every dialect answered by `_answer`; anything else recorded.

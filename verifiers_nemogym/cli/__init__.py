@@ -9,6 +9,7 @@ nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
 nemo-gym-env serve tokens [--port P] [--max-model-len N]   the scripted token server (train mode)
+nemo-gym-env serve answers (--env ENV | --rows F)... [--wrong I,...]  answers rows' questions
 nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared NeMo Gym stack
 nemo-gym-env stack status [--json]                        the shared stacks running here
 nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
@@ -103,7 +104,19 @@ def _parser() -> argparse.ArgumentParser:
         "tokens", help="a scripted vLLM /inference/v1/generate server with a real tokenizer"
     )
     tokens.add_argument("--max-model-len", type=int, default=None, help="reported context size")
-    for server in (scripted, replay, tokens):  # always on 127.0.0.1
+    answers = servers.add_parser(
+        "answers", help="answers rows' math questions (Chat, Responses, Anthropic Messages)"
+    )
+    answers.add_argument(
+        "--env", action="append", default=[], help="NeMo Gym environment: its example rows"
+    )
+    answers.add_argument(
+        "--rows", action="append", default=[], type=Path, help="JSONL: question, expected_answer"
+    )
+    answers.add_argument(
+        "--wrong", default="", help="row indices (0-based, comma-separated) to answer wrong"
+    )
+    for server in (scripted, replay, tokens, answers):  # always on 127.0.0.1
         server.add_argument("--port", type=int, default=8000, help="0 picks a free one")
     stack = commands.add_parser("stack", help="shared NeMo Gym stacks that vf-eval attaches to")
     stack_commands = stack.add_subparsers(dest="stack_command", required=True)
@@ -268,6 +281,17 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         server = TokenServer(packaged_tokenizer(), port=args.port, max_model_len=args.max_model_len)
         serve(server, f"token server (model {server.model!r})")
+        return 0
+    if args.server == "answers":
+        from verifiers_nemogym.cli.serve import answer_key_policy
+
+        if not args.env and not args.rows:
+            parser.error("serve answers: give at least one --env NAME or --rows FILE")
+        answers = answer_key_policy(
+            args.env, args.rows, args.wrong, args.port, args.nemo_gym_version, args.python
+        )
+        right = len(answers.rows) - len(answers.wrong)
+        serve(answers, f"answer-key policy ({right} rows right, {len(answers.wrong)} wrong)")
         return 0
     if not args.env and not args.rollouts:
         parser.error("serve replay: give at least one --env NAME or --rollouts FILE")

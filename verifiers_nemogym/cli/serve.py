@@ -1,9 +1,10 @@
-"""`nemo-gym-env serve scripted|replay|tokens`: one of the package's model servers, until Ctrl-C.
+"""`nemo-gym-env serve scripted|replay|tokens|answers`: one of the package's model servers, until
+Ctrl-C.
 
-Contract: `serve(policy)` starts `policy` (a `ScriptedPolicy`, `ReplayPolicy` or
-`TokenServer`), writes one line naming its base URL to stdout, and serves until SIGINT or SIGTERM;
-then it stops the server and returns. `replay_index(...)` loads the recordings a replay server
-answers from.
+Contract: `serve(policy)` starts `policy` (a `ScriptedPolicy`, `ReplayPolicy`, `AnswerKeyPolicy`
+or `TokenServer`), writes one line naming its base URL to stdout, and serves until SIGINT or
+SIGTERM; then it stops the server and returns. `replay_index(...)` loads the recordings a replay
+server answers from; `answer_key_policy(...)` builds an answer-key server from rows.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import ensure_venv
+from verifiers_nemogym.policies.answer_key import AnswerKeyPolicy, AnswerRow, load_answer_key
 from verifiers_nemogym.policies.replay import Recording, ReplayIndex, load_recordings
 from verifiers_nemogym.policies.server import ResponsesServer
 from verifiers_nemogym.policies.token_server import TokenServer
@@ -34,6 +36,32 @@ def replay_index(
     for path in files:
         recordings += load_recordings(path)
     return ReplayIndex(recordings)
+
+
+def answer_key_policy(
+    envs: list[str],
+    files: list[Path],
+    wrong: str,
+    port: int,
+    nemo_gym_version: str | None,
+    python: str | None,
+) -> AnswerKeyPolicy:
+    """An answer-key server (not started, no call log) on the example rows of NeMo Gym
+    environments `envs`, then the rows of JSONL `files`, in that order; `wrong`: comma-separated
+    0-based indices into those rows. Raises ConfigError for unknown environments, bad files or
+    indices."""
+    rows: list[AnswerRow] = []
+    if envs:
+        catalog = Catalog(ensure_venv(nemo_gym_version, python))
+        for name in envs:
+            rows += load_answer_key(catalog.env(name).dataset("example"))
+    for path in files:
+        rows += load_answer_key(path)
+    try:
+        chosen = frozenset(int(i) for i in wrong.split(",") if i.strip())
+    except ValueError:
+        raise ConfigError(f"--wrong {wrong!r}: give row indices, e.g. --wrong 1,3") from None
+    return AnswerKeyPolicy(port=port, record=False, rows=rows, wrong=chosen)
 
 
 async def _serve(policy: ResponsesServer | TokenServer, what: str) -> None:

@@ -1,0 +1,481 @@
+"""AnswerKeyPolicy: a model server that answers math rows from their answer key, in the three
+dialects a coding-agent CLI speaks, streaming or not.
+
+For the harness environments (opencode_math, codex_math, claude_code_math, ...): the CLI builds
+the model calls itself, wrapping the row's question in its own prompts, so no row metadata rides
+along. This server finds the question in the request instead: it searches all the request's text
+(messages, system, instructions, input) for a question of its answer key (rows of NeMo Gym JSONL
+files: `question` + `expected_answer`), compared with whitespace collapsed and case folded; the
+longest question found wins. It answers `\\boxed{<expected answer>}` (the answer's outer `\\(..\\)`
+or `$..$` delimiters dropped), or, for the rows chosen `wrong`, `\\boxed{<a number that is not the
+answer>}`. A call with no known question (a CLI's side calls: titles, summaries) gets a short
+plain-text reply. It never calls a tool, so a CLI's loop ends after the answer.
+
+Dialects (any `model` accepted and echoed back):
+- `POST /v1/chat/completions`: Chat Completions; with `stream`, `chat.completion.chunk` events,
+  a usage chunk when `stream_options.include_usage`, then `data: [DONE]`.
+- `POST /v1/responses`: OpenAI Responses; with `stream`, `response.created` ...
+  `response.output_text.delta` ... `response.completed`.
+- `POST /v1/messages` (also `?beta=true`): Anthropic Messages; with `stream`, `message_start`,
+  `content_block_start`, `content_block_delta` (text_delta), `content_block_stop`,
+  `message_delta` (end_turn, usage), `message_stop`.
+Also NeMo Gym's readiness poll (`GET /`) and `GET /v1/models`. Any other path is recorded and
+answered 404, so a test sees a call the server does not know.
+
+With `record` (the default), every call is kept in `calls` as an `AnswerCall` (path, dialect,
+stream flag, verifiers' `X-Session-ID`, the matched row, right or wrong, non-secret headers)
+before it is answered: a test proves from it which row each call belonged to.
+
+The dialects' wire formats are written here, not taken from the package's bridge: this double
+is what the bridge is tested against, so it shares no code with it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from aiohttp import web
+
+from verifiers_nemogym.bridge import wire
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.policies.server import Call, ResponsesServer
+
+Dialect = Literal["chat", "responses", "messages", "unknown"]
+
+SIDE_REPLY = "OK."
+"""The reply to a call that carries no known question (a CLI's title or summary call)."""
+
+WRONG = "-7919"
+"""The deliberately wrong answer (`WRONG_ALTERNATIVE` if a row's answer happens to be this)."""
+WRONG_ALTERNATIVE = "7919"
+
+_SECRET_HEADERS = frozenset(
+    {"authorization", "x-api-key", "api-key", "cookie", "proxy-authorization"}
+)
+_SPACE = re.compile(r"\s+")
+_DIALECTS: dict[str, Dialect] = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+
+
+@dataclass(frozen=True)
+class AnswerRow:
+    """One row of the answer key."""
+
+    question: str
+    expected_answer: str
+
+
+def load_answer_key(path: Path) -> list[AnswerRow]:
+    """The rows of a NeMo Gym JSONL file (each line an object with string `question` and
+    `expected_answer`; blank lines skipped), in file order. Raises ConfigError naming the file
+    and line of anything else, or of a file without rows."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the answer key ({e.strerror or e})") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{number}: not JSON ({e.msg})") from None
+        question = row.get("question") if isinstance(row, dict) else None
+        answer = row.get("expected_answer") if isinstance(row, dict) else None
+        if not isinstance(question, str) or not question.strip() or not isinstance(answer, str):
+            raise ConfigError(
+                f"{path}:{number}: an answer-key row needs string `question` and `expected_answer`"
+            )
+        rows.append(AnswerRow(question, answer))
+    if not rows:
+        raise ConfigError(f"{path}: no rows")
+    return rows
+
+
+def _normal(text: str) -> str:
+    return _SPACE.sub(" ", text).strip().casefold()
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON value (a request's text, wherever the dialect keeps it)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def request_text(body: dict[str, Any]) -> str:
+    """All text of a request body, whitespace-collapsed and case-folded: messages, system,
+    instructions and input of any dialect (tool definitions included, which is harmless)."""
+    return _normal(" ".join(_strings({k: v for k, v in body.items() if k != "model"})))
+
+
+def boxed(answer: str) -> str:
+    """`\\boxed{answer}` with the answer's outer `\\(..\\)` / `$..$` delimiters dropped (inside
+    `\\boxed{}` they would not parse as math)."""
+    answer = answer.strip()
+    if answer.startswith("\\(") and answer.endswith("\\)"):
+        answer = answer[2:-2].strip()
+    if len(answer) > 1 and answer.startswith("$") and answer.endswith("$"):
+        answer = answer[1:-1].strip()
+    return f"\\boxed{{{answer}}}"
+
+
+@dataclass
+class AnswerCall(Call):
+    """One call as the answer-key server saw it (`body`, `session_id` as in `Call`)."""
+
+    path: str = ""
+    """The request path (query string included, e.g. `/v1/messages?beta=true`)."""
+    dialect: Dialect = "unknown"
+    stream: bool = False
+    row: int | None = None
+    """Index in the answer key of the question the request carried (None: no known question)."""
+    wrong: bool = False
+    """Whether it was answered deliberately wrong."""
+    reply: str = ""
+    """The text answered."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """The request's headers, names lower-cased; credentials replaced by `<redacted>` (an
+    `Authorization` scheme kept: `Bearer <redacted>`)."""
+
+
+@dataclass
+class AnswerKeyPolicy(ResponsesServer):
+    """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1`. `async with`, or
+    `start()`/`stop()`. See the module contract.
+
+    `rows`: the answer key (e.g. `load_answer_key(path)`); `wrong`: indices into `rows` of the
+    rows to answer wrong. `calls` (typed: `log`) holds `AnswerCall`s."""
+
+    rows: list[AnswerRow] = field(default_factory=list)
+    wrong: frozenset[int] = frozenset()
+    model_id: ClassVar[str] = "answer-key"
+
+    def __post_init__(self) -> None:
+        bad = sorted(i for i in self.wrong if not 0 <= i < len(self.rows))
+        if bad:
+            raise ConfigError(
+                f"wrong rows {bad} are not in the answer key (rows 0..{len(self.rows) - 1})"
+            )
+        self._questions = sorted(
+            ((_normal(r.question), i) for i, r in enumerate(self.rows)), key=lambda q: -len(q[0])
+        )
+
+    @property
+    def log(self) -> list[AnswerCall]:
+        """`calls`, typed: every call so far, in arrival order (empty without `record`)."""
+        return [c for c in self.calls if isinstance(c, AnswerCall)]
+
+    def _app(self) -> web.Application:
+        # The base's routes, but every dialect answered by `_answer`; anything else recorded.
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_get("/", wire.health)
+        app.router.add_get("/v1/models", self._models)
+        for path in _DIALECTS:
+            app.router.add_post(path, self._answer)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
+        return app
+
+    def match(self, body: dict[str, Any]) -> int | None:
+        """Index of the longest answer-key question found in `body`'s text, or None."""
+        text = request_text(body)
+        return next((i for question, i in self._questions if question in text), None)
+
+    def answer(self, row: int | None) -> str:
+        """The text answered for answer-key row `row` (None: a side call)."""
+        if row is None:
+            return SIDE_REPLY
+        expected = self.rows[row].expected_answer
+        if row not in self.wrong:
+            return boxed(expected)
+        return boxed(WRONG_ALTERNATIVE if boxed(expected) == boxed(WRONG) else WRONG)
+
+    def _record(self, call: AnswerCall) -> None:
+        if self.record:
+            self.calls.append(call)
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        self._record(_call(request, {}, "unknown", False, None, False, ""))
+        return web.json_response(
+            {"error": {"message": f"no route {request.method} {request.path}"}}, status=404
+        )
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return web.json_response(
+                {"error": {"message": "body is not a JSON object"}}, status=400
+            )
+        dialect = _DIALECTS[request.path]
+        stream = body.get("stream") is True
+        row = self.match(body)
+        text = self.answer(row)
+        wrong = row is not None and row in self.wrong
+        self._record(_call(request, body, dialect, stream, row, wrong, text))
+        model = body["model"] if isinstance(body.get("model"), str) else self.model_id
+        usage = _Usage(max(1, len(request_text(body)) // 4), max(1, len(text) // 4))
+        if dialect == "chat":
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            if not stream:
+                return web.json_response(_chat(model, text, usage))
+            return await _sse(request, _chat_events(model, text, usage, include_usage))
+        if dialect == "responses":
+            if not stream:
+                return web.json_response(_response(model, text, usage, body))
+            return await _sse(request, _responses_events(model, text, usage, body))
+        if not stream:
+            return web.json_response(_message(model, text, usage))
+        return await _sse(request, _messages_events(model, text, usage))
+
+
+def _call(
+    request: web.Request,
+    body: dict[str, Any],
+    dialect: Dialect,
+    stream: bool,
+    row: int | None,
+    wrong: bool,
+    reply: str,
+) -> AnswerCall:
+    headers = {name.lower(): _shown(name.lower(), value) for name, value in request.headers.items()}
+    return AnswerCall(
+        session_id=request.headers.get("X-Session-ID"),
+        body=body,
+        retry_count=request.headers.get("x-stainless-retry-count"),
+        path=request.path_qs,
+        dialect=dialect,
+        stream=stream,
+        row=row,
+        wrong=wrong,
+        reply=reply,
+        headers=headers,
+    )
+
+
+def _shown(name: str, value: str) -> str:
+    """A header's value as recorded: a credential's replaced (an auth scheme word kept)."""
+    if name not in _SECRET_HEADERS:
+        return value
+    scheme, _, rest = value.partition(" ")
+    return f"{scheme} <redacted>" if rest and scheme.isalpha() else "<redacted>"
+
+
+@dataclass(frozen=True)
+class _Usage:
+    """Rough token counts (about four characters a token): CLIs want numbers, not accuracy."""
+
+    input: int
+    output: int
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+async def _sse(
+    request: web.Request, events: Iterable[tuple[str | None, Any]]
+) -> web.StreamResponse:
+    """Write `events` as Server-Sent Events: `event: NAME` (when named) and `data: JSON` (or a
+    literal string such as `[DONE]`), each followed by a blank line."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    for name, data in events:
+        payload = data if isinstance(data, str) else json.dumps(data)
+        frame = (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"
+        await response.write(frame.encode())
+    await response.write_eof()
+    return response
+
+
+# Chat Completions
+
+
+def _chat(model: str, text: str, usage: _Usage) -> dict[str, Any]:
+    return {
+        "id": _id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": _chat_usage(usage),
+    }
+
+
+def _chat_usage(usage: _Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.input,
+        "completion_tokens": usage.output,
+        "total_tokens": usage.input + usage.output,
+    }
+
+
+def _chat_events(
+    model: str, text: str, usage: _Usage, include_usage: bool
+) -> Iterator[tuple[str | None, Any]]:
+    head = {"id": _id("chatcmpl"), "object": "chat.completion.chunk", "created": int(time.time())}
+    head["model"] = model
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {**head, "choices": [choice]}
+
+    yield None, chunk({"role": "assistant", "content": ""}, None)
+    for piece in _pieces(text):
+        yield None, chunk({"content": piece}, None)
+    yield None, chunk({}, "stop")
+    if include_usage:
+        yield None, {**head, "choices": [], "usage": _chat_usage(usage)}
+    yield None, "[DONE]"
+
+
+def _pieces(text: str) -> list[str]:
+    """`text` in a few deltas, as a streaming model sends it (at least one)."""
+    size = max(1, -(-len(text) // 3))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+# Responses
+
+
+def _response_usage(usage: _Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.input,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage.output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.input + usage.output,
+    }
+
+
+def _response(
+    model: str,
+    text: str,
+    usage: _Usage,
+    request: dict[str, Any],
+    *,
+    response_id: str | None = None,
+    item_id: str | None = None,
+    done: bool = True,
+) -> dict[str, Any]:
+    """A Responses object: `done`, completed with the message; else in progress, no output."""
+    message = {
+        "type": "message",
+        "id": item_id or _id("msg"),
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    return {
+        "id": response_id or _id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed" if done else "in_progress",
+        "model": model,
+        "output": [message] if done else [],
+        "usage": _response_usage(usage) if done else None,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.get("instructions"),
+        "metadata": request.get("metadata") or {},
+        "parallel_tool_calls": request.get("parallel_tool_calls", True),
+        "temperature": request.get("temperature"),
+        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": request.get("tools") or [],
+        "top_p": request.get("top_p"),
+    }
+
+
+def _responses_events(
+    model: str, text: str, usage: _Usage, request: dict[str, Any]
+) -> Iterator[tuple[str | None, Any]]:
+    response_id, item_id = _id("resp"), _id("msg")
+    started = _response(model, text, usage, request, response_id=response_id, done=False)
+    final = _response(model, text, usage, request, response_id=response_id, item_id=item_id)
+    message = final["output"][0]
+    part = {"type": "output_text", "text": "", "annotations": []}
+    at = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": started}),
+        ("response.in_progress", {"response": started}),
+        (
+            "response.output_item.added",
+            {"output_index": 0, "item": {**message, "status": "in_progress", "content": []}},
+        ),
+        ("response.content_part.added", {**at, "part": part}),
+        *(("response.output_text.delta", {**at, "delta": p}) for p in _pieces(text)),
+        ("response.output_text.done", {**at, "text": text}),
+        ("response.content_part.done", {**at, "part": {**part, "text": text}}),
+        ("response.output_item.done", {"output_index": 0, "item": message}),
+        ("response.completed", {"response": final}),
+    ]
+    for number, (name, data) in enumerate(events):
+        yield name, {"type": name, "sequence_number": number, **data}
+
+
+# Anthropic Messages
+
+
+def _message(model: str, text: str, usage: _Usage) -> dict[str, Any]:
+    return {
+        "id": _id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage.input, "output_tokens": usage.output},
+    }
+
+
+def _messages_events(model: str, text: str, usage: _Usage) -> Iterator[tuple[str | None, Any]]:
+    started = {
+        **_message(model, text, usage),
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": usage.input, "output_tokens": 1},
+    }
+    yield "message_start", {"type": "message_start", "message": started}
+    block = {"type": "content_block_start", "index": 0}
+    yield "content_block_start", {**block, "content_block": {"type": "text", "text": ""}}
+    for piece in _pieces(text):
+        delta = {"type": "content_block_delta", "index": 0}
+        yield "content_block_delta", {**delta, "delta": {"type": "text_delta", "text": piece}}
+    yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+    yield (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": usage.output},
+        },
+    )
+    yield "message_stop", {"type": "message_stop"}

@@ -32,6 +32,7 @@ is what the bridge is tested against, so it shares no code with it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -165,7 +166,12 @@ class AnswerKeyPolicy(ResponsesServer):
 
     rows: list[AnswerRow] = field(default_factory=list)
     wrong: frozenset[int] = frozenset()
+    delay: float = 0.0
+    """Seconds every answer waits after the call is recorded (a model that hangs, for tests
+    of deadlines and interruptions)."""
     model_id: ClassVar[str] = "answer-key"
+    # Calls held by `delay` must not hold up shutdown.
+    shutdown_timeout: ClassVar[float] = 1.0
 
     def __post_init__(self) -> None:
         bad = sorted(i for i in self.wrong if not 0 <= i < len(self.rows))
@@ -231,6 +237,8 @@ class AnswerKeyPolicy(ResponsesServer):
         text = self.answer(row)
         wrong = row is not None and row in self.wrong
         self._record(_call(request, body, dialect, stream, row, wrong, text))
+        if self.delay:
+            await asyncio.sleep(self.delay)
         model = body["model"] if isinstance(body.get("model"), str) else self.model_id
         usage = _Usage(max(1, len(request_text(body)) // 4), max(1, len(text) // 4))
         if dialect == "chat":

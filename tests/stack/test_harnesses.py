@@ -1,0 +1,238 @@
+"""NeMo Gym 0.7's coding-agent harness environments, end to end on the real chain: vf-eval (or
+Python, or verifiers' env server) -> NeMoGymHarness -> NeMo Gym's environment server and agent
+`/run` -> the real CLI from the npm registry -> the model proxy (routed by the rollout id in the
+path) -> verifiers' interception -> the answer-key policy. Nothing is mocked but the model.
+
+Rows are the environments' own example rows with each question made unique (a case tag), so
+the policy's log tells which rollout every call carried; one row of each environment is
+answered right (NeMo Gym's reward 1.0), one wrong (0.0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import (
+    gone,
+    model_context,
+    read_episodes,
+    run_command,
+    run_tag,
+    script,
+    train_context,
+)
+
+import nemo_gym_env
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, _argv, processes_with_env
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.policies.answer_key import AnswerKeyPolicy, AnswerRow
+from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+
+# Environment -> the dialect its CLI speaks (path suffix the policy saw), all streaming.
+HARNESS = {
+    "opencode_math": "chat",  # Chat Completions, direct (routed through policy_model by us)
+    "codex_math": "responses",  # Responses, direct
+    "claude_code_math": "messages",  # Anthropic Messages, through policy_model
+    "cline_math": "chat",  # Chat Completions, through policy_model; needs the overrides below
+}
+CLASSIC = "math_with_judge"  # a classic `/run` environment (simple_agent), same kind of rows
+# What makes cline_math run here, passed the way the package takes NeMo Gym overrides (a config
+# path): the pinned cline 3.0.55 is not on the registry. (CLINE_NO_AUTO_UPDATE=1, the other half
+# of the native recipe, is set by every stack that runs CLIs.)
+CLINE_OVERRIDE = (
+    "cline_math_agent:\n  responses_api_agents:\n    cline_agent:\n      cline_version: 3.0.57\n"
+)
+ROWS_PER_ENV = 2
+
+
+def _flags(runtime: NeMoGymVenv) -> list[str]:
+    return [
+        "--env.taskset.nemo-gym-version", runtime.nemo_gym_version,
+        "--env.taskset.python", str(runtime.python),
+        "--env.taskset.allow-python-below-floor", "true",
+    ]  # fmt: skip
+
+
+def case_rows(catalog: Catalog, envs: list[str], path: Path) -> tuple[list[AnswerRow], list[str]]:
+    """The first ROWS_PER_ENV example rows of each of `envs`, each question made unique, written
+    to `path` (each naming its agent); the answer key in the same order, and each row's env."""
+    key, owners, lines = [], [], []
+    for env in envs:
+        spec = catalog.env(env)
+        for i, line in enumerate(spec.dataset().read_text().splitlines()[:ROWS_PER_ENV]):
+            row = json.loads(line)
+            tag = f" (case {env}-{i})"
+            row["question"] += tag
+            row["responses_create_params"]["input"][0]["content"] += tag
+            row["agent_ref"] = {"type": "responses_api_agents", "name": spec.agent.name}
+            lines.append(json.dumps(row))
+            key.append(AnswerRow(row["question"], row["expected_answer"]))
+            owners.append(env)
+    path.write_text("\n".join(lines) + "\n")
+    return key, owners
+
+
+def wrong_rows(key: list[AnswerRow]) -> frozenset[int]:
+    """Every second row of each environment is answered wrong."""
+    return frozenset(range(1, len(key), ROWS_PER_ENV))
+
+
+def check_every_call_reached_its_own_rollout(
+    policy: AnswerKeyPolicy, traces: list[dict[str, Any]], key: list[AnswerRow]
+) -> None:
+    """Each call the policy got came through the interception session of the rollout whose row
+    it quotes (no call cross-routed), and each rollout's trace holds every one of its calls."""
+    by_session = {t["id"]: t for t in traces}
+    calls = Counter()
+    for call in policy.log:
+        assert call.session_id in by_session, call  # every call came through verifiers
+        calls[call.session_id] += 1
+        trace = by_session[call.session_id]
+        if call.row is not None:  # side calls (titles) quote no question
+            assert key[call.row].question in json.dumps(trace["task"]), (call.row, trace["id"])
+    for trace in traces:
+        assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
+
+
+@pytest.fixture(scope="module")
+def catalog_07(nemo_venv_07: NeMoGymVenv) -> Catalog:
+    return Catalog(nemo_venv_07)
+
+
+async def test_harness_environments_score_and_never_cross_route(
+    nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, tmp_path: Path
+) -> None:
+    """opencode_math, codex_math and claude_code_math as shipped, cline_math with its override,
+    and a classic environment, mixed on one shared stack through vf-eval at -c 4: NeMo Gym's
+    rewards (1.0 right, 0.0 wrong), each CLI's own dialect, streaming, every call on its own
+    rollout and in its trace, and no process left afterwards (CLIs included)."""
+    envs = [*HARNESS, CLASSIC]
+    key, owners = case_rows(catalog_07, envs, tmp_path / "rows.jsonl")
+    override = tmp_path / "cline.yaml"
+    override.write_text(CLINE_OVERRIDE)
+    async with AnswerKeyPolicy(rows=key, wrong=wrong_rows(key)) as policy:
+        cmd = [
+            script("vf-eval"), "nemo-gym-env", "-m", "policy",
+            "--client.base-url", policy.base_url, "--client.api-key-var", "ANSWERS_KEY",
+            "-n", str(len(key)), "-r", "1", "-c", "4", "--no-push", "-o", str(tmp_path / "out"),
+            "--env.taskset.nemo-env", ",".join(envs),
+            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            "--env.taskset.config-paths", json.dumps([str(override)]),
+            *_flags(nemo_venv_07),
+        ]  # fmt: skip
+        tag, env = run_tag(ANSWERS_KEY="unused")
+        code, log = await run_command(cmd, env, timeout=1500)
+        assert code == 0, log[-5000:]
+    episodes = read_episodes(tmp_path / "out")
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == len(key)
+    assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
+    by_question = {row.question: i for i, row in enumerate(key)}
+    for trace in traces:
+        row = next(i for q, i in by_question.items() if q in json.dumps(trace["task"]))
+        expected = 0.0 if row in wrong_rows(key) else 1.0
+        assert trace["rewards"]["nemo_gym"]["score"] == expected, (owners[row], trace["errors"])
+    check_every_call_reached_its_own_rollout(policy, traces, key)
+    dialects = {(owners[c.row], c.dialect, c.stream) for c in policy.log if c.row is not None}
+    for env_name, dialect in HARNESS.items():
+        assert (env_name, dialect, True) in dialects, dialects
+    assert (CLASSIC, "responses", False) in dialects
+    eval_log = next((tmp_path / "out").glob("*/logs/latest/eval.log")).read_text()
+    assert "installing cline@3.0.57" in eval_log or "cline_math_agent (cline@3.0.57)" in eval_log
+    assert await gone(tag) == []  # the shared stack, its CLIs and their children: all gone
+
+
+async def test_train_mode_records_token_ids_of_every_harness_call(
+    nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, tmp_path: Path
+) -> None:
+    """verifiers' train client on a harness environment: the CLI's streamed Chat Completions
+    calls reach the train client as they are, and every call of every rollout has token ids."""
+    case_rows(catalog_07, ["opencode_math"], tmp_path / "rows.jsonl")
+    env = nemo_gym_env.load_environment(
+        nemo_env="opencode_math",
+        jsonl_path=str(tmp_path / "rows.jsonl"),
+        shared_stack=False,
+        nemo_gym_version="0.7.0",
+        python=str(nemo_venv_07.python),
+        allow_python_below_floor=True,
+    )
+    tasks = list(env.taskset)
+    async with TokenServer(packaged_tokenizer()) as tokens, env.serving():
+        ctx = train_context(tokens.base_url)
+        episodes = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
+    for episode in episodes:
+        assert episode.ok, [t.errors for t in episode.traces]
+        for trace in episode.traces:
+            assert trace.calls and "nemo_gym" in trace.rewards
+            for call in trace.calls:
+                assert call.node is not None, call.error
+                node = trace.nodes[call.node]
+                assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
+
+
+def _cli_processes(marker: str) -> list[int]:
+    """Live processes of the stack `marker` that run a coding-agent CLI (or its node)."""
+    return [
+        pid
+        for pid in processes_with_env(f"{MARKER_ENV_VAR}={marker}")
+        if any(name in " ".join(_argv(pid)) for name in ("opencode", ".opencode"))
+    ]
+
+
+async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
+    nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, tmp_path: Path
+) -> None:
+    """A rollout whose model never answers hits its deadline: it is an error, and its CLI (which
+    NeMo Gym's agent would leave running until its own 900 s timeout) is stopped at once. Then
+    vf-eval interrupted (Ctrl-C) mid-rollout leaves no process at all, CLIs included."""
+    key, _ = case_rows(catalog_07, ["opencode_math"], tmp_path / "rows.jsonl")
+    async with AnswerKeyPolicy(rows=key, delay=600.0) as policy:
+        env = nemo_gym_env.load_environment(
+            nemo_env="opencode_math",
+            jsonl_path=str(tmp_path / "rows.jsonl"),
+            shared_stack=False,
+            nemo_gym_version="0.7.0",
+            python=str(nemo_venv_07.python),
+            allow_python_below_floor=True,
+            task={"run_timeout": 20.0},
+        )
+        task = next(iter(env.taskset))
+
+        async with env.serving():
+            marker = env._stack.process.marker
+            episode = await env.run_episode(task, model_context(policy))
+            assert not episode.ok
+            assert "did not return within 20 s" in json.dumps(episode.traces[0].errors[0].message)
+            assert len(policy.log) >= 1  # the CLI was running, waiting on the model
+            assert _cli_processes(marker) == []  # stopped with the rollout, stack still up
+
+        # Ctrl-C: vf-eval interrupted while its rollouts' CLIs wait on the model.
+        cmd = [
+            script("vf-eval"), "nemo-gym-env", "-m", "policy",
+            "--client.base-url", policy.base_url, "--client.api-key-var", "ANSWERS_KEY",
+            "-n", "2", "-r", "1", "-c", "2", "--no-push", "-o", str(tmp_path / "out"),
+            "--env.taskset.nemo-env", "opencode_math",
+            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            *_flags(nemo_venv_07),
+        ]  # fmt: skip
+        tag, environ = run_tag(ANSWERS_KEY="unused")
+        before = len(policy.log)
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, env=environ, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        for _ in range(600):  # bounded: until both rollouts' CLIs wait on the model
+            if len(policy.log) >= before + 2:
+                break
+            await asyncio.sleep(0.5)
+        assert len(policy.log) >= before + 2
+        os.kill(proc.pid, signal.SIGINT)
+        await asyncio.wait_for(proc.wait(), 120)
+        assert await gone(tag) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 from collections import Counter
 from pathlib import Path
@@ -85,6 +86,24 @@ def wrong_rows(key: list[AnswerRow]) -> frozenset[int]:
     return frozenset(range(1, len(key), ROWS_PER_ENV))
 
 
+def _text(value: Any) -> str:
+    """Every string inside a parsed JSON value, joined (questions hold backslashes, which a
+    JSON dump would escape)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    return "\n".join(_text(v) for v in value) if isinstance(value, list) else ""
+
+
+def row_of(trace: dict[str, Any], key: list[AnswerRow]) -> int:
+    """The answer-key row a trace's task carries (the longest question it quotes)."""
+    task = _text(trace["task"])
+    return max(
+        (i for i, row in enumerate(key) if row.question in task), key=lambda i: len(key[i].question)
+    )
+
+
 def check_every_call_reached_its_own_rollout(
     policy: AnswerKeyPolicy, traces: list[dict[str, Any]], key: list[AnswerRow]
 ) -> None:
@@ -97,7 +116,7 @@ def check_every_call_reached_its_own_rollout(
         calls[call.session_id] += 1
         trace = by_session[call.session_id]
         if call.row is not None:  # side calls (titles) quote no question
-            assert key[call.row].question in json.dumps(trace["task"]), (call.row, trace["id"])
+            assert call.row == row_of(trace, key), (call.row, trace["id"])
     for trace in traces:
         assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
 
@@ -135,9 +154,8 @@ async def test_harness_environments_score_and_never_cross_route(
     traces = [t for e in episodes for t in e["traces"]]
     assert len(traces) == len(key)
     assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
-    by_question = {row.question: i for i, row in enumerate(key)}
     for trace in traces:
-        row = next(i for q, i in by_question.items() if q in json.dumps(trace["task"]))
+        row = row_of(trace, key)
         expected = 0.0 if row in wrong_rows(key) else 1.0
         assert trace["rewards"]["nemo_gym"]["score"] == expected, (owners[row], trace["errors"])
     check_every_call_reached_its_own_rollout(policy, traces, key)
@@ -146,7 +164,10 @@ async def test_harness_environments_score_and_never_cross_route(
         assert (env_name, dialect, True) in dialects, dialects
     assert (CLASSIC, "responses", False) in dialects
     eval_log = next((tmp_path / "out").glob("*/logs/latest/eval.log")).read_text()
-    assert "installing cline@3.0.57" in eval_log or "cline_math_agent (cline@3.0.57)" in eval_log
+    # The shared stack's host logs its start, the CLI versions it runs included.
+    host_log = re.search(r"log: (\S+host\.log)", eval_log)
+    assert host_log is not None, eval_log[-2000:]
+    assert "cline_math_agent (cline@3.0.57)" in Path(host_log.group(1)).read_text()
     assert await gone(tag) == []  # the shared stack, its CLIs and their children: all gone
 
 
@@ -183,7 +204,11 @@ def _cli_processes(marker: str) -> list[int]:
     return [
         pid
         for pid in processes_with_env(f"{MARKER_ENV_VAR}={marker}")
-        if any(name in " ".join(_argv(pid)) for name in ("opencode", ".opencode"))
+        if (argv := _argv(pid))
+        and (
+            Path(argv[0]).name in ("opencode", ".opencode")
+            or any("/npm/opencode-ai@" in arg for arg in argv[:2])
+        )
     ]
 
 
@@ -208,11 +233,19 @@ async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
 
         async with env.serving():
             marker = env._stack.process.marker
-            episode = await env.run_episode(task, model_context(policy))
+            rollout = asyncio.ensure_future(env.run_episode(task, model_context(policy)))
+            running: list[int] = []
+            for _ in range(100):  # bounded: until the CLI runs (it waits on the model)
+                if running := _cli_processes(marker):
+                    break
+                await asyncio.sleep(0.2)
+            assert running  # the CLI was there while the rollout ran
+            episode = await rollout
             assert not episode.ok
             assert "did not return within 20 s" in json.dumps(episode.traces[0].errors[0].message)
             assert len(policy.log) >= 1  # the CLI was running, waiting on the model
-            assert _cli_processes(marker) == []  # stopped with the rollout, stack still up
+            left = _cli_processes(marker)
+            assert left == [], [_argv(pid) for pid in left]  # stopped, the stack still up
 
         # Ctrl-C: vf-eval interrupted while its rollouts' CLIs wait on the model.
         cmd = [

@@ -110,26 +110,40 @@ def judge_envs(release: str) -> tuple[str, ...]:
     return JUDGE_REPLAY.get(release, JUDGE_REPLAY["0.4.0"])
 
 
+HARNESSES: dict[str, dict[str, dict[str, str]]] = {
+    release: {env: dict(entry) for env, entry in envs.items()}
+    for release, envs in _RELEASES["harnesses"].items()
+}
+"""Release -> coding-agent harness environment -> `ran` (date of the run here) and `overrides`,
+or `why` it does not run here (conformance.toml)."""
+
+
 def offline_status(
     name: str, problem: str | None, facts: dict[str, str], release: str = "0.4.0"
 ) -> tuple[bool, str]:
     """Whether the catalog entry `name` (bare folder name, or `environments/<name>` where both
-    layouts have it) of NeMo Gym `release` runs offline on a CPU machine and why: the names
-    `default_envs(release)` lists are verified by conformance runs; `NOT_OFFLINE` holds known
-    reasons; otherwise a heuristic on the entry's `facts` (`CatalogEntry.facts`: judge model,
-    API key, sandbox, URL requirements, `${policy_base_url}` or `${policy_model_name}`)."""
+    layouts have it) of NeMo Gym `release` ran here (offline, on a CPU machine), and why: True
+    only for what was run (conformance runs, `default_envs(release)`; the harness survey,
+    `HARNESSES`); otherwise the reason known (`NOT_OFFLINE`, the survey) or shown by the entry's
+    `facts` (`CatalogEntry.facts`: judge model, API key, sandbox, URL requirement, a coding-agent
+    harness), or that it has not been run here."""
     if problem:
         return False, problem
     verified = default_envs(release)
     if name in verified or f"{ENVIRONMENTS}/{name}" in verified:
         source = release if release in VERIFIED_OFFLINE else "0.4.0"
         return True, f"verified by conformance runs (NeMo Gym {source})"
+    if (surveyed := HARNESSES.get(release, {}).get(name)) is not None:
+        if "ran" not in surveyed:
+            return False, surveyed["why"]
+        needs = f"; needs {surveyed['overrides']}" if "overrides" in surveyed else ""
+        return True, f"ran here (harness survey, NeMo Gym {release}, {surveyed['ran']}{needs})"
     if name in NOT_OFFLINE:
         return False, NOT_OFFLINE[name]
-    for key in ("judge", "api_key", "sandbox", "url_requirement", "policy_vars"):
+    for key in ("harness", "judge", "api_key", "sandbox", "url_requirement"):
         if key in facts:
             return False, facts[key]
-    return True, "heuristic: no judge, key, sandbox or URL requirement in its files"
+    return False, "not run here yet (its files show no judge, key, sandbox or URL requirement)"
 
 
 STACK_ENVS = 10

@@ -120,6 +120,24 @@ def test_list_offline_status_uses_conformance_data(catalog_07: Catalog) -> None:
         "verified by conformance runs (NeMo Gym 0.7.0)",
     )
     assert offline_status("mcqa", None, {}, "0.6.0")[1].endswith("(NeMo Gym 0.4.0)")
+    # Only what ran counts as running here: a clean-looking environment not run is a "no".
+    assert offline_status("never_run_here", None, {}, "0.7.0") == (
+        False,
+        "not run here yet (its files show no judge, key, sandbox or URL requirement)",
+    )
+    # The coding-agent harnesses: the survey's measurement, or its reason, or "not run yet".
+    assert offline_status("cline_math", None, entries["cline_math"].facts, "0.7.0")[1] == (
+        "ran here (harness survey, NeMo Gym 0.7.0, 2026-11-26; needs cline_version=3.0.57 "
+        "(3.0.55 is not on the npm registry))"
+    )
+    assert offline_status("hermes_math", None, entries["hermes_math"].facts, "0.7.0") == (
+        False,
+        "its agent is a Python package installed from GitHub",
+    )
+    assert offline_status("pi_math", None, entries["pi_math"].facts, "0.6.0") == (
+        False,
+        "a coding-agent CLI harness not run here yet",
+    )
     judged = [e for e in entries.values() if "judge" in e.facts]
     assert judged, "no config shows a judge model"
     e = judged[0]

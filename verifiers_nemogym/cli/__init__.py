@@ -2,7 +2,7 @@
 
 nemo-gym-env setup [--nemo-gym-version V] [--python P]   create the NeMo Gym runtime venv
 nemo-gym-env list                                         environments the runtime ships (both
-                                                          layouts, which run offline)
+                                                          layouts, which ran here and why not)
 nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's recorded rollouts
     [--judge-envs] [--enable-optional-judges]             (judge environments: the judge too)
 nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with a local CPU model
@@ -302,7 +302,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _list_table(runtime: object) -> str:
-    """A Markdown table of both layouts: name, layout, agents, judge, offline (yes/no), why."""
+    """A Markdown table of both layouts: name, layout, agents, judge, runs here (yes: it ran
+    here, in conformance runs or the harness survey; no: why not, or not run yet), why."""
     from verifiers_nemogym.conformance import offline_status
     from verifiers_nemogym.nemo.catalog import load_config
     from verifiers_nemogym.nemo.judges import judge_need, judge_refs
@@ -314,7 +315,7 @@ def _list_table(runtime: object) -> str:
         f"NeMo Gym {runtime.nemo_gym_version} (Python {runtime.python_version}): "
         f"{len(entries)} environments",
         "",
-        "| name | layout | agents | judge | offline | why |",
+        "| name | layout | agents | judge | runs here | why |",
         "|---|---|---|---|---|---|",
     ]
     for entry in entries:

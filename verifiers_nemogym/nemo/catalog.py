@@ -334,12 +334,12 @@ class CatalogEntry:
     """Why it does not resolve (a moved stub, no config), else None."""
     facts: dict[str, str] = field(default_factory=dict)
     """What the files show about running offline: `judge`, `api_key`, `sandbox`,
-    `policy_vars`, `url_requirement` (each with the evidence), for `conformance`'s
-    offline classification."""
+    `harness` (reads NeMo Gym's `${policy_*}` keys), `url_requirement` (each with the
+    evidence), for `conformance`'s offline classification."""
 
 
-# NeMo Gym's global policy settings some agents read; our stack defines only `policy_model`.
-_POLICY_VARS = re.compile(r"\$\{(policy_base_url|policy_model_name)\}")
+# NeMo Gym's global policy settings; the coding-agent harness configs read them.
+_POLICY_VARS = re.compile(r"\$\{(policy_base_url|policy_api_key|policy_model_name)\}")
 _SANDBOX = re.compile(r"sandbox|docker|singularity|apptainer", re.IGNORECASE)
 _API_KEY = re.compile(r"^\s*[\w.]*api_key\s*:", re.IGNORECASE | re.MULTILINE)
 _URL_REQUIREMENT = re.compile(r"^[^#\n]*(git\+|https?://)[^\s]*", re.MULTILINE)
@@ -568,9 +568,8 @@ class Catalog:
             facts["judge"] = "an LLM judge model server in its config"
         if _API_KEY.search(text):
             facts["api_key"] = "an API key in its config"
-        if names := sorted(set(_POLICY_VARS.findall(text))):
-            read = ", ".join("${" + n + "}" for n in names)
-            facts["policy_vars"] = f"reads {read}, which this stack does not set"
+        if _POLICY_VARS.search(text):
+            facts["harness"] = "a coding-agent CLI harness not run here yet"
         folders = [self.root / RESOURCES_SERVERS / i for i, _ in server_blocks(
             raw, RESOURCES_SERVERS).values()] + [self.root / AGENTS / i for i, _ in server_blocks(
             raw, AGENTS).values()]  # fmt: skip

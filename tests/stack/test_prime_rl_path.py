@@ -35,7 +35,10 @@ from verifiers.v1.configs.client import EvalClientConfig, TrainClientConfig
 from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
 
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
+from verifiers_nemogym.policies.answer_key import AnswerKeyPolicy, load_answer_key
 from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
 from verifiers_nemogym.policies.local_model import packaged_model_path
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
@@ -147,6 +150,37 @@ async def test_taskset_in_one_process_env_server_in_another_eval_and_train(
         await server.stop()
     assert server.proc.returncode is not None
     assert await gone(tag, SHARED_STACK_GONE_S) == []  # the stack left with its last user
+
+
+async def test_a_coding_agent_harness_environment_through_the_env_server(
+    nemo_venv_07: NeMoGymVenv, tmp_path: Path
+) -> None:
+    """prime-rl's split with a coding-agent CLI in the agent's seat (claude_code_math: Anthropic
+    Messages through NeMo Gym's `policy_model`): tasks loaded in one process, rollouts on the
+    env server's workers, NeMo Gym's rewards for a right (1.0) and a wrong (0.0) answer."""
+    tag, env = run_tag(ANSWERS_KEY="unused")
+    taskset = {
+        "id": "nemo-gym-env",
+        "nemo_env": "claude_code_math",
+        "nemo_gym_version": "0.7.0",
+        "python": str(nemo_venv_07.python),
+        "allow_python_below_floor": True,
+        "start_timeout": 900,
+    }
+    tasks = (await load_tasks(sys.executable, taskset, env))[:2]
+    key = load_answer_key(Catalog(nemo_venv_07).env("claude_code_math").dataset())
+    async with AnswerKeyPolicy(rows=key, wrong=frozenset({1})) as policy:
+        server = EnvServer(sys.executable, taskset, env, tmp_path / "env-server.log")
+        try:
+            client = EvalClientConfig(base_url=policy.base_url, api_key_var="ANSWERS_KEY")
+            episodes = await asyncio.wait_for(server.run(client, "policy", tasks), 900)
+        finally:
+            await server.stop()
+    assert [e.ok for e in episodes] == [True, True], [error_text(e) for e in episodes]
+    assert [t.reward for e in episodes for t in e.traces] == [1.0, 0.0]
+    assert {c.dialect for c in policy.log} == {"messages"}
+    assert len({c.session_id for c in policy.log}) == 2  # each rollout its own calls
+    assert await gone(tag, SHARED_STACK_GONE_S) == []  # CLIs and stack left with the server
 
 
 async def test_a_stack_that_cannot_start_fails_every_rollout_through_the_env_server(

@@ -122,3 +122,14 @@ def test_resolver_error_is_nemo_gyms_reason_in_one_line() -> None:
     )
     assert resolver_error("a\nlast line\n", 1) == "last line"
     assert resolver_error("", 2) == "exit 2"
+
+
+def test_npm_error_is_the_line_that_says_what_went_wrong() -> None:
+    printed = (  # npm 11's output for a version the registry does not have
+        "npm error code ETARGET\n"
+        "npm error notarget No matching version found for cline@0.0.1.\n"
+        "npm error notarget In most cases you or one of your dependencies are requesting\n"
+        "npm error A complete log of this run can be found in: /x/_logs/debug-0.log\n"
+    )
+    assert harnesses.npm_error(printed) == "notarget No matching version found for cline@0.0.1."
+    assert harnesses.npm_error("") == "no output"

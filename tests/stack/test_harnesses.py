@@ -269,3 +269,33 @@ async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
         os.kill(proc.pid, signal.SIGINT)
         await asyncio.wait_for(proc.wait(), 120)
         assert await gone(tag) == []
+
+
+async def test_a_cli_that_cannot_install_fails_every_rollout_in_one_line(
+    nemo_venv_07: NeMoGymVenv, tmp_path: Path
+) -> None:
+    """A CLI version the npm registry does not have: the stack does not start (nothing of NeMo
+    Gym is spawned), and every rollout is an error whose one line names the install."""
+    override = tmp_path / "codex.yaml"
+    override.write_text(
+        "codex_math_agent:\n  responses_api_agents:\n    codex_agent:\n"
+        "      codex_version: 0.0.0-not-released\n"
+    )
+    env = nemo_gym_env.load_environment(
+        nemo_env="codex_math",
+        config_paths=[str(override)],
+        shared_stack=False,
+        nemo_gym_version="0.7.0",
+        python=str(nemo_venv_07.python),
+        allow_python_below_floor=True,
+    )
+    tasks = list(env.taskset)[:2]
+    async with AnswerKeyPolicy() as policy, env.serving():
+        episodes = [await env.run_episode(t, model_context(policy)) for t in tasks]
+    assert policy.log == []
+    for episode in episodes:
+        assert not episode.ok
+        message = episode.traces[0].errors[0].message
+        assert "codex_agent: `npm install @openai/codex@0.0.0-not-released` failed" in message
+        assert "No matching version found" in message
+        assert "\n" not in message.strip()

@@ -243,10 +243,16 @@ def _npm_install(prefix: Path, spec: str, deadline: float, who: str) -> None:
     except subprocess.TimeoutExpired:
         raise StackError(f"{who}: `npm install {spec}` took over {left:.0f} s") from None
     if out.returncode != 0:
-        lines = [ln for ln in (out.stderr or out.stdout).splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if "ERR!" in ln and "code" not in ln.split()), None)
-        reason = (reason or (lines[-1] if lines else f"exit {out.returncode}")).strip()
-        raise StackError(f"{who}: `npm install {spec}` failed: {reason[:300]}")
+        raise StackError(f"{who}: `npm install {spec}` failed: {npm_error(out.stderr or out.stdout)}")
+
+
+def npm_error(text: str) -> str:
+    """The one line of npm's error output that says what went wrong (not its code, nor where
+    its log is)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    said = [re.sub(r"^npm (error|ERR!)\s*", "", ln) for ln in lines if ln.startswith("npm ")]
+    useful = [ln for ln in said if ln and not ln.startswith(("code ", "errno ", "A complete log"))]
+    return (useful[0] if useful else lines[-1] if lines else "no output")[:300]
 
 
 def _link_bins(prefix: Path, cli: Cli) -> None:

@@ -243,7 +243,8 @@ def _npm_install(prefix: Path, spec: str, deadline: float, who: str) -> None:
     except subprocess.TimeoutExpired:
         raise StackError(f"{who}: `npm install {spec}` took over {left:.0f} s") from None
     if out.returncode != 0:
-        raise StackError(f"{who}: `npm install {spec}` failed: {npm_error(out.stderr or out.stdout)}")
+        reason = npm_error(out.stderr or out.stdout)
+        raise StackError(f"{who}: `npm install {spec}` failed: {reason}")
 
 
 def npm_error(text: str) -> str:

@@ -294,9 +294,10 @@ async def test_ng_rollout_paths_route_and_authenticate_by_the_path(proxy, upstre
     route = proxy.open_route(endpoint, "bearer-secret")
     tagged = route.tag({"responses_create_params": {"input": "hi"}})
     assert tagged[ROLLOUT_ID_KEY] == route.rollout_id != route.id
-    assert tag_row({"responses_create_params": {}}, route.id, proxy.secret)[
-        ROLLOUT_ID_KEY
-    ] == route.rollout_id  # another process's form
+    assert (
+        tag_row({"responses_create_params": {}}, route.id, proxy.secret)[ROLLOUT_ID_KEY]
+        == route.rollout_id
+    )  # another process's form
 
     async def post_at(rollout_id: str, payload: dict[str, Any], tail: str = "responses"):
         url = f"{proxy.url}/ng-rollout/{rollout_id}/v1/{tail}"
@@ -342,8 +343,7 @@ async def test_refused_rollout_calls_are_refused_before_their_body_is_read(proxy
     try:
         writer.write(
             f"POST /ng-rollout/{forged}/v1/chat/completions HTTP/1.1\r\n"
-            f"Host: x\r\nContent-Type: application/json\r\nContent-Length: {10**9}\r\n\r\n"
-            .encode()
+            f"Host: x\r\nContent-Type: application/json\r\nContent-Length: {10**9}\r\n\r\n".encode()
         )
         writer.write(b"{" + b" " * 65536)  # a sliver of the gigabyte it announced
         await writer.drain()

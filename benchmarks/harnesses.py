@@ -186,7 +186,8 @@ def agent_overrides(spec: EnvSpec, harness: Harness) -> list[str]:
 
 def call_summary(calls: list[AnswerCall], rollouts: int) -> dict[str, Any]:
     """What the CLI sent the policy: calls per (path, dialect, stream), calls per rollout,
-    side calls (no known question), and the rows the questions came from."""
+    side calls (no known question), the rows the questions came from, user agents, the
+    credential headers (values redacted) and how many calls asked for a streamed usage chunk."""
     kinds = Counter(f"{c.path} {c.dialect} stream={c.stream}" for c in calls)
     return {
         "calls": len(calls),
@@ -196,6 +197,17 @@ def call_summary(calls: list[AnswerCall], rollouts: int) -> dict[str, Any]:
         "unknown_paths": sorted({c.path for c in calls if c.dialect == "unknown"}),
         "rows_seen": sorted({c.row for c in calls if c.row is not None}),
         "user_agents": sorted({c.headers.get("user-agent", "") for c in calls}),
+        "credentials": sorted(
+            {
+                f"{h}: {c.headers[h]}"
+                for c in calls
+                for h in ("authorization", "x-api-key")
+                if h in c.headers
+            }
+        ),
+        "include_usage": sum(
+            1 for c in calls if (c.body.get("stream_options") or {}).get("include_usage")
+        ),
     }
 
 

@@ -276,6 +276,9 @@ async def test_a_body_that_is_not_a_json_object_is_a_400(policy: AnswerKeyPolicy
         http.post(f"{policy.base_url}/chat/completions", data=b"[1, 2") as reply,
     ):
         assert reply.status == 400
+    assert [(c.path, c.dialect, c.row) for c in policy.log] == [
+        ("/v1/chat/completions", "chat", None)
+    ]
 
 
 def test_answer_key_files_and_wrong_rows_are_checked(tmp_path: Path) -> None:

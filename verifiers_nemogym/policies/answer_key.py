@@ -20,7 +20,8 @@ Dialects (any `model` accepted and echoed back):
   `content_block_start`, `content_block_delta` (text_delta), `content_block_stop`,
   `message_delta` (end_turn, usage), `message_stop`.
 Also NeMo Gym's readiness poll (`GET /`) and `GET /v1/models`. Any other path is recorded and
-answered 404, so a test sees a call the server does not know.
+answered 404, so a test sees a call the server does not know; a body that is not a JSON object
+is recorded and answered 400.
 
 With `record` (the default), every call is kept in `calls` as an `AnswerCall` (path, dialect,
 stream flag, verifiers' `X-Session-ID`, the matched row, right or wrong, non-secret headers)
@@ -161,8 +162,9 @@ class AnswerKeyPolicy(ResponsesServer):
     """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1`. `async with`, or
     `start()`/`stop()`. See the module contract.
 
-    `rows`: the answer key (e.g. `load_answer_key(path)`); `wrong`: indices into `rows` of the
-    rows to answer wrong. `calls` (typed: `log`) holds `AnswerCall`s."""
+    `rows`: the answer key (e.g. `load_answer_key(path)`), fixed at construction; `wrong`:
+    indices into `rows` of the rows to answer wrong (ConfigError if one is not a row).
+    `calls` (typed: `log`) holds `AnswerCall`s."""
 
     rows: list[AnswerRow] = field(default_factory=list)
     wrong: frozenset[int] = frozenset()
@@ -200,7 +202,9 @@ class AnswerKeyPolicy(ResponsesServer):
 
     def match(self, body: dict[str, Any]) -> int | None:
         """Index of the longest answer-key question found in `body`'s text, or None."""
-        text = request_text(body)
+        return self._match(request_text(body))
+
+    def _match(self, text: str) -> int | None:
         return next((i for question, i in self._questions if question in text), None)
 
     def answer(self, row: int | None) -> str:
@@ -223,24 +227,26 @@ class AnswerKeyPolicy(ResponsesServer):
         )
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
+        dialect = _DIALECTS[request.path]
         try:
             body = await request.json()
         except ValueError:
             body = None
         if not isinstance(body, dict):
+            self._record(_call(request, {}, dialect, False, None, False, ""))
             return web.json_response(
                 {"error": {"message": "body is not a JSON object"}}, status=400
             )
-        dialect = _DIALECTS[request.path]
         stream = body.get("stream") is True
-        row = self.match(body)
+        text_in = request_text(body)
+        row = self._match(text_in)
         text = self.answer(row)
         wrong = row is not None and row in self.wrong
         self._record(_call(request, body, dialect, stream, row, wrong, text))
         if self.delay:
             await asyncio.sleep(self.delay)
         model = body["model"] if isinstance(body.get("model"), str) else self.model_id
-        usage = _Usage(max(1, len(request_text(body)) // 4), max(1, len(text) // 4))
+        usage = _Usage(max(1, len(text_in) // 4), max(1, len(text) // 4))
         if dialect == "chat":
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             if not stream:

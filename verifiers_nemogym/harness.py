@@ -39,6 +39,10 @@ _ECHOED = ("responses_create_params", "response")
 # what verifiers records itself. Its collector builds `ng_trajectory`; environment servers and
 # model servers may return the others in `/run` results.
 _NG_TRAJECTORY = ("ng_trajectory", "ng_agent_observations", "ng_model_call_capture")
+# NeMo Gym >= 0.5's failure tags on a 200 result (its collector routes such rows to a failures
+# file): the class of the failure, and a kill-shaped failure that is written nowhere.
+_FAILURE_CLASS = "_ng_failure_class"
+_NO_PERSIST = "_ng_no_persist"
 
 
 class NeMoGymHarnessConfig(vf.HarnessConfig):
@@ -158,6 +162,10 @@ async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) 
         raise AgentRunError(f"{where} answered non-JSON: {cut(text, 500)}") from None
     if isinstance(result, dict) and result.get("mask_sample") is True:
         raise _masked(where, result)
+    if isinstance(result, dict) and (
+        result.get(_FAILURE_CLASS) is not None or result.get(_NO_PERSIST) is True
+    ):
+        raise _failed(where, result)
     if not isinstance(result, dict) or not _finite_number(result.get("reward")):
         # NaN, Infinity (Python's JSON reads them) and booleans are no measurement either.
         raise AgentRunError(
@@ -176,6 +184,27 @@ async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) 
 
 def _finite_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _failed(where: str, result: dict[str, Any]) -> AgentRunError:
+    """NeMo Gym >= 0.5 returns some failures as a 200 result tagged `_ng_failure_class` (a failed
+    judge call: `judge_failed`, with `reward: 0.0`; agents' own classes) or `_ng_no_persist`
+    (a killed rollout); its collector keeps such rows out of its results and metrics. An error
+    naming the signal and its class, with NeMo Gym's `_ng_failure_*` details, never the reward."""
+    kind = result.get(_FAILURE_CLASS)
+    kind = None if kind is None else str(kind)
+    signal = f"{_FAILURE_CLASS}: {kind}" if kind is not None else f"{_NO_PERSIST}: true"
+    details = "; ".join(
+        f"{key}: {value}"
+        for key, value in result.items()
+        if key.startswith("_ng_failure_") and key != _FAILURE_CLASS and value not in (None, "")
+    )
+    reason = cut(details, 2000) if details else None
+    return AgentRunError(
+        f"{where}: NeMo Gym marked the result a failure ({signal}): {reason or 'no details'}",
+        failure_kind=kind,
+        failure_reason=reason,
+    )
 
 
 def _masked(where: str, result: dict[str, Any]) -> AgentRunError:

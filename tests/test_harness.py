@@ -112,6 +112,11 @@ async def test_masked_sample_is_an_error_with_nemo_gyms_failure_fields(run_serve
     # Without a kind or a reason it is still an error, and says what is missing.
     with pytest.raises(AgentRunError, match=r"\(no failure_kind\): no failure_reason"):
         await _run(url, {"reward": 1.0, "mask_sample": True}, results)
+    # NeMo Gym 0.7's judge failsafe tags its class as well: both signals are named.
+    tagged = {**masked, "_ng_failure_class": "judge_failed"}
+    both = r"\(judge_error\) \[_ng_failure_class: judge_failed\]: "
+    with pytest.raises(AgentRunError, match=both):
+        await _run(url, tagged, results)
 
 
 async def test_unmasked_results_keep_their_reward(run_server):

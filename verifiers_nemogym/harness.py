@@ -39,6 +39,7 @@ _ECHOED = ("responses_create_params", "response")
 # what verifiers records itself. Its collector builds `ng_trajectory`; environment servers and
 # model servers may return the others in `/run` results.
 _NG_TRAJECTORY = ("ng_trajectory", "ng_agent_observations", "ng_model_call_capture")
+_RESPONSE_FOR_METRICS = ("usage", "incomplete_details")
 # NeMo Gym >= 0.5's failure tags on a 200 result (its collector routes such rows to a failures
 # file): the class of the failure, and a kill-shaped failure that is written nowhere.
 _FAILURE_CLASS = "_ng_failure_class"
@@ -214,8 +215,10 @@ def _masked(where: str, result: dict[str, Any]) -> AgentRunError:
     kind = None if kind is None else str(kind)
     # Cut before redacting: NeMo Gym's reason is unbounded (L4), the trace keeps 2000 chars.
     reason = None if reason is None else cut(str(reason), 2000)
+    # NeMo Gym 0.7's judge failsafe also tags the class: name every signal the result carries.
+    also = f" [{_FAILURE_CLASS}: {result[_FAILURE_CLASS]}]" if result.get(_FAILURE_CLASS) else ""
     return AgentRunError(
-        f"{where}: NeMo Gym masked the sample ({kind or 'no failure_kind'}): "
+        f"{where}: NeMo Gym masked the sample ({kind or 'no failure_kind'}){also}: "
         f"{reason or 'no failure_reason'}",
         failure_kind=kind,
         failure_reason=reason,
@@ -230,11 +233,20 @@ async def _request(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
 def record(trace: vf.Trace, result: dict[str, Any], *, keep_ng_trajectory: bool = False) -> None:
     """NeMo Gym's `/run` result onto the trace: `reward` as the reward `nemo_gym`, numeric
     verify fields (not booleans: flags such as `mask_sample` are no measurement) as metrics,
-    everything else but the request/response echoes in `trace.info["nemo_gym"]`; NeMo Gym's
-    own trajectory records (`ng_trajectory`...) only with `keep_ng_trajectory`."""
+    everything else but the request/response echoes in `trace.info["nemo_gym"]` (of the
+    response only its `usage` and `incomplete_details`, which NeMo Gym's aggregate metrics
+    read); NeMo Gym's own trajectory records (`ng_trajectory`...) only with
+    `keep_ng_trajectory`."""
     trace.record_reward("nemo_gym", float(result["reward"]))
     dropped = _ECHOED if keep_ng_trajectory else (*_ECHOED, *_NG_TRAJECTORY)
     info = {k: v for k, v in result.items() if k not in dropped}
+    # Of the response echo, what NeMo Gym's collector hands its `/aggregate_metrics` (usage,
+    # and from 0.7 `incomplete_details`): small, and the metrics module's input (`metrics`).
+    response = result.get("response")
+    if isinstance(response, dict):
+        kept = {k: response[k] for k in _RESPONSE_FOR_METRICS if response.get(k) is not None}
+        if kept:
+            info["response"] = kept
     for key, value in info.items():
         if key != "reward" and isinstance(value, int | float) and not isinstance(value, bool):
             trace.record_metric(key, float(value))

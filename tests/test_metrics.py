@@ -108,3 +108,17 @@ def test_record_keeps_of_the_response_only_what_nemo_gyms_metrics_read():
     trace = Trace(task=TraceTask(type="test", data={}), agent=AgentInfo(config={}))
     record(trace, result)
     assert trace.info["nemo_gym"] == {"reward": 1.0, "response": {"usage": usage}}
+
+
+def test_the_run_folder_is_the_one_whose_eval_log_this_process_holds_open(tmp_path: Path):
+    """vf-eval tees its log to `<run>/logs/attempt_<n>/eval.log` and keeps it open."""
+    from verifiers_nemogym.metrics import run_folder
+
+    assert run_folder() is None
+    log = tmp_path / "logs" / "attempt_1" / "eval.log"
+    log.parent.mkdir(parents=True)
+    with log.open("a"):
+        assert run_folder() is None  # no traces.jsonl: not a run folder
+        (tmp_path / "traces.jsonl").touch()
+        assert run_folder() == tmp_path
+    assert run_folder() is None

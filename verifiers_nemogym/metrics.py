@@ -227,12 +227,15 @@ def run_folder() -> Path | None:
     """The folder of the vf-eval run this process is, or None (prime-rl's env servers, Python).
     vf-eval tees its run's log to `<run>/logs/attempt_<n>/eval.log` and holds it open for the
     whole run; that open file names the folder (Linux's /proc)."""
-    fds = Path("/proc/self/fd")
     try:
-        targets = [Path(str(p.readlink())) for p in fds.iterdir()]
+        fds = list(Path("/proc/self/fd").iterdir())
     except OSError:
         return None
-    for target in targets:
+    for fd in fds:
+        try:
+            target = fd.readlink()
+        except OSError:  # closed meanwhile (the listing's own descriptor, for one)
+            continue
         if target.name == "eval.log" and target.parent.parent.name == "logs":
             folder = target.parent.parent.parent
             if (folder / TRACES_FILE).is_file():

@@ -3,7 +3,8 @@
 reward, and a judge that fails turns every rollout of a judge environment into an error naming
 the judge, never the score the release gives such a rollout (0.4.0: a 500 from `/verify`;
 0.5.0+: a 200 with `reward: 0.0` and `_ng_failure_class: judge_failed`; 0.7.0 also
-`mask_sample: true`). One private stack per release, two rows per environment."""
+`mask_sample: true`). One shared stack (the default) per release, two rows per environment;
+it stops after its last user leaves."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.stacks import SharedStack
 
 RELEASES = ["0.4.0", "0.5.0", "0.5.1", "0.6.0", "0.7.0"]
 JUDGE_ENV = "simpleqa"  # grades with NeMo Gym's judge on every release
@@ -36,7 +38,6 @@ async def test_a_release_scores_rollouts_and_a_failing_judge_is_an_error(
     async with ScriptedJudge(verdict="A") as judge:
         env = nemo_gym_env.load_environment(
             nemo_env=f"example_single_tool_call,{JUDGE_ENV}",
-            shared_stack=False,
             nemo_gym_version=version,
             python=str(release.python),
             allow_python_below_floor=release.below_floor,
@@ -46,6 +47,7 @@ async def test_a_release_scores_rollouts_and_a_failing_judge_is_an_error(
         tasks = list(env.taskset)[:4]  # environments in turn: two rows of each
         ctx = model_context(policy)
         async with env.serving():
+            assert isinstance(env.stack, SharedStack)  # the default: the machine's shared stack
             marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
             judge.fail_status = 503  # after the start-up check: every grading call fails
             eps = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))

@@ -122,3 +122,21 @@ def test_the_run_folder_is_the_one_whose_eval_log_this_process_holds_open(tmp_pa
         (tmp_path / "traces.jsonl").touch()
         assert run_folder() == tmp_path
     assert run_folder() is None
+
+
+def test_metrics_command_on_bad_input_is_a_one_line_error_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], launches
+):
+    """No traces, or traces with no successful rollout: exit 2, one line, no stack started."""
+    from verifiers_nemogym.cli import main
+
+    _write(tmp_path / "traces.jsonl", [_episode("mcqa/example:1", None)])
+    assert main(["metrics", str(tmp_path), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip() == f"nemo-gym-env: {tmp_path}: no successful NeMo Gym rollout to aggregate"
+    assert main(["metrics", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"nemo-gym-env: no such file or folder: {tmp_path / 'missing'}"
+    )
+    assert launches.stacks == []

@@ -88,7 +88,7 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
         script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
         "-n", str(ROWS), "-r", str(REPEATS), "-c", "4", "--no-push", "-o", str(out),
-        "--env.taskset.nemo-env", env, "--env.taskset.shared-stack", "false", *flags,
+        "--env.taskset.nemo-env", env, *flags,  # on the default path: a shared stack
     ]  # fmt: skip
     tag, environ = run_tag(SCRIPTED_KEY="unused")
     code, log = await run_command(cmd, environ)

@@ -110,6 +110,11 @@ async def test_masked_sample_is_an_error_with_nemo_gyms_failure_fields(run_serve
     # Without a kind or a reason it is still an error, and says what is missing.
     with pytest.raises(AgentRunError, match=r"\(no failure_kind\): no failure_reason"):
         await _run(url, {"reward": 1.0, "mask_sample": True}, results)
+    # NeMo Gym 0.7's judge failsafe tags its class as well: both signals are named.
+    tagged = {**masked, "_ng_failure_class": "judge_failed"}
+    both = r"\(judge_error\) \[_ng_failure_class: judge_failed\]: "
+    with pytest.raises(AgentRunError, match=both):
+        await _run(url, tagged, results)
 
 
 async def test_unmasked_results_keep_their_reward(run_server):
@@ -164,3 +169,41 @@ async def test_a_reward_that_is_not_a_finite_number_is_an_error(run_server, rewa
     results, _, url = run_server
     with pytest.raises(AgentRunError, match="no `reward` that is a finite number"):
         await _run(url, json.loads(f'{{"reward": {reward}}}'), results)
+
+
+@pytest.mark.parametrize(
+    ("tags", "signal", "kind"),
+    [
+        # NeMo Gym >= 0.5's judge failsafe: a 200 verify result scored 0.0.
+        (
+            {"_ng_failure_class": "judge_failed", "_ng_failure_judge_error": "judge said 503"},
+            "_ng_failure_class: judge_failed",
+            "judge_failed",
+        ),
+        # Any class an agent reports, e.g. its own run errors.
+        ({"_ng_failure_class": "agent_run_error"}, "_ng_failure_class: agent_run_error", None),
+        # A kill-shaped failure NeMo Gym writes nowhere.
+        ({"_ng_no_persist": True}, "_ng_no_persist: true", None),
+    ],
+)
+async def test_a_result_nemo_gym_tags_as_a_failure_is_an_error_naming_the_signal(
+    run_server, tags: dict[str, Any], signal: str, kind: str | None
+):
+    results, _, url = run_server
+    with pytest.raises(AgentRunError) as caught:
+        await _run(url, {"reward": 0.0, **tags}, results)
+    message = str(caught.value)
+    assert f"NeMo Gym marked the result a failure ({signal})" in message
+    if "_ng_failure_judge_error" in tags:
+        assert message.endswith("_ng_failure_judge_error: judge said 503")
+        assert caught.value.failure_reason == "_ng_failure_judge_error: judge said 503"
+    else:
+        assert message.endswith("no details")
+    assert caught.value.failure_kind == (kind or tags.get("_ng_failure_class"))
+
+
+async def test_untagged_failure_fields_keep_the_reward(run_server):
+    """`_ng_failure_class: null` and `_ng_no_persist: false` are no failure."""
+    results, _, url = run_server
+    result = {"reward": 1.0, "_ng_failure_class": None, "_ng_no_persist": False}
+    assert (await _run(url, result, results))["reward"] == 1.0

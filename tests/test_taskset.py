@@ -163,3 +163,27 @@ def test_rows_survive_the_json_round_trip_prime_rl_makes(nemo_venv):
         again = NeMoGymData.model_validate(wire)
         assert again == task.data
         assert again.row == task.data.row and again.agent == task.data.agent
+
+
+def test_several_environments_load_in_turn_so_n_takes_rows_of_each(nemo_venv):
+    """The first row of each environment, then the second of each...; verifiers' `-n N` takes
+    the first N tasks, so `-n 3` with two environments runs rows of both."""
+    from verifiers.v1.configs.select import SelectConfig
+
+    names = ["example_single_tool_call", "example_multi_step"]
+    alone = {n: [t.data.name for t in taskset(nemo_env=[n])] for n in names}
+    both = [t.data.name for t in taskset(nemo_env=names)]
+    assert both[:4] == [alone[names[0]][0], alone[names[1]][0], alone[names[0]][1],
+                        alone[names[1]][1]]  # fmt: skip
+    assert sorted(both) == sorted(alone[names[0]] + alone[names[1]])  # nothing lost or doubled
+    for n in names:  # each environment keeps its own order
+        assert [x for x in both if x.startswith(f"{n}/")] == alone[n]
+    taken = [t.data.name for t in taskset(nemo_env=names).select(SelectConfig(limit=3))]
+    assert taken == both[:3] and {x.split("/")[0] for x in taken} == set(names)
+
+
+def test_in_turn_skips_groups_that_run_out():
+    from verifiers_nemogym.taskset import in_turn
+
+    assert list(in_turn([[1, 2, 3], [], [4], [5, 6]])) == [1, 4, 5, 2, 6, 3]
+    assert list(in_turn([])) == []

@@ -18,6 +18,7 @@ from typing import cast
 import aiohttp
 import verifiers.v1 as vf
 
+from verifiers_nemogym import metrics
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
@@ -168,6 +169,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             watchdog.cancel()
             await asyncio.gather(watchdog, return_exceptions=True)
         try:
+            if self._stack is not None and self._http is not None and not self._stack.lost.is_set():
+                # A vf-eval run: NeMo Gym's aggregate metrics beside its traces, from this stack.
+                await metrics.write_for_run(self._stack.run_urls, self._http)
             if self._stack is not None:
                 stack, self._stack = self._stack, None
                 if (summary := await stack.judge_summary()) is not None:

@@ -40,6 +40,11 @@ _ECHOED = ("responses_create_params", "response")
 # what verifiers records itself. Its collector builds `ng_trajectory`; environment servers and
 # model servers may return the others in `/run` results.
 _NG_TRAJECTORY = ("ng_trajectory", "ng_agent_observations", "ng_model_call_capture")
+_RESPONSE_FOR_METRICS = ("usage", "incomplete_details")
+# NeMo Gym >= 0.5's failure tags on a 200 result (its collector routes such rows to a failures
+# file): the class of the failure, and a kill-shaped failure that is written nowhere.
+_FAILURE_CLASS = "_ng_failure_class"
+_NO_PERSIST = "_ng_no_persist"
 
 
 class NeMoGymHarnessConfig(vf.HarnessConfig):
@@ -172,6 +177,10 @@ async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) 
         raise AgentRunError(f"{where} answered non-JSON: {cut(text, 500)}") from None
     if isinstance(result, dict) and result.get("mask_sample") is True:
         raise _masked(where, result)
+    if isinstance(result, dict) and (
+        result.get(_FAILURE_CLASS) is not None or result.get(_NO_PERSIST) is True
+    ):
+        raise _failed(where, result)
     if not isinstance(result, dict) or not _finite_number(result.get("reward")):
         # NaN, Infinity (Python's JSON reads them) and booleans are no measurement either.
         raise AgentRunError(
@@ -192,6 +201,27 @@ def _finite_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _failed(where: str, result: dict[str, Any]) -> AgentRunError:
+    """NeMo Gym >= 0.5 returns some failures as a 200 result tagged `_ng_failure_class` (a failed
+    judge call: `judge_failed`, with `reward: 0.0`; agents' own classes) or `_ng_no_persist`
+    (a killed rollout); its collector keeps such rows out of its results and metrics. An error
+    naming the signal and its class, with NeMo Gym's `_ng_failure_*` details, never the reward."""
+    kind = result.get(_FAILURE_CLASS)
+    kind = None if kind is None else str(kind)
+    signal = f"{_FAILURE_CLASS}: {kind}" if kind is not None else f"{_NO_PERSIST}: true"
+    details = "; ".join(
+        f"{key}: {value}"
+        for key, value in result.items()
+        if key.startswith("_ng_failure_") and key != _FAILURE_CLASS and value not in (None, "")
+    )
+    reason = cut(details, 2000) if details else None
+    return AgentRunError(
+        f"{where}: NeMo Gym marked the result a failure ({signal}): {reason or 'no details'}",
+        failure_kind=kind,
+        failure_reason=reason,
+    )
+
+
 def _masked(where: str, result: dict[str, Any]) -> AgentRunError:
     """NeMo Gym >= 0.7 marks a result whose reward is no valid measurement (an infrastructure
     failure inside the rollout) with `mask_sample: true`: an error, never its reward."""
@@ -199,8 +229,10 @@ def _masked(where: str, result: dict[str, Any]) -> AgentRunError:
     kind = None if kind is None else str(kind)
     # Cut before redacting: NeMo Gym's reason is unbounded (L4), the trace keeps 2000 chars.
     reason = None if reason is None else cut(str(reason), 2000)
+    # NeMo Gym 0.7's judge failsafe also tags the class: name every signal the result carries.
+    also = f" [{_FAILURE_CLASS}: {result[_FAILURE_CLASS]}]" if result.get(_FAILURE_CLASS) else ""
     return AgentRunError(
-        f"{where}: NeMo Gym masked the sample ({kind or 'no failure_kind'}): "
+        f"{where}: NeMo Gym masked the sample ({kind or 'no failure_kind'}){also}: "
         f"{reason or 'no failure_reason'}",
         failure_kind=kind,
         failure_reason=reason,
@@ -215,11 +247,20 @@ async def _request(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
 def record(trace: vf.Trace, result: dict[str, Any], *, keep_ng_trajectory: bool = False) -> None:
     """NeMo Gym's `/run` result onto the trace: `reward` as the reward `nemo_gym`, numeric
     verify fields (not booleans: flags such as `mask_sample` are no measurement) as metrics,
-    everything else but the request/response echoes in `trace.info["nemo_gym"]`; NeMo Gym's
-    own trajectory records (`ng_trajectory`...) only with `keep_ng_trajectory`."""
+    everything else but the request/response echoes in `trace.info["nemo_gym"]` (of the
+    response only its `usage` and `incomplete_details`, which NeMo Gym's aggregate metrics
+    read); NeMo Gym's own trajectory records (`ng_trajectory`...) only with
+    `keep_ng_trajectory`."""
     trace.record_reward("nemo_gym", float(result["reward"]))
     dropped = _ECHOED if keep_ng_trajectory else (*_ECHOED, *_NG_TRAJECTORY)
     info = {k: v for k, v in result.items() if k not in dropped}
+    # Of the response echo, what NeMo Gym's collector hands its `/aggregate_metrics` (usage,
+    # and from 0.7 `incomplete_details`): small, and the metrics module's input (`metrics`).
+    response = result.get("response")
+    if isinstance(response, dict):
+        kept = {k: response[k] for k in _RESPONSE_FOR_METRICS if response.get(k) is not None}
+        if kept:
+            info["response"] = kept
     for key, value in info.items():
         if key != "reward" and isinstance(value, int | float) and not isinstance(value, bool):
             trace.record_metric(key, float(value))

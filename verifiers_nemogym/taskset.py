@@ -1,6 +1,8 @@
 """NeMoGymTaskset: NeMo Gym JSONL rows as verifiers tasks.
 
 Rows come from an environment's packaged data (`nemo_env`) or any JSONL file (`jsonl_path`).
+Several environments' rows load in turn (`in_turn`: the first row of each environment, then the
+second...), so verifiers' `-n N` (the first N tasks) takes rows from every environment.
 Each task keeps its row untouched (`data.row`) plus the agent that runs it (`data.agent`) and a
 prompt for display. Bad input raises `ConfigError` naming the file and line.
 """
@@ -12,7 +14,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, Self, cast
+from typing import Any, Literal, Self, TypeVar, cast
 
 import verifiers.v1 as vf
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -33,6 +35,7 @@ from verifiers_nemogym.nemo.venv import (
 )
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class NeMoGymTaskConfig(vf.TaskConfig):
@@ -112,7 +115,9 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     nemo_env: list[str] = Field(default_factory=list)
     """NeMo Gym environment name(s) (resources server folders, e.g. `example_single_tool_call`).
     Their configs are started on one stack; without `jsonl_path` their `dataset` rows load.
-    Several on the command line: `a,b` or `a b` (a repeated flag keeps only its last value)."""
+    Several on the command line: `a,b` or `a b` (a repeated flag keeps only its last value).
+    Several environments' rows load in turn (first row of each, then second...): `-n N` takes
+    rows of every environment."""
     jsonl_path: Path | None = None
     """A JSONL file of NeMo Gym rows to load instead of the environments' packaged data. Rows
     name their agent with `agent_ref`; rows without one go to the single agent of `nemo_env`."""
@@ -382,11 +387,15 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
             path = self.config.jsonl_path.expanduser().resolve()
             yield from self._read(path, path.name, default_agent)
             return
+        per_env = []
         for name in self.config.nemo_env:
             env = self.catalog.env(name)
             default = self.config.agent or (env.agents[0].name if len(env.agents) == 1 else None)
             label = f"{name}/{self.config.dataset}"
-            yield from self._read(env.dataset(self.config.dataset), label, default)
+            per_env.append(list(self._read(env.dataset(self.config.dataset), label, default)))
+        # Environments in turn (the first row of each, then the second of each...), so that
+        # `-n N` (verifiers takes the first N tasks) runs rows of every environment.
+        yield from in_turn(per_env)
 
     def _default_agent(self) -> str | None:
         if self.config.agent is not None:
@@ -417,6 +426,13 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
                 yield NeMoGymTask(data, self.config.task)
         if not found:
             raise ConfigError(f"NeMo Gym rows file is empty: {path}")
+
+
+def in_turn(groups: list[list[_T]]) -> Iterator[_T]:
+    """The items of `groups` taken in turn: each group's first item, then each group's second,
+    and so on; a group that runs out is skipped. Each group keeps its own order."""
+    for depth in range(max((len(g) for g in groups), default=0)):
+        yield from (group[depth] for group in groups if depth < len(group))
 
 
 _DIALECT = ResponsesDialect()

@@ -13,6 +13,7 @@ nemo-gym-env serve answers (--env ENV | --rows F)... [--wrong I,...]  answers ro
 nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared NeMo Gym stack
 nemo-gym-env stack status [--json]                        the shared stacks running here
 nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
+nemo-gym-env metrics PATH [--json] [--judge.*]            NeMo Gym's aggregate metrics of traces
 
 The commands' printing, logging set-up and exit statuses live here (and in `local_eval.py`,
 `serve.py`, `logs.py`); the library below never prints, parses arguments or exits.
@@ -31,6 +32,8 @@ from typing import Any
 
 from verifiers_nemogym.bridge.judge import Judge
 from verifiers_nemogym.cli.logs import configure_cli_logging
+from verifiers_nemogym.cli.metrics import add_parser as add_metrics_parser
+from verifiers_nemogym.cli.metrics import run as run_metrics
 from verifiers_nemogym.errors import NeMoGymError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, ensure_venv
@@ -135,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     down = stack_commands.add_parser("down", help="stop shared stacks and wait for them")
     down.add_argument("envs", nargs="*", metavar="ENV", help="default: every shared stack")
     _judge_arguments(down)
+    metrics_parser = add_metrics_parser(commands)
+    _judge_arguments(metrics_parser)
     options = commands.add_parser("options", help="the --env.taskset.* options and their meaning")
     options.add_argument("--markdown", action="store_true", help="as docs/options.md")
     return parser
@@ -164,6 +169,18 @@ def _judge(args: argparse.Namespace) -> tuple[Judge | None, str | None]:
         return None, None
     config = NeMoGymJudgeConfig(**given, enable_optional=args.judge_enable_optional)
     return config.endpoint(), config.key()
+
+
+def _judge_fields(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `--judge.*` arguments as `--env.taskset.judge` fields, or None."""
+    fields = {
+        "base_url": args.judge_base_url, "model": args.judge_model,
+        "api_key_var": args.judge_api_key_var, "api": args.judge_api,
+    }  # fmt: skip
+    given = {k: v for k, v in fields.items() if v is not None}
+    if args.judge_enable_optional:
+        given["enable_optional"] = True
+    return given or None
 
 
 def _stack(args: argparse.Namespace) -> int:
@@ -351,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
             return _conformance(args)
         if args.command == "stack":
             return _stack(args)
+        if args.command == "metrics":
+            return run_metrics(args, _judge_fields(args))
         if args.command == "options":
             from verifiers_nemogym.options import options_markdown, options_text
 

@@ -1,0 +1,322 @@
+"""NeMo Gym's aggregate metrics of recorded rollouts, computed by NeMo Gym itself.
+
+NeMo Gym's own eval (`ng_collect_rollouts` on 0.4-0.6, `gym eval run` on 0.7) POSTs each agent's
+results to `/aggregate_metrics` once the rollouts are done (on 0.7 to the environment server that
+fronts the agent: the same URL rollouts `/run` on here) and writes the answers to
+`<output>_aggregate_metrics.json`: `mean/reward` and the rest of its reward profile, plus each
+benchmark's own `compute_metrics` / `get_key_metrics` (pass@k, majority@k, per-category scores,
+no-answer rates...). This module sends the same request, built from the traces, to the same
+endpoint of a running stack: the numbers are NeMo Gym's code's, not a reimplementation.
+
+Contract:
+- `read_episodes(path)`: the episodes of a vf-eval run folder, its `traces.jsonl`, or prime-rl's
+  trace folder (`monitors/file/traces/stream/`: `*.jsonl` and sealed `*.jsonl.zst` chunks, in name
+  order). Bad input is a `ConfigError` naming the file and line.
+- `collect(episodes)`: the rollouts NeMo Gym would aggregate, per agent, as its collector strips
+  them (the `/run` result without the request and response echoes, the response's `usage` and
+  `incomplete_details` kept), each with `_ng_task_index` (the task's rank in the run, tasks in
+  environment-and-line order, as NeMo Gym numbers its input rows) and `_ng_rollout_index` (the
+  rollout's rank among its task's rollouts, in file order). Failed rollouts (an episode that is not
+  ok, or a trace without NeMo Gym's result) are left out, as NeMo Gym leaves its failures out
+  of its results file and of the aggregate (0.5+); their count is returned.
+- `aggregate(run_urls, http, rollouts)`: one `/aggregate_metrics` POST per agent; the entries of
+  NeMo Gym's file (`agent_ref`, then the endpoint's answer: `agent_metrics`, `key_metrics`,
+  `group_level_metrics`, and on 0.7 `repeat_level_metrics`...), agents in name order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import zstandard
+
+from verifiers_nemogym.bridge.redact import cut
+from verifiers_nemogym.errors import ConfigError, StackError
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "nemo_gym_aggregate_metrics.json"
+"""Written beside a vf-eval run's `traces.jsonl` (the name NeMo Gym's collector would give the
+output `nemo_gym.jsonl`)."""
+TRACES_FILE = "traces.jsonl"
+TASK_INDEX = "_ng_task_index"
+ROLLOUT_INDEX = "_ng_rollout_index"
+
+
+@dataclass
+class Rollouts:
+    """What `collect` found: per agent, the stripped results NeMo Gym aggregates."""
+
+    by_agent: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    failed: int = 0
+    """Rollouts left out: errors, as NeMo Gym leaves its failed rollouts out."""
+    runtime: dict[str, Any] | None = None
+    """The NeMo Gym release and Python the rollouts ran on (`trace.info["nemo_gym_runtime"]`)."""
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """A recorded row of each agent (what starting a stack for it needs)."""
+
+
+def stream_files(folder: Path) -> list[Path]:
+    """prime-rl's trace chunks in a folder: `*.jsonl` and `*.jsonl.zst`, in name order."""
+    return sorted(
+        p for p in folder.iterdir() if p.is_file() and p.name.endswith((".jsonl", ".jsonl.zst"))
+    )
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files `path` names: a `traces.jsonl` (or any `.jsonl` / `.jsonl.zst` file), a
+    vf-eval run folder holding `traces.jsonl`, or a folder of trace chunks (prime-rl's
+    `monitors/file/traces/stream/`, or an output folder above it)."""
+    path = path.expanduser()
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise ConfigError(f"no such file or folder: {path}")
+    if (path / TRACES_FILE).is_file():
+        return [path / TRACES_FILE]
+    for folder in (path, path / "monitors/file/traces/stream"):
+        if folder.is_dir() and (found := stream_files(folder)):
+            return found
+    streams = sorted(path.glob("**/monitors/file/traces/stream"))
+    if len(streams) == 1 and (found := stream_files(streams[0])):
+        return found
+    raise ConfigError(
+        f"{path}: no traces here (a vf-eval run folder with {TRACES_FILE}, a traces file, or "
+        "prime-rl's monitors/file/traces/stream/ folder of *.jsonl[.zst] chunks)"
+    )
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    if path.name.endswith(".zst"):
+        with path.open("rb") as raw:
+            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            yield from io.BufferedReader(reader)
+        return
+    with path.open("rb") as lines:
+        yield from lines
+
+
+def read_episodes(path: Path) -> list[dict[str, Any]]:
+    """The episodes (verifiers' `Episode` as JSON) of every trace file `path` names."""
+    episodes: list[dict[str, Any]] = []
+    for file in trace_files(path):
+        try:
+            for number, line in enumerate(_lines(file), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    episode = json.loads(line)
+                except ValueError as e:
+                    raise ConfigError(f"{file}:{number}: not a JSON episode ({e})") from None
+                if not isinstance(episode, dict) or not isinstance(episode.get("traces"), list):
+                    raise ConfigError(f"{file}:{number}: not a verifiers episode (no traces)")
+                episodes.append(episode)
+        except (OSError, zstandard.ZstdError) as e:  # a truncated or foreign chunk too
+            raise ConfigError(f"{file}: cannot be read: {e}") from None
+    return episodes
+
+
+def _task_order(name: str) -> tuple[str, int, str]:
+    """`"mcqa/example:12"` -> ("mcqa/example", 12, name): environment, then line."""
+    label, _, line = name.rpartition(":")
+    return (label, int(line), name) if line.isdigit() else (name, 0, name)
+
+
+def collect(episodes: Iterable[dict[str, Any]]) -> Rollouts:
+    """The rollouts of `episodes` NeMo Gym would aggregate (see the module contract)."""
+    found = Rollouts()
+    kept: list[tuple[str, str, dict[str, Any]]] = []  # (task name, agent, stripped result)
+    runtimes: set[str] = set()
+    for episode in episodes:
+        for trace in episode["traces"]:
+            info = trace.get("info") or {}
+            result = info.get("nemo_gym")
+            data = (trace.get("task") or episode.get("task") or {}).get("data") or {}
+            agent = data.get("agent")
+            if (
+                not episode.get("ok")
+                or trace.get("errors")
+                or not isinstance(result, dict)
+                or not isinstance(agent, str)
+            ):
+                found.failed += 1
+                continue
+            if isinstance(runtime := info.get("nemo_gym_runtime"), dict):
+                runtimes.add(json.dumps(runtime, sort_keys=True))
+                found.runtime = runtime
+            name = str(data.get("name") or data.get("id") or data.get("source") or "")
+            kept.append((name, agent, dict(result)))
+            if isinstance(row := data.get("row"), dict):
+                found.rows.setdefault(agent, row)
+    if len(runtimes) > 1:
+        raise ConfigError(
+            f"the traces come from several NeMo Gym runtimes ({', '.join(sorted(runtimes))}); "
+            "compute the metrics of one run at a time"
+        )
+    task_index = {n: i for i, n in enumerate(sorted({n for n, _, _ in kept}, key=_task_order))}
+    seen: dict[str, int] = defaultdict(int)
+    by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for name, agent, result in kept:
+        result[TASK_INDEX] = task_index[name]
+        result[ROLLOUT_INDEX] = seen[name]
+        seen[name] += 1
+        by_agent[agent].append(result)
+    for results in by_agent.values():  # NeMo Gym sorts its results before aggregating
+        results.sort(key=lambda r: (r[TASK_INDEX], r[ROLLOUT_INDEX]))
+    found.by_agent = dict(sorted(by_agent.items()))
+    return found
+
+
+async def aggregate(
+    run_urls: dict[str, str], http: aiohttp.ClientSession, rollouts: Rollouts
+) -> list[dict[str, Any]]:
+    """NeMo Gym's aggregate metrics of `rollouts`, one entry per agent (module contract); a
+    `StackError` naming the agent when its stack has no such agent or the endpoint fails."""
+    entries = []
+    for agent, results in rollouts.by_agent.items():
+        url = run_urls.get(agent)
+        if url is None:
+            raise StackError(
+                f"agent {agent!r} is not on this NeMo Gym stack "
+                f"(agents: {', '.join(sorted(run_urls)) or 'none'})"
+            )
+        where = f"agent {agent!r} /aggregate_metrics"
+        try:
+            async with http.post(
+                f"{url}/aggregate_metrics", json={"verify_responses": results}
+            ) as response:
+                text = await response.text()
+                status = response.status
+        except aiohttp.ClientError as e:
+            raise StackError(f"{where} failed: {e!r}") from None
+        if status != 200:
+            raise StackError(f"{where} answered {status}: {cut(text, 2000, keep='tail')}")
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            raise StackError(f"{where} answered non-JSON: {cut(text, 500)}") from None
+        entries.append({"agent_ref": {"name": agent}, **answer})
+    return entries
+
+
+def key_metrics_text(entries: list[dict[str, Any]], failed: int) -> str:
+    """A few lines for a log or a terminal: each agent's key metrics."""
+    lines = []
+    for entry in entries:
+        metrics = entry.get("key_metrics") or {}
+        shown = ", ".join(f"{k} {_number(v)}" for k, v in metrics.items())
+        lines.append(f"{entry['agent_ref']['name']}: {shown or 'no key metrics'}")
+    if failed:
+        lines.append(f"({failed} failed rollout(s) left out, as NeMo Gym leaves them out)")
+    return "\n".join(lines)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def run_folder() -> Path | None:
+    """The folder of the vf-eval run this process is, or None (prime-rl's env servers, Python).
+    vf-eval tees its run's log to `<run>/logs/attempt_<n>/eval.log` and holds it open for the
+    whole run; that open file names the folder (Linux's /proc)."""
+    try:
+        fds = list(Path("/proc/self/fd").iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = fd.readlink()
+        except OSError:  # closed meanwhile (the listing's own descriptor, for one)
+            continue
+        if target.name == "eval.log" and target.parent.parent.name == "logs":
+            folder = target.parent.parent.parent
+            if (folder / TRACES_FILE).is_file():
+                return folder
+    return None
+
+
+def write_file(folder: Path, entries: list[dict[str, Any]]) -> Path:
+    """`entries` as `folder/METRICS_FILE` (what `nemo-gym-env metrics --json` prints)."""
+    path = folder / METRICS_FILE
+    path.write_text(file_text(entries))
+    return path
+
+
+def file_text(entries: list[dict[str, Any]]) -> str:
+    return json.dumps(entries, indent=2) + "\n"
+
+
+async def write_for_run(run_urls: dict[str, str], http: aiohttp.ClientSession) -> Path | None:
+    """In a vf-eval run (`run_folder`), once its rollouts are written and while its stack still
+    runs: NeMo Gym's aggregate metrics of the run's traces beside them, key metrics logged.
+    Never raises: a run whose metrics cannot be computed keeps its traces (logged warning)."""
+    folder = run_folder()
+    if folder is None:
+        return None
+    try:
+        rollouts = collect(read_episodes(folder / TRACES_FILE))
+        if not rollouts.by_agent:
+            logger.warning("NeMo Gym aggregate metrics: no successful rollout in %s", folder)
+            return None
+        path = write_file(folder, await aggregate(run_urls, http, rollouts))
+    except Exception as e:  # the run's results are on disk whatever happens here
+        logger.warning("NeMo Gym aggregate metrics not computed: %s", cut(str(e), 2000))
+        return None
+    entries = json.loads(path.read_text())
+    logger.info(
+        "NeMo Gym aggregate metrics (%s):\n%s", path, key_metrics_text(entries, rollouts.failed)
+    )
+    return path
+
+
+async def compute(
+    path: Path,
+    *,
+    judge: dict[str, Any] | None = None,
+    nemo_gym_version: str | None = None,
+    python: str | None = None,
+) -> tuple[list[dict[str, Any]], Rollouts]:
+    """NeMo Gym's aggregate metrics of the traces at `path` (`read_episodes`) and what was
+    aggregated: starts a private stack of just the agents the traces name, on the release and
+    Python they ran on (unless `nemo_gym_version` / `python` say otherwise), asks it, stops it.
+    A judge environment's stack needs its `judge` (as `--env.taskset.judge`), though no judge is
+    called. ConfigError / StackError name what is wrong."""
+    import tempfile
+
+    import nemo_gym_env
+
+    rollouts = collect(read_episodes(path))
+    if not rollouts.by_agent:
+        raise ConfigError(f"{path}: no successful NeMo Gym rollout to aggregate")
+    runtime = rollouts.runtime or {}
+    with tempfile.TemporaryDirectory(prefix="vf-nemogym-metrics-") as tmp:
+        # One recorded row per agent: the stack then starts exactly those agents' configs.
+        rows = Path(tmp) / "rows.jsonl"
+        rows.write_text(
+            "".join(
+                json.dumps({**rollouts.rows[agent], "agent_ref": {"name": agent}}) + "\n"
+                for agent in rollouts.by_agent
+            )
+        )
+        env = nemo_gym_env.load_environment(
+            jsonl_path=str(rows),
+            shared_stack=False,
+            nemo_gym_version=nemo_gym_version or runtime.get("nemo_gym"),
+            python=python or runtime.get("python"),
+            allow_python_below_floor=bool(runtime.get("below_floor")),
+            judge=judge,
+        )
+        async with env.serving():
+            if env.stack is None:
+                raise StackError(f"the NeMo Gym stack did not start: {env.start_error}")
+            async with aiohttp.ClientSession() as http:
+                entries = await aggregate(env.stack.run_urls, http, rollouts)
+    return entries, rollouts

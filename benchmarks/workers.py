@@ -48,7 +48,7 @@ from verifiers.v1.serve.pool import env_config_data
 
 from benchmarks import warm
 from benchmarks.common import ENV, rss_mb, spawn_policy
-from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import count_stack_programs, processes_with_env
 from verifiers_nemogym.nemo.venv import ensure_venv
@@ -249,8 +249,8 @@ async def measure(repeats: int) -> dict[str, Any]:
 
     runtime = ensure_venv()
     tasks = list(nemo_gym_env.load_environment(nemo_env=ENV).taskset)
-    key = shared.stack_key(runtime, Catalog(runtime).env(ENV).config_paths)
-    host_entry = f"{shared.HOST_ENV_VAR}={key}"
+    key = attach.stack_key(runtime, Catalog(runtime).env(ENV).config_paths)
+    host_entry = f"{lease.HOST_ENV_VAR}={key}"
     out: dict[str, Any] = {"rps": {}, "shared_stack_rss_mb": [], "worker_rss_mb": {}}
     pools: list[Pool] = []
     shared_pools: list[Pool] = []
@@ -264,7 +264,7 @@ async def measure(repeats: int) -> dict[str, Any]:
                 pools.append(shared_pools[-1])
             watch.start()
             await _warm_up(shared_pools, tasks, url)
-            status = await shared.request(shared.stack_dir(key), {"op": "status"})
+            status = await lease.request(attach.stack_dir(key), {"op": "status"})
             attached = {pid for p in shared_pools for pid in p.worker_pids()}
             if len(attached) != sum(SHARED_WORKERS) or attached - set(status["user_pids"]):
                 raise RuntimeError(f"not every shared worker attached: {attached} vs {status}")

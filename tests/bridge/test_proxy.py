@@ -31,6 +31,7 @@ from verifiers_nemogym.bridge.wire import (
     tag_row,
 )
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.retry import RetryPolicy
 
 
 class Upstream:
@@ -82,7 +83,7 @@ async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
 @pytest.fixture
 async def proxy() -> AsyncIterator[NeMoGymModelProxy]:
     # Short backoff: retries are exercised with the real curve in their own tests below.
-    limits = ProxyLimits(max_body_bytes=8 * 1024 * 1024, retry_backoff=0.01)
+    limits = ProxyLimits(max_body_bytes=8 * 1024 * 1024, retry=RetryPolicy(base=0.01))
     async with NeMoGymModelProxy(limits=limits) as p:
         yield p
 
@@ -618,7 +619,7 @@ async def test_a_4xx_that_is_not_transient_is_never_retried(http, status):
 
 
 async def test_a_retry_after_beyond_the_cap_is_not_waited_for(http):
-    limits = ProxyLimits(max_retry_after=0.5)
+    limits = ProxyLimits(retry=RetryPolicy(max_retry_after=0.5))
     async with scripted_route(limits, retry_after="30") as (policy, proxy, route):
         got, _ = await post(http, proxy, ask(proxy, route, "[fault:429] weather?"))
     assert got == 429 and len(policy.calls) == 1 and route.failure is not None

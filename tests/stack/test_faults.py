@@ -34,10 +34,10 @@ from helpers import (
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
+from verifiers_nemogym.backends import PrivateStack
 from verifiers_nemogym.env import NeMoGymEnv
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
-from verifiers_nemogym.stacks import PrivateStack
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"

@@ -24,12 +24,12 @@ import verifiers.v1 as vf
 from helpers import error_text, gone, model_context, run_tag, train_context
 
 import nemo_gym_env
+from verifiers_nemogym.backends import PrivateStack, SharedStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
-from verifiers_nemogym.stacks import PrivateStack, SharedStack
 
 EQUAL, NOT_EQUAL = "A [[A=B]]", "B [[A!=B]]"
 JUDGE_ENVS = ["equivalence_llm_judge", "simpleqa"]
@@ -170,7 +170,7 @@ async def test_the_judge_key_reaches_no_process_config_log_or_trace(
 
 
 async def _status(env: Any) -> dict[str, Any]:
-    from verifiers_nemogym.nemo.shared import request
+    from verifiers_nemogym.nemo.lease import request
 
     return await request(env.stack.lease.directory, {"op": "status"})
 

@@ -28,7 +28,7 @@ from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
 
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
@@ -83,12 +83,12 @@ def env_config(rows: Path, grace: float = GRACE) -> dict[str, Any]:
 
 def stack_directory(nemo_venv: NeMoGymVenv) -> Path:
     paths = Catalog(nemo_venv).env(ENV).config_paths
-    return shared.stack_dir(shared.stack_key(nemo_venv, paths))
+    return attach.stack_dir(attach.stack_key(nemo_venv, paths))
 
 
 async def status(nemo_venv: NeMoGymVenv) -> dict[str, Any] | None:
     try:
-        return await shared.request(stack_directory(nemo_venv), {"op": "status"})
+        return await lease.request(stack_directory(nemo_venv), {"op": "status"})
     except StackError:
         return None
 
@@ -217,7 +217,7 @@ async def test_env_server_pools_share_one_stack(
     # The test holds a lease of its own between the two pools (a pool takes longer than the
     # grace to spawn its workers on a loaded machine), as a persistent `stack up` would.
     paths = Catalog(nemo_venv).env(ENV).config_paths
-    holder = await shared.attach_or_start(
+    holder = await attach.attach_or_start(
         nemo_venv,
         paths,
         proxy_url="http://127.0.0.1:9",  # never called: no rollout carries its secret
@@ -427,12 +427,12 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         if watch._task is not None and not watch._task.done():
             await watch.stop()
         if await status(nemo_venv) is not None:
-            await shared.take_down(stack_directory(nemo_venv))
+            await attach.take_down(stack_directory(nemo_venv))
 
 
 def _host_pids(directory: Path) -> list[int]:
     """The stack host processes of `directory` (their children carry the marker too)."""
-    pids = processes_with_env(f"{shared.HOST_ENV_VAR}={directory.name}")
+    pids = processes_with_env(f"{lease.HOST_ENV_VAR}={directory.name}")
     return [p for p in pids if b"verifiers_nemogym.nemo.host" in _cmdline(p)]
 
 
@@ -446,10 +446,10 @@ def _cmdline(pid: int) -> bytes:
 STARTER = """
 import asyncio, json, sys
 from pathlib import Path
-from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo import attach
 from verifiers_nemogym.nemo.venv import ensure_venv
 paths = [Path(p) for p in json.loads(sys.argv[1])]
-asyncio.run(shared.attach_or_start(
+asyncio.run(attach.attach_or_start(
     ensure_venv(), paths, proxy_url="http://127.0.0.1:9", proxy_secret="s" * 32,
     idle_timeout=float(sys.argv[2]), start_timeout=600,
 ))
@@ -470,14 +470,14 @@ async def test_starter_sigkilled_mid_start_leaves_its_host_to_the_next_user(
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER, json.dumps([str(p) for p in paths]), str(GRACE)], env=env
     )
-    lease = None
+    held = None
     try:
         await wait_for(lambda: _true_after(bool(_host_pids(directory))), 120, "a host to spawn")
         (host_pid,) = _host_pids(directory)
         starter.kill()  # SIGKILL: the stack lock drops, the host is not told
         starter.wait()
         assert await status(nemo_venv) is None, "the stack was up before the starter was killed"
-        lease = await shared.attach_or_start(
+        held = await attach.attach_or_start(
             nemo_venv,
             paths,
             proxy_url="http://127.0.0.1:9",
@@ -485,7 +485,7 @@ async def test_starter_sigkilled_mid_start_leaves_its_host_to_the_next_user(
             idle_timeout=GRACE,
             start_timeout=600,
         )
-        assert (lease.host_pid, lease.started) == (host_pid, False)
+        assert (held.host_pid, held.started) == (host_pid, False)
         await wait_for(lambda: _users_are(nemo_venv, 1), 10, "this test as the only user")
         await watch.stop()
         assert watch.max_tagged["ng_run"] == 1, watch
@@ -495,6 +495,6 @@ async def test_starter_sigkilled_mid_start_leaves_its_host_to_the_next_user(
         if starter.poll() is None:
             starter.kill()
             starter.wait()
-        if lease is not None:
-            await lease.close()
+        if held is not None:
+            await held.close()
     assert await gone(tag, GRACE + TEARDOWN_S) == []

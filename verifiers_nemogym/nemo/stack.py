@@ -34,8 +34,10 @@ from typing import IO, Any
 
 import aiohttp
 
-from verifiers_nemogym.bridge.judge import Judge, JudgeRelay
 from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.judge.blame import JudgeFailure
+from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.judge.relay import JudgeRelay
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     POLICY_INSTANCE,
@@ -77,6 +79,9 @@ _CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
 # A resources server may restrict which model-server types its agents may use (NeMo Gym 0.7).
 _ALLOWED_MODEL_TYPES = "allowed_model_types"
+CHECK_ALIVE_INTERVAL = 2.0
+"""Seconds between `check_alive` calls of whoever watches a running stack (its owner, or a
+shared stack's host)."""
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
 # What death and stop paths read of the stack log: its end. The log of a long run is unbounded.
@@ -164,7 +169,7 @@ class NeMoGymStack:
     """NeMo Gym servers for `config_paths`, with `policy_model` served by the proxy at
     `policy_host:policy_port` (which must answer `GET /` and `POST /v1/responses`). With a
     `judge`, every judge reference of the configs is served by that judge through a relay this
-    stack runs (`bridge/judge.py`, checked at start; `judge_key` never reaches NeMo Gym)."""
+    stack runs (`judge/relay.py`, checked at start; the judge's key never reaches NeMo Gym)."""
 
     def __init__(
         self,
@@ -177,8 +182,7 @@ class NeMoGymStack:
         start_timeout: float = 600,
         fast_start: bool = True,
         judge: Judge | None = None,
-        judge_key: str | None = None,
-        on_judge_failure: Callable[[str, str], None] | None = None,
+        on_judge_failure: Callable[[JudgeFailure], None] | None = None,
         log: logging.Logger = logger,
     ) -> None:
         if not config_paths:
@@ -196,7 +200,7 @@ class NeMoGymStack:
         self.log = log
         self.judge = judge
         self.relay: JudgeRelay | None = (
-            JudgeRelay(judge, judge_key, on_failure=on_judge_failure) if judge else None
+            JudgeRelay(judge, on_failure=on_judge_failure) if judge else None
         )
         """The judge relay while started (its `stats` and `status`), when there is a judge."""
         self._own_workdir = workdir is None
@@ -288,8 +292,8 @@ class NeMoGymStack:
             self.command, extra, head_port, warm=warm, deadline=deadline
         )
         env = self.venv.env(self._ray_tmpdir) | private_ray_auth(self._ray_tmpdir)
-        if self.judge is not None and self.judge.key_var:
-            env.pop(self.judge.key_var, None)  # the relay holds the key; NeMo Gym never does
+        if self.judge is not None:
+            env = self.judge.scrubbed(env)  # the relay holds the key; NeMo Gym never does
         if self.fast_start:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
             # connects; NeMo Gym's drivers start workers on demand if they ever run a task.

@@ -49,13 +49,14 @@ from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.nemo import lease
+from verifiers_nemogym.nemo import supervisor as procs
 from verifiers_nemogym.nemo.lease import HOST_ENV_VAR, HostSpec, check_idle_timeout, request
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.util import (
     acquire_flock,
     cache_root,
     open_nofollow,
-    pid_alive,
+    poll_until,
     private_dir,
     try_flock,
 )
@@ -424,25 +425,16 @@ def host_processes() -> dict[Path, int]:
     on their socket (starting, wedged, or a socket lost)."""
     found: dict[Path, int] = {}
     root = stacks_root().absolute()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
+    for pid in procs.pids():
+        if procs.uid_of(pid) != os.getuid() or procs.env_value(pid, HOST_ENV_VAR) is None:
             continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid != os.getuid():
-                continue
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                environ = handle.read().split(b"\0")
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                argv = handle.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not any(entry.startswith(f"{HOST_ENV_VAR}=".encode()) for entry in environ):
-            continue  # the host's children inherit the marker, but run other programs
+        argv = procs.argv_of(pid)
+        # The host's children inherit the marker, but run other programs.
         if lease.HOST_MODULE not in argv or "--dir" not in argv[:-1]:
             continue
         directory = Path(argv[argv.index("--dir") + 1]).absolute()
         if directory.parent == root:
-            found[directory] = int(name)
+            found[directory] = pid
     return found
 
 
@@ -513,9 +505,6 @@ async def take_down(directory: Path, timeout: float = 60, pid: int | None = None
     else:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)  # the host stops its stack (or its start) first
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            raise StackError(f"the NeMo Gym stack host (pid {pid}) did not stop in {timeout:g} s")
-        await asyncio.sleep(0.2)
+    if not await poll_until(lambda: not procs.alive(pid), time.monotonic() + timeout, 0.2):
+        raise StackError(f"the NeMo Gym stack host (pid {pid}) did not stop in {timeout:g} s")
     return pid

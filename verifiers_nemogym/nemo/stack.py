@@ -51,10 +51,16 @@ from verifiers_nemogym.nemo.catalog import (
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
+from verifiers_nemogym.nemo.supervisor import (
+    MARKER_ENV_VAR,
+    cwd_of,
+    pids,
+    processes_with_env,
+    signal_with_env,
+)
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, private_ray_auth
 from verifiers_nemogym.net import free_port
-from verifiers_nemogym.util import acquire_flock, try_flock, uv_cache_dir
+from verifiers_nemogym.util import acquire_flock, poll_until, try_flock, uv_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +143,7 @@ def prune_stale_workdirs(
             if now - touched < older_than:
                 continue
             if in_use is None:
-                in_use = _process_cwds()
+                in_use = {cwd for pid in pids() if (cwd := cwd_of(pid)) is not None}
             real = path.resolve()  # /proc names cwds by their real path
             if any(cwd == real or real in cwd.parents for cwd in in_use):
                 continue
@@ -153,16 +159,6 @@ def prune_stale_workdirs(
         log.info("removed a stale NeMo Gym stack folder: %s", path)
         removed.append(path)
     return removed
-
-
-def _process_cwds() -> set[Path]:
-    """The working folders of the processes this user may inspect."""
-    found: set[Path] = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):
-                found.add(Path(os.readlink(f"/proc/{name}/cwd")))
-    return found
 
 
 class NeMoGymStack:
@@ -676,11 +672,14 @@ class NeMoGymStack:
             ]
         if not refusing:
             return
-        deadline = time.monotonic() + _DIED_LINE_WAIT
-        while not self._log_tells_first_dead(refusing) and time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
-            if (code := self._proc.poll()) is not None:
-                raise StackError(self._death_message(code))
+        proc = self._proc
+        await poll_until(
+            lambda: proc.poll() is not None or self._log_tells_first_dead(refusing),
+            time.monotonic() + _DIED_LINE_WAIT,
+            0.25,
+        )
+        if (code := proc.poll()) is not None:
+            raise StackError(self._death_message(code))
         if (name := self._died_first()) is not None:
             raise StackError(
                 f"NeMo Gym server {name!r} died (NeMo Gym: process finished unexpectedly)"
@@ -719,20 +718,16 @@ class NeMoGymStack:
         if self._started and self.fast_start:
             # Signalled before its ready line, ng_run skips its graceful shutdown of the servers
             # (the teardown would still kill them): give it its last readiness poll.
-            until = time.monotonic() + 4
-            while (
-                self._proc is not None
-                and self._proc.poll() is None
-                and not self._saw_ready_line()
-                and time.monotonic() < until
-            ):
-                await asyncio.sleep(0.1)
+            proc = self._proc
+            await poll_until(
+                lambda: proc is None or proc.poll() is not None or self._saw_ready_line(),
+                time.monotonic() + 4,
+                0.1,
+            )
         self._request_stop()
         proc = self._proc
         if proc is not None:
-            deadline = time.monotonic() + _STOP_TIMEOUT
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            await poll_until(lambda: proc.poll() is not None, time.monotonic() + _STOP_TIMEOUT, 0.1)
             if proc.poll() is None:
                 self.log.warning("NeMo Gym supervisor did not exit in time; killing it")
                 proc.kill()
@@ -759,11 +754,12 @@ class NeMoGymStack:
 
     async def _sweep(self) -> list[int]:
         """Kill whatever still carries our marker (normally nothing: the supervisor did it)."""
-        deadline = time.monotonic() + 5
         entry = f"{MARKER_ENV_VAR}={self.marker}"
-        while True:
-            alive = processes_with_env(entry)
-            if not alive or time.monotonic() > deadline:
-                return alive
-            signal_with_env(alive, entry, signal.SIGKILL)  # by pidfd: never a reused PID
-            await asyncio.sleep(0.2)
+
+        def gone() -> bool:
+            if alive := processes_with_env(entry):
+                signal_with_env(alive, entry, signal.SIGKILL)  # by pidfd: never a reused PID
+            return not alive
+
+        await poll_until(gone, time.monotonic() + 5, 0.2)
+        return processes_with_env(entry)

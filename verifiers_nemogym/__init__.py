@@ -30,6 +30,7 @@ _EXPORTS = {
     "NeMoGymTaskConfig": "taskset",
     "NeMoGymTaskset": "taskset",
     "NeMoGymTasksetConfig": "taskset",
+    "follow_verifiers_logging": "logs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,6 +12,7 @@ import aiohttp
 import pydantic_core
 import pytest
 from aiohttp import web
+from helpers import until
 from openai.types.responses import Response
 
 from verifiers_nemogym.bridge import redact
@@ -439,14 +440,17 @@ async def test_train_route_carries_responses_calls_as_chat(proxy, upstream, http
 
 
 class SlowUpstream:
-    """An endpoint that answers after `delay` seconds, or never (`delay` None); counts the
-    calls it saw end without answering (their client went away)."""
+    """An endpoint that answers after `delay` seconds, or never (`delay` None); tells when a
+    call came in (`received`) and when one ended without an answer (`abandoned`: its client
+    went away)."""
 
     def __init__(self, delay: float | None) -> None:
         self.delay = delay
+        self.received = asyncio.Event()
         self.abandoned = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
+        self.received.set()
         try:
             await asyncio.sleep(self.delay if self.delay is not None else 3600)
         except asyncio.CancelledError:
@@ -510,7 +514,7 @@ async def test_closing_a_route_cancels_its_calls_still_upstream(http):
     async with slow_upstream(None) as (up, endpoint), NeMoGymModelProxy() as proxy:
         route = proxy.open_route(endpoint, "s")
         pending = asyncio.ensure_future(post(http, proxy, body(proxy, route)))
-        await asyncio.sleep(0.5)  # the call is upstream now
+        await asyncio.wait_for(up.received.wait(), 10)  # the call is upstream now
         assert len(route.inflight) == 1
         await proxy.close_route(route)
         await asyncio.wait_for(up.abandoned.wait(), 2)  # the endpoint saw the call go away
@@ -628,7 +632,8 @@ async def test_a_retry_after_beyond_the_cap_is_not_waited_for(http):
 async def test_closing_the_route_cancels_a_retry_waiting_for_its_backoff(http):
     async with scripted_route(retry_after="30") as (policy, proxy, route):
         pending = asyncio.ensure_future(post(http, proxy, ask(proxy, route, "[fault:429] w?")))
-        await asyncio.sleep(0.5)  # the first 429 is in; the proxy waits 30 s to retry
+        # The first 429 is in: the proxy counts the retry, then waits 30 s for it.
+        await until(lambda: route.retries == 1, 10, "the proxy to wait for its retry")
         assert len(policy.calls) == 1 and len(route.inflight) == 1
         await proxy.close_route(route)  # the rollout's deadline
         status, reply = await asyncio.wait_for(pending, 2)

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import until
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError, StackError
 from verifiers_nemogym.nemo import attach, lease
@@ -48,6 +49,8 @@ class FakeStack:
     """Stands in for `NeMoGymStack` inside the host: starts in START_S, never dies."""
 
     ids = itertools.count(1)
+    began: asyncio.Event
+    """Set when a fake stack starts (a fresh event per test, see the `hosts` fixture)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.marker = f"host{next(self.ids)}"
@@ -57,6 +60,7 @@ class FakeStack:
         self.relay = None  # no judge
 
     async def start(self) -> None:
+        self.began.set()
         await asyncio.sleep(START_S)
         self.agents = {"agent": "http://127.0.0.1:1"}
         self.run_urls = dict(self.agents)
@@ -122,6 +126,7 @@ async def hosts(monkeypatch: pytest.MonkeyPatch, cache: Path) -> AsyncIterator[l
     """Every host the test's users spawn (in-process, fake stack); all stopped at the end."""
     spawned: list[InProcessHost] = []
     monkeypatch.setattr(host_module, "NeMoGymStack", FakeStack)
+    monkeypatch.setattr(FakeStack, "began", asyncio.Event(), raising=False)
     monkeypatch.setattr(
         attach, "spawn_host", lambda d, s, lock, *_: InProcessHost(d, s, lock, spawned)
     )
@@ -164,14 +169,6 @@ async def join(configs: list[Path], idle: float = 0.3, who: str = "u") -> attach
     )
 
 
-async def until(predicate: Any, seconds: float, what: str) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not within {seconds} s: {what}")
-
-
 def directory_of(configs: list[Path]) -> Path:
     return attach.stack_dir(attach.stack_key(VENV, configs))
 
@@ -191,9 +188,9 @@ async def test_cancelled_starter_never_leads_to_two_hosts(
 ):
     async with most_running(hosts) as samples:
         a = asyncio.create_task(join(configs, who="A"))
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(FakeStack.began.wait(), 10)  # A's host is starting its stack
         b = asyncio.create_task(join(configs, who="B"))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # B asks for the stack lock, which A holds
         assert hosts and not running(hosts)[0].host.claimed  # its fake stack takes START_S
         a.cancel()  # mid-start of the host A spawned; B is waiting on the stack lock
         lease_b = await asyncio.wait_for(b, 10)

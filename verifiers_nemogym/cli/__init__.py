@@ -14,7 +14,8 @@ nemo-gym-env stack status [--json]                        the shared stacks runn
 nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
 
 The commands' printing, logging set-up and exit statuses live here (and in `local_eval.py`,
-`serve.py`, `logs.py`); the library below never prints, parses arguments or exits.
+`serve.py`, `logs.py`); the library below never prints, parses arguments or exits, except the
+two programs it starts as processes of their own (`nemo/host.py`, `nemo/supervisor.py`).
 """
 
 from __future__ import annotations

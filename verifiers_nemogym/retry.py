@@ -1,11 +1,9 @@
 """RetryPolicy: the one statement of how the package retries a call that failed transiently.
 
-Contract: `RetryPolicy()` is the OpenAI SDK's curve, which both of the package's retrying
-clients follow: the model proxy (`bridge/proxy.py`, retrying for the harness's SDK) and the
-judge relay (`judge/relay.py`). A call is tried `retries + 1` times at most; before retry n
-(0-based) it waits `base * 2**n`, capped at `cap`, shortened by up to 25 % at random, or the
-`Retry-After` the answer asked for. What differs between the two users is stated by the
-judge relay's `JUDGE_RETRY` (and why), never by a curve of its own.
+Contract: `RetryPolicy()` is the OpenAI SDK's curve, followed by the model proxy and the judge
+relay: at most `retries + 1` tries; before retry n (0-based) `base * 2**n` s, capped at `cap`,
+less up to 25 % at random, or the `Retry-After` the answer asked for. Where the judge relay
+differs, `judge/relay.py`'s `JUDGE_RETRY` says so and why.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ async def test_host_never_unlinks_a_socket_it_did_not_bind(
 ):
     held = await join(configs)
     (proc,) = hosts
-    path = lease.socket_path(held.directory)
+    path = held.directory / lease.SOCKET
     # Another socket now sits at the path (as a second host's would).
     path.unlink()
     other = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(path))
@@ -249,7 +249,7 @@ async def test_host_refuses_to_bind_over_an_answering_socket(
     hosts: list[InProcessHost], configs: list[Path]
 ):
     directory = made_directory(configs)
-    path = lease.socket_path(directory)
+    path = directory / lease.SOCKET
     other = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(path))
     inode = path.stat().st_ino
     spec = attach.host_spec(VENV, configs, 0.3, 30)
@@ -282,7 +282,7 @@ async def test_unclaimed_host_stops_by_itself(
     directory = made_directory(configs)
     spec = attach.host_spec(VENV, configs, None, 30, persistent=True)
     await asyncio.wait_for(StackHost(VENV, directory, spec).run(), START_S + 5)
-    assert not lease.socket_path(directory).exists()
+    assert not (directory / lease.SOCKET).exists()
 
 
 async def test_lease_close_ends_the_lease_while_a_forked_copy_holds_the_socket(
@@ -303,7 +303,7 @@ async def test_host_drops_a_connection_that_says_nothing(
 ):
     monkeypatch.setattr(host_module, "FIRST_MESSAGE_TIMEOUT", 0.3, raising=False)
     held = await join(configs, idle=30)
-    reader, writer = await asyncio.open_unix_connection(lease.socket_path(held.directory))
+    reader, writer = await asyncio.open_unix_connection(held.directory / lease.SOCKET)
     try:
         assert await asyncio.wait_for(reader.read(), 3) == b""
     finally:
@@ -379,7 +379,7 @@ async def test_open_stack_folder_is_refused_before_any_hello(
 ):
     directory = directory_of(configs)
     directory.mkdir(parents=True)
-    async with recording_host(lease.socket_path(directory)) as got:
+    async with recording_host(directory / lease.SOCKET) as got:
         (directory if folder == "stack" else cache).chmod(0o777)
         with pytest.raises(ConfigError, match=r"writable.*VF_NEMOGYM_CACHE") as caught:
             await join(configs)
@@ -393,7 +393,7 @@ async def test_stack_folder_of_another_uid_is_refused_before_any_hello(
 ):
     directory = directory_of(configs)
     directory.mkdir(parents=True, mode=0o700)
-    async with recording_host(lease.socket_path(directory)) as got:
+    async with recording_host(directory / lease.SOCKET) as got:
         os.chown(directory, NOBODY, NOBODY)
         with pytest.raises(ConfigError, match=f"owned by uid {NOBODY}"):
             await join(configs)
@@ -452,7 +452,7 @@ async def test_lease_refuses_a_host_of_another_uid(
     for folder in (cache, directory.parent):
         folder.chmod(0o755)  # nobody can reach the stack folder...
     directory.chmod(0o777)  # ...and, for the moment, bind in it
-    path = lease.socket_path(directory)
+    path = directory / lease.SOCKET
     fake = await asyncio.create_subprocess_exec(
         *as_nobody("-c", FAKE_HOST, str(path)), stdout=asyncio.subprocess.PIPE
     )
@@ -488,7 +488,7 @@ async def test_host_refuses_a_user_of_another_uid(
     hosts: list[InProcessHost], configs: list[Path], cache: Path
 ):
     held = await join(configs, idle=30)
-    path = lease.socket_path(held.directory)
+    path = held.directory / lease.SOCKET
     for folder in (cache, held.directory.parent, held.directory):
         folder.chmod(0o711)  # the socket reachable by nobody: only the uid check is left
     path.chmod(0o777)

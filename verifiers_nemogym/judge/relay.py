@@ -1,22 +1,16 @@
 """The judge relay: the one door NeMo Gym's judge calls go through to the judge a user named.
 
 Contract: `JudgeRelay(judge)` is a loopback aiohttp server with a random per-stack bearer
-`token`. It answers NeMo Gym's readiness poll (`GET /`), lists the judge's model
-(`GET /v1/models`) and forwards `POST /v1/responses` and `POST /v1/chat/completions` to the
-judge's `base_url` with the judge's key (`Judge.key`), which therefore never enters NeMo Gym's
-config, command lines or environment (NeMo Gym's judge block holds the relay's address and
-token instead).
-
-- A call without the token is 401 before its body is read.
-- Transient judge failures (connection errors, the statuses `JUDGE_RETRY` retries, a 200 whose
-  body is not JSON) are retried as `JUDGE_RETRY` says; a judge that still fails, or any other
-  4xx, is answered with 424 and the judge's (redacted) message: a status NeMo Gym's client does
-  not retry (it retries 429 and 5xx without end), so the rollout whose `/verify` asked becomes
-  an error within a bounded time.
-- `stats` counts calls, failures and tokens (NeMo Gym's judge calls carry no rollout, so these
-  are per stack); every failed call becomes a `JudgeFailure`, kept in `status` (`JudgeStatus`,
-  which charges it to a rollout) and handed to `on_failure`; `preflight()` checks at start that
-  the judge answers and takes the key.
+`token`. It answers NeMo Gym's readiness poll (`GET /`), lists the judge's model and forwards
+`POST /v1/responses` and `/v1/chat/completions` to the judge with its key (`Judge.key`), which
+so never enters NeMo Gym's config, command lines or environment. A call without the token is
+401 before its body is read. Transient failures (no answer, a status `JUDGE_RETRY` retries, a
+200 that is not JSON) are retried as `JUDGE_RETRY` says; a judge that still fails, or any other
+4xx, is answered 424 with the judge's (redacted) message: NeMo Gym's client does not retry it
+(it retries 429 and 5xx without end), so the rollout whose `/verify` asked becomes an error in
+bounded time. `stats` counts calls, failures and tokens per stack; each failed call becomes a
+`JudgeFailure`, kept in `status` and handed to `on_failure`; `preflight()` checks at start that
+the judge answers and takes the key.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def check_stack_dir(directory: Path) -> None:
     private_dir(cache_root())
     private_dir(directory.parent)
     private_dir(directory)
-    path = lease.socket_path(directory)
+    path = directory / lease.SOCKET
     if len(os.fsencode(path)) > lease.SOCKET_PATH_MAX:
         raise StackError(
             f"the shared stack socket path {path} is longer than {lease.SOCKET_PATH_MAX} bytes; "
@@ -128,7 +128,7 @@ def spawn_if_no_host(
     """Under the stack lock: a new host for `directory` if none runs (None if one does). The
     new host inherits our flock on `host.lock` (the same open file), so there is no moment in
     which the lock is free while it starts, even if we are killed right after."""
-    handle = try_flock(lease.host_lock_path(directory))
+    handle = try_flock(directory / lease.HOST_LOCK)
     if handle is None:
         return None
     with handle:
@@ -141,13 +141,13 @@ async def stack_lock(directory: Path, deadline: float, what: str) -> AsyncIterat
     The folder is checked first (`check_stack_dir`)."""
     check_stack_dir(directory)
     try:
-        handle = await acquire_flock(lease.lock_path(directory), deadline)
+        handle = await acquire_flock(directory / lease.LOCK, deadline)
     except TimeoutError:
         raise StackError(
-            f"timed out waiting for the shared stack lock {lease.lock_path(directory)} ({what})"
+            f"timed out waiting for the shared stack lock {directory / lease.LOCK} ({what})"
         ) from None
     except OSError as e:  # e.g. ELOOP: `lock` is a symlink, which is never followed
-        path = lease.lock_path(directory)
+        path = directory / lease.LOCK
         raise StackError(f"cannot open the shared stack lock {path}: {e}") from None
     try:
         yield
@@ -218,7 +218,7 @@ async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Leas
     """A lease from the host listening in `directory`, or None if none answers in
     `LEASE_ANSWER_TIMEOUT` s (or it is shutting down). StackError, before the secret is sent,
     if the listener is another user's."""
-    path = lease.socket_path(directory)
+    path = directory / lease.SOCKET
     if not path.exists():
         return None
     try:
@@ -279,9 +279,9 @@ def spawn_host(
     lock and `host_lock` (`host.lock`, flocked), which the host inherits and keeps for its life;
     the host itself removes a dead host's socket. The judge's secrets (`lease.host_secrets`) go
     to the host on its stdin (one JSON line), never in its arguments or environment."""
-    log_path = lease.log_path(directory)
+    log_path = directory / lease.LOG
     with contextlib.suppress(FileNotFoundError):
-        os.replace(log_path, lease.previous_log_path(directory))
+        os.replace(log_path, directory / lease.PREVIOUS_LOG)
     env = {**os.environ, HOST_ENV_VAR: directory.name}
     if judge is not None:
         env = judge.scrubbed(env)
@@ -316,7 +316,7 @@ def spawn_host(
 
 def _log_tail(directory: Path, n: int = 30) -> str:
     try:
-        lines = lease.log_path(directory).read_text(errors="replace").splitlines()
+        lines = (directory / lease.LOG).read_text(errors="replace").splitlines()
     except OSError:
         return ""
     return "\n".join(lines[-n:])
@@ -345,14 +345,14 @@ async def _host_or_start(
         if proc is not None and (code := proc.poll()) is not None:
             raise StackError(
                 f"the shared NeMo Gym stack host exited with status {code} before it was ready; "
-                f"log tail ({lease.log_path(directory)}):\n{_log_tail(directory)}"
+                f"log tail ({directory / lease.LOG}):\n{_log_tail(directory)}"
             )
         if proc is None and (proc := spawn_if_no_host(directory, spec, judge)) is not None:
             log.info(
                 "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
                 proc.pid,
                 ", ".join(Path(p).name for p in spec.config_paths),
-                lease.log_path(directory),
+                directory / lease.LOG,
             )
         elif proc is None and not waiting_logged:
             waiting_logged = True
@@ -364,7 +364,7 @@ async def _host_or_start(
                     await asyncio.to_thread(proc.wait, 60)
             raise StackError(
                 f"the shared NeMo Gym stack was not ready in time; log tail "
-                f"({lease.log_path(directory)}):\n{_log_tail(directory)}"
+                f"({directory / lease.LOG}):\n{_log_tail(directory)}"
             )
         await asyncio.sleep(0.2)
 
@@ -446,7 +446,7 @@ async def list_hosts() -> list[HostInfo]:
     processes = host_processes()
     if root.is_dir():
         for directory in sorted(root.iterdir()):
-            if not lease.socket_path(directory).exists():
+            if not (directory / lease.SOCKET).exists():
                 continue
             try:
                 status = await lease.status(directory)

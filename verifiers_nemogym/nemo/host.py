@@ -52,7 +52,7 @@ async def claim_host_lock(directory: Path) -> IO[str]:
     """`directory/host.lock`, exclusively flocked for the caller's whole life (closing it, or
     dying, releases it): the one host of the stack. StackError if another host holds it."""
     try:
-        path = lease.host_lock_path(directory)
+        path = directory / lease.HOST_LOCK
         return await acquire_flock(path, time.monotonic() + HOST_LOCK_WAIT)
     except TimeoutError:
         raise StackError(f"another stack host runs for {directory}; this one exits") from None
@@ -145,7 +145,7 @@ class StackHost:
         """The listening socket at `host.sock`. A leftover file is a dead host's (we hold
         `host.lock`), removed, unless something answers on it: then StackError, never a bind
         over a live socket (asyncio's own bind would silently remove it)."""
-        path = lease.socket_path(self.directory)
+        path = self.directory / lease.SOCKET
         if path.exists() or path.is_symlink():
             if _socket_accepts(path):
                 raise StackError(f"something else answers on {path}; not replacing it")
@@ -184,7 +184,7 @@ class StackHost:
     async def _close_if_still_idle(self) -> bool:
         """Under the flock, so no user can be attaching meanwhile: stop listening if idle."""
         try:
-            handle = try_flock(lease.lock_path(self.directory))
+            handle = try_flock(self.directory / lease.LOCK)
         except OSError:
             return True
         if handle is None:
@@ -205,7 +205,7 @@ class StackHost:
             self._server = None
         if self._bound_inode is None:
             return
-        path = lease.socket_path(self.directory)
+        path = self.directory / lease.SOCKET
         with contextlib.suppress(FileNotFoundError):
             if path.lstat().st_ino == self._bound_inode:
                 path.unlink()
@@ -239,7 +239,7 @@ class StackHost:
             "idle_timeout": self.spec.idle_timeout,
             "persistent": self.spec.persistent,
             "uptime_s": round(time.time() - self.started_at, 1),
-            "log": str(lease.log_path(self.directory)),
+            "log": str(self.directory / lease.LOG),
             "judge": relay.judge.public() if relay is not None else None,
             "judge_stats": relay.stats.summary() if relay is not None else None,
         }

@@ -51,31 +51,12 @@ OP_DOWN = "down"
 EVENT_JUDGE_FAILED = "judge_failed"
 EVENT_DOWN = "down"
 
-
-# ------------------------------------------------------------------------------ the folder
-
-
-def lock_path(directory: Path) -> Path:
-    return directory / "lock"
-
-
-def host_lock_path(directory: Path) -> Path:
-    return directory / "host.lock"
-
-
-def socket_path(directory: Path) -> Path:
-    return directory / "host.sock"
-
-
-def log_path(directory: Path) -> Path:
-    return directory / "host.log"
-
-
-def previous_log_path(directory: Path) -> Path:
-    return directory / "host.log.1"
-
-
-# ------------------------------------------------------------------------------ the host's spec
+# The stack folder's files (see the module doc).
+LOCK = "lock"
+HOST_LOCK = "host.lock"
+SOCKET = "host.sock"
+LOG = "host.log"
+PREVIOUS_LOG = "host.log.1"
 
 
 @dataclass(frozen=True)
@@ -127,9 +108,6 @@ def check_idle_timeout(value: object) -> float | None:
     return seconds
 
 
-# ------------------------------------------------------------------------------ messages
-
-
 def lease_hello(proxy_url: str, proxy_secret: str) -> dict[str, Any]:
     return {"op": OP_LEASE, "pid": os.getpid(), "proxy_url": proxy_url, "secret": proxy_secret}
 
@@ -149,9 +127,6 @@ def down_event(reason: str) -> dict[str, Any]:
 
 def refusal(error: str) -> dict[str, Any]:
     return {"ok": False, "error": error}
-
-
-# ------------------------------------------------------------------------------ the socket
 
 
 def peer_uid(writer: asyncio.StreamWriter) -> int:
@@ -199,7 +174,7 @@ async def connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWrite
 async def request(directory: Path, message: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
     """Send one control message (`OP_STATUS`, `OP_PERSIST`, `OP_DOWN`) to the host in
     `directory`; its answer. StackError if no host (of our uid) listens there."""
-    path = socket_path(directory)
+    path = directory / SOCKET
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await connect(path)

@@ -51,6 +51,7 @@ from verifiers_nemogym.nemo.catalog import (
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
+from verifiers_nemogym.nemo.release import version_tuple
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
     cwd_of,
@@ -97,11 +98,6 @@ WORKDIR_PREFIX = "vf-nemogym-stack-"
 # Held (flock) by the stack that created the workdir from creation to stop.
 _WORKDIR_LOCK = ".in-use"
 STALE_WORKDIR_SECONDS = 24 * 3600.0
-
-
-def _version_at_least(version: str, floor: tuple[int, int]) -> bool:
-    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
-    return parts >= floor
 
 
 def _also_down(refusing: list[str], named: str) -> str:
@@ -208,7 +204,7 @@ class NeMoGymStack:
         (`catalog.run_targets`): the environment server fronting it (NeMo Gym >= 0.7), else the
         agent itself."""
         self.head_url = ""
-        self.gym_07 = _version_at_least(venv.nemo_gym_version, (0, 7))
+        self.gym_07 = version_tuple(venv.nemo_gym_version) >= (0, 7)
         """NeMo Gym >= 0.7: `gym env start`, `server_spinup_timeout_seconds`, head `/readyz`,
         model-type pairing checks, environment servers (all verified on 0.7.0)."""
         self.servers: dict[str, str] = {}

@@ -96,7 +96,6 @@ class JudgeRelay(AppServer):
         self.status = JudgeStatus(judge.public())
         self._on_failure = on_failure
         self._retry = retry
-        self._session: aiohttp.ClientSession | None = None
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=wire.MAX_BODY_BYTES)
@@ -109,21 +108,19 @@ class JudgeRelay(AppServer):
     def _secrets(self) -> list[str]:
         return [self.token, *self.judge.secret_values()]
 
+    def _client_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.judge.timeout, sock_connect=30)
+
     async def start(self) -> None:
         for secret in self._secrets():
             redact.protect(secret)
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.judge.timeout, sock_connect=30)
-        )
         await super().start()
 
     async def stop(self) -> None:
+        started = self._session is not None  # what `start()` protected, once
         await super().stop()
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
-            for secret in self._secrets():
-                redact.forget(secret)
+        for secret in self._secrets() if started else []:
+            redact.forget(secret)
 
     def _headers(self) -> dict[str, str]:
         headers = {**self.judge.headers, "Content-Type": "application/json"}

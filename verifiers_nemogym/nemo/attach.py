@@ -330,8 +330,8 @@ async def _host_or_start(
     log: logging.Logger,
     judge: Judge | None = None,
 ) -> tuple[T, bool]:
-    """Under the stack lock: poll `ready()` until the stack's host gives a value; returns it and
-    whether this call spawned the host.
+    """Under the stack lock: poll `ready()` until the stack's host gives a value (any truthy
+    one); returns it and whether this call spawned the host.
 
     A host is spawned only when none runs (`host.lock` free): one that is still starting or
     answers slowly is waited for, so there is never a second host. A host we spawned that exits
@@ -339,9 +339,11 @@ async def _host_or_start(
     spawned is told to stop, which stops its stack, first)."""
     proc: subprocess.Popen[bytes] | None = None
     waiting_logged = False
-    while True:
+
+    async def attempt() -> T | None:
+        nonlocal proc, waiting_logged
         if (value := await ready()) is not None:
-            return value, proc is not None
+            return value
         if proc is not None and (code := proc.poll()) is not None:
             raise StackError(
                 f"the shared NeMo Gym stack host exited with status {code} before it was ready; "
@@ -357,16 +359,19 @@ async def _host_or_start(
         elif proc is None and not waiting_logged:
             waiting_logged = True
             log.info("waiting for the shared NeMo Gym stack host of %s to answer", directory)
-        if time.monotonic() > deadline:
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)  # it stops its stack before exiting
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    await asyncio.to_thread(proc.wait, 60)
-            raise StackError(
-                f"the shared NeMo Gym stack was not ready in time; log tail "
-                f"({directory / lease.LOG}):\n{_log_tail(directory)}"
-            )
-        await asyncio.sleep(0.2)
+        return None
+
+    value: T | None = await poll_until(attempt, deadline, 0.2)
+    if value is not None:
+        return value, proc is not None
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)  # it stops its stack before exiting
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(proc.wait, 60)
+    raise StackError(
+        f"the shared NeMo Gym stack was not ready in time; log tail "
+        f"({directory / lease.LOG}):\n{_log_tail(directory)}"
+    )
 
 
 async def attach_or_start(

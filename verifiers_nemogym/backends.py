@@ -25,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -56,18 +54,21 @@ class Stack(ABC):
     judge: JudgeStatus | None = None
 
     def __init__(self, run_urls: dict[str, str]) -> None:
+        """Starts watching the stack (`_watch_stack`, first run at the caller's next await, after
+        the subclass's `__init__`): call it on the running event loop."""
         self.run_urls = dict(run_urls)
         self.lost = asyncio.Event()
         self.reason = ""
-        self._watch: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = asyncio.create_task(self._watch_stack())
 
     def _lose(self, reason: str) -> None:
         if not self.lost.is_set():
             self.reason = reason
             self.lost.set()
 
-    def _watch_with(self, watcher: Coroutine[Any, Any, None]) -> None:
-        self._watch = asyncio.create_task(watcher)
+    @abstractmethod
+    async def _watch_stack(self) -> None:
+        """Until the stack is lost (then `_lose` with the reason); cancelled by `close()`."""
 
     async def close(self) -> None:
         if self._watch is not None:
@@ -99,29 +100,7 @@ class PrivateStack(Stack):
         self.marker = process.marker
         self.judge = process.relay.status if process.relay is not None else None
 
-    @classmethod
-    async def start(
-        cls, runtime: NeMoGymVenv, config_paths: list[Path], proxy: NeMoGymModelProxy,
-        start_timeout: float, judge: Judge | None = None,
-    ) -> PrivateStack:  # fmt: skip
-        process = NeMoGymStack(
-            runtime,
-            config_paths,
-            policy_host=proxy.host,
-            policy_port=proxy.port,
-            start_timeout=start_timeout,
-            judge=judge,
-        )
-        try:
-            await process.start()
-        except BaseException:
-            await process.stop()
-            raise
-        stack = cls(process)
-        stack._watch_with(stack._check())
-        return stack
-
-    async def _check(self) -> None:
+    async def _watch_stack(self) -> None:
         # A dead server is reported once, and every rollout fails fast with the reason. The stack
         # is not restarted: a server that died mid-run (out of memory, a crash) would most likely
         # die again, and a restart would hide it.
@@ -152,26 +131,7 @@ class SharedStack(Stack):
         self.marker = lease.marker
         self.judge = lease.judge
 
-    @classmethod
-    async def start(
-        cls, runtime: NeMoGymVenv, config_paths: list[Path], proxy: NeMoGymModelProxy, *,
-        idle_timeout: float, start_timeout: float, judge: Judge | None = None,
-    ) -> SharedStack:  # fmt: skip
-        lease = await attach_or_start(
-            runtime,
-            config_paths,
-            proxy_url=proxy.url,
-            proxy_secret=proxy.secret,
-            idle_timeout=idle_timeout,
-            start_timeout=start_timeout,
-            judge=judge,
-            log=logger,
-        )
-        stack = cls(lease)
-        stack._watch_with(stack._follow())
-        return stack
-
-    async def _follow(self) -> None:
+    async def _watch_stack(self) -> None:
         # The host closes the lease when the stack died, on `stack down`, or when it is killed;
         # its last word is the reason.
         await self.lease.lost.wait()
@@ -202,13 +162,7 @@ class AttachedStack(Stack):
         super().__init__(remote.run_urls)
         self.remote = remote
 
-    @classmethod
-    def watch(cls, remote: RemoteStack) -> AttachedStack:
-        stack = cls(remote)
-        stack._watch_with(stack._check())
-        return stack
-
-    async def _check(self) -> None:
+    async def _watch_stack(self) -> None:
         missed = 0
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
             while missed < REMOTE_MISSES:
@@ -247,13 +201,24 @@ async def open_stack(
     forwarder's). A `judge` (carrying its key, held by the process that runs the stack) serves
     the stack's judge references; it is part of a shared stack's identity."""
     if remote is not None:
-        return AttachedStack.watch(remote)
+        return AttachedStack(remote)
     if shared:
-        return await SharedStack.start(
-            runtime, config_paths, proxy, idle_timeout=idle_timeout,
-            start_timeout=start_timeout, judge=judge,
+        return SharedStack(
+            await attach_or_start(
+                runtime, config_paths, proxy_url=proxy.url, proxy_secret=proxy.secret,
+                idle_timeout=idle_timeout, start_timeout=start_timeout, judge=judge, log=logger,
+            )
         )  # fmt: skip
-    return await PrivateStack.start(runtime, config_paths, proxy, start_timeout, judge)
+    process = NeMoGymStack(
+        runtime, config_paths, policy_host=proxy.host, policy_port=proxy.port,
+        start_timeout=start_timeout, judge=judge,
+    )  # fmt: skip
+    try:
+        await process.start()
+    except BaseException:
+        await process.stop()
+        raise
+    return PrivateStack(process)
 
 
 async def describe_stack_url(

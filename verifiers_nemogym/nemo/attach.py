@@ -1,30 +1,18 @@
 """One NeMo Gym stack per machine for every env process that asks for the same one: the
-client side (an env process's lease, and the `stack up/status/down` commands).
+client side (an env process's lease, and the `stack up/status/down` commands). The protocol
+both ends speak is `nemo/lease.py`; the design is docs/shared-stacks.md.
 
-Design (see docs/shared-stacks.md; the protocol both ends speak is `nemo/lease.py`):
-
-- A stack is identified by its *key*: nemo-gym version, the runtime's Python and venv, the
-  sorted set of NeMo Gym config files (and their contents), and its judge if any (endpoint,
-  model, API and a digest of the key: two judges or two keys never share a stack). Its folder
-  `<cache>/stacks/<key>/` (mode 0700, checked to be ours and private before use) holds the
-  files `nemo/lease.py` names; `host.lock` makes at most one host per key.
-- The *stack host* is a detached process (`nemo/host.py`, run as `python -m`) that owns
-  the `NeMoGymStack` (so the supervisor's teardown applies unchanged) and a small *front*
-  forwarder registered as NeMo Gym's `policy_model`. It never runs rollouts.
-- Each env process (*user*) keeps its own in-process model proxy (per-rollout routes, stop
-  conditions, provider errors stay there) and holds a *lease*: one open connection to
-  `host.sock`, on which it registered its proxy's URL and secret. The front forwards a model call
-  only to the loopback proxy whose secret the call carries (the secret both authenticates and
-  selects the user: rollouts of one user never reach another's proxy, and the user's proxy then
-  routes by route id as before).
-- The kernel closes a lease when its process dies, SIGKILL included. With no lease left the host
-  waits `idle_timeout` seconds, then (under the flock, so no attach can slip in) removes its
-  socket, stops the stack and exits. Persistent stacks (`nemo-gym-env stack up`) use the same
-  host with a longer (or no) idle timeout.
-- `attach_or_start` takes the flock, attaches to a live host or starts one and waits for it:
-  concurrent starts bring up exactly one stack. A host that holds `host.lock` but does not
-  answer yet (starting, or slow) is waited for, never replaced; a host nobody leases within
-  `UNCLAIMED_GRACE` s of being ready (its starter was cancelled or killed) stops by itself.
+- A stack is identified by its *key* (`stack_key`): runtime, config files and their contents,
+  and its judge's identity (two judges or two keys never share a stack).
+- The *stack host* (`nemo/host.py`, a detached process) owns the `NeMoGymStack` and the *front*
+  forwarder NeMo Gym calls as `policy_model`; it never runs rollouts. Each env process (*user*)
+  keeps its own model proxy and holds a *lease* (`Lease`): one open connection to the host's
+  socket, on which it registered its proxy's URL and secret. The kernel closes a lease when its
+  process dies; with no lease left the host waits its idle timeout, then stops.
+- `attach_or_start` takes the stack's flock, leases a live host or starts one and waits for it:
+  concurrent starts bring up exactly one host. A host that holds `host.lock` but does not
+  answer yet is waited for, never replaced; one nobody leases within `UNCLAIMED_GRACE` s of
+  being ready (its starter was cancelled or killed) stops by itself.
 """
 
 from __future__ import annotations

@@ -133,13 +133,20 @@ def uid_of(pid: int) -> int | None:
         return None
 
 
+def _state_and_parent(pid: int) -> tuple[str, int] | None:
+    """`pid`'s state letter (`Z`: a zombie) and parent PID; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            # The command name (field 2) may hold spaces and parentheses: split after the last.
+            state, ppid = handle.read().rsplit(")", 1)[1].split()[:2]
+        return state, int(ppid)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie is not) of this machine."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().split(b") ", 1)[1][:1] != b"Z"
-    except (OSError, IndexError):
-        return False
+    return (found := _state_and_parent(pid)) is not None and found[0] != "Z"
 
 
 def rss_bytes(pid: int) -> int:
@@ -158,13 +165,8 @@ def descendants(root: int) -> dict[int, int]:
     """Live (not zombie) descendants of `root`, each PID with its parent's PID."""
     children: dict[int, list[tuple[int, str]]] = {}
     for pid in pids():
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                # The command name (field 2) may hold spaces and parentheses: split after the last.
-                state, ppid = handle.read().rsplit(")", 1)[1].split()[:2]
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(int(ppid), []).append((pid, state))
+        if (stat := _state_and_parent(pid)) is not None:
+            children.setdefault(stat[1], []).append((pid, stat[0]))
     found: dict[int, int] = {}
     todo = [root]
     while todo:
@@ -217,12 +219,7 @@ def argv_of(pid: int) -> list[str]:
 
 def parent_of(pid: int) -> int:
     """`pid`'s parent PID; 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            # The command name (field 2) may hold spaces and parentheses: split after the last.
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
+    return found[1] if (found := _state_and_parent(pid)) is not None else 0
 
 
 class _Supervisor:

@@ -25,6 +25,7 @@ _EXPORTS = {
     "NeMoGymHarnessConfig": "harness",
     "NeMoGymModelProxy": "bridge.proxy",
     "ProxyLimits": "bridge.proxy",
+    "RetryPolicy": "retry",
     "NeMoGymData": "taskset",
     "NeMoGymTask": "taskset",
     "NeMoGymTaskConfig": "taskset",

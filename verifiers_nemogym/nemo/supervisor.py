@@ -19,11 +19,12 @@ Exit status: the command's exit status, or 0 if it was stopped by the teardown.
 
 Its argument parsing and exit stay here rather than in `verifiers_nemogym.cli`: it is a program
 of its own, run by file path with `python -I`, that must not import the package (or anything
-outside the standard library). For that reason it is also the package's, the tests' and the
-benchmarks' one reader of /proc (the supervisor needs one that imports nothing): `pids`,
-`environ_of`, `env_value`, `argv_of`, `parent_of`, `cwd_of`, `uid_of`, `alive`, `rss_bytes`,
-`processes_with_env` (the scan by an environment entry), `descendants`, and
-`count_stack_programs` (the count of a stack's programs among the processes of a scan).
+outside the standard library). For that reason it is also the package's one reader of /proc (the
+supervisor needs one that imports nothing), which the tests and benchmarks use too (they read
+only a port's owner and CPU time themselves): `pids`, `environ_of`, `env_value`, `argv_of`,
+`parent_of`, `cwd_of`, `uid_of`, `alive`, `rss_bytes`, `processes_with_env` (the scan by an
+environment entry), `descendants`, and `count_stack_programs` (the count of a stack's programs
+among the processes of a scan).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verifiers_nemogym.nemo.supervisor import rss_bytes
 from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
-from verifiers_nemogym.util import rss_bytes
 
 ENV = "example_single_tool_call"
 """The NeMo Gym environment every figure runs (5 example rows, one tool call per rollout)."""

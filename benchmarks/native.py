@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks.common import ENV, ROWS, cpu_s
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
-from verifiers_nemogym.nemo.supervisor import processes_with_marker
+from verifiers_nemogym.nemo.supervisor import argv_of, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 # Lines of ng_run's log that open and close its phases (nemo_gym/cli/env.py, server_utils.py).
@@ -90,10 +90,7 @@ def _kind(pid: int) -> str:
     """Which part of a stack a process is: `ray` (Ray's daemons: GCS, raylet, dashboard and
     its agents, monitors), `servers` (NeMo Gym's server processes), or `ng_run` (ng_run, its
     shell wrappers and our supervisor)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            argv = handle.read().decode(errors="replace").split("\0")
-    except OSError:
+    if not (argv := argv_of(pid)):
         return "ng_run"
     line = " ".join(argv)
     if argv[0].startswith("ray::") or "/ray/" in line or "raylet" in line or "gcs_server" in line:

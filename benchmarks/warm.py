@@ -16,23 +16,23 @@ from pathlib import Path
 
 from benchmarks.common import ENV, IN_FLIGHT, REPEATS, ROWS, timed_vf_eval, vf_eval_command
 from benchmarks.native import collect_rollouts, native_stack
-from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo import attach
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
-# NeMoGymEnv's log line once its stack is open (stacks.SharedStack.describe).
+# NeMoGymEnv's log line once its stack is open (backends.SharedStack.describe).
 _ATTACHED = re.compile(r"attached to shared NeMo Gym stack in ([\d.]+) s")
 
 
 async def bring_up(runtime: NeMoGymVenv) -> None:
     """A persistent shared stack for ENV on `runtime` (not timed)."""
-    await shared.bring_up(runtime, Catalog(runtime).env(ENV).config_paths, idle_timeout=600)
+    await attach.bring_up(runtime, Catalog(runtime).env(ENV).config_paths, idle_timeout=600)
 
 
 async def take_down(runtime: NeMoGymVenv) -> None:
     paths = Catalog(runtime).env(ENV).config_paths
-    await shared.take_down(shared.stack_dir(shared.stack_key(runtime, paths)))
+    await attach.take_down(attach.stack_dir(attach.stack_key(runtime, paths)))
 
 
 async def ours_once(runtime: NeMoGymVenv, policy_url: str) -> tuple[float, float]:

@@ -48,9 +48,14 @@ from verifiers.v1.serve.pool import env_config_data
 
 from benchmarks import warm
 from benchmarks.common import ENV, rss_mb, spawn_policy
-from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import count_stack_programs, processes_with_env
+from verifiers_nemogym.nemo.supervisor import (
+    argv_of,
+    count_stack_programs,
+    descendants,
+    processes_with_env,
+)
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.net import free_port
 
@@ -95,7 +100,7 @@ class Pool:
 
     def worker_pids(self) -> list[int]:
         """The broker's spawned workers (its other child is multiprocessing's tracker)."""
-        return [p for p in _children(self.proc.pid) if "spawn_main" in _cmdline(p)]
+        return [p for p in _children(self.proc.pid) if "spawn_main" in " ".join(argv_of(p))]
 
     def stack_pids(self) -> list[int]:
         """Processes of the pool's tree below its workers: the workers' private stacks."""
@@ -205,7 +210,7 @@ def rss_by_program(pids: list[int]) -> dict[str, float]:
     module), largest first: where a stack's memory goes."""
     totals: dict[str, float] = {}
     for pid in pids:
-        argv = _cmdline(pid).split("\0")
+        argv = argv_of(pid) or [""]
         name = os.path.basename(argv[0])
         if name.startswith("python"):
             rest = [a for a in argv[1:] if a and not a.startswith("-")]
@@ -214,26 +219,8 @@ def rss_by_program(pids: list[int]) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == pid:
-                found.append(int(entry))
-    return found
+    return [child for child, parent in descendants(pid).items() if parent == pid]
 
 
 async def _warm_up(pools: list[Pool], tasks: list[Any], policy_url: str) -> None:
@@ -249,8 +236,8 @@ async def measure(repeats: int) -> dict[str, Any]:
 
     runtime = ensure_venv()
     tasks = list(nemo_gym_env.load_environment(nemo_env=ENV).taskset)
-    key = shared.stack_key(runtime, Catalog(runtime).env(ENV).config_paths)
-    host_entry = f"{shared.HOST_ENV_VAR}={key}"
+    key = attach.stack_key(runtime, Catalog(runtime).env(ENV).config_paths)
+    host_entry = f"{lease.HOST_ENV_VAR}={key}"
     out: dict[str, Any] = {"rps": {}, "shared_stack_rss_mb": [], "worker_rss_mb": {}}
     pools: list[Pool] = []
     shared_pools: list[Pool] = []
@@ -264,7 +251,7 @@ async def measure(repeats: int) -> dict[str, Any]:
                 pools.append(shared_pools[-1])
             watch.start()
             await _warm_up(shared_pools, tasks, url)
-            status = await shared.request(shared.stack_dir(key), {"op": "status"})
+            status = await lease.request(attach.stack_dir(key), {"op": "status"})
             attached = {pid for p in shared_pools for pid in p.worker_pids()}
             if len(attached) != sum(SHARED_WORKERS) or attached - set(status["user_pids"]):
                 raise RuntimeError(f"not every shared worker attached: {attached} vs {status}")

@@ -65,7 +65,7 @@ def session_tag() -> Iterator[str]:
     assert wait_gone(left, 60), f"stack or model processes outlived the tests: {left}"
 
 
-MOVE = "(that is: move it under tests/stack/, whose tests are marked `stack` by their path)"
+MOVE = "move it under tests/stack/, whose tests are marked `stack` by their path"
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def launches(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     async def start_stack(self: NeMoGymStack) -> None:
         seen.stacks.append(self.marker)
         if fast:
-            pytest.fail(f"this test starts a NeMo Gym stack: mark it @pytest.mark.stack\n{MOVE}")
+            pytest.fail(f"this test starts a NeMo Gym stack: {MOVE}")
         await stack_start(self)
 
     def start_model(self: LocalModelServer) -> LocalModelServer:
@@ -90,7 +90,7 @@ def launches(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
         server = model_start(self)  # bad input raises before a server is spawned: allowed
         if fast:
             server.stop()
-            pytest.fail(f"this test starts a model server: mark it @pytest.mark.stack\n{MOVE}")
+            pytest.fail(f"this test starts a model server: {MOVE}")
         return server
 
     monkeypatch.setattr(NeMoGymStack, "start", start_stack)

@@ -1,8 +1,9 @@
 """Helpers shared by the tests (imported by conftest.py and by test modules as `helpers`).
 
-Process checks read /proc through `verifiers_nemogym.nemo.supervisor.processes_with_env`, the
-scan the stack itself uses: every process a stack or a local model server starts carries a
-marker variable in its environment, and so does every descendant of a tagged process.
+Process checks read /proc through `verifiers_nemogym.nemo.supervisor` (`processes_with_env`, the
+scan the stack itself uses): every process a stack or a local model server starts carries a
+marker variable in its environment, and so does every descendant of a tagged process. Waits go
+through `until` (async) and `wait_gone` (blocking), both the package's `util.poll_until`.
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR as STACK_MARKER_VAR
-from verifiers_nemogym.nemo.supervisor import processes_with_env
+from verifiers_nemogym.nemo.supervisor import alive, env_value, processes_with_env
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.local_model import MARKER_ENV_VAR as MODEL_MARKER_VAR
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.util import poll_until, wait_until
 
 if TYPE_CHECKING:
     import verifiers.v1 as vf
@@ -79,16 +83,11 @@ async def run_command(
 def launched_processes(entry: str) -> list[int]:
     """PIDs of live processes carrying `entry` that belong to a NeMo Gym stack or a local model
     server (their environment has the stack's or the model server's marker variable)."""
-    keys = (f"{STACK_MARKER_VAR}=".encode(), f"{MODEL_MARKER_VAR}=".encode())
-    found = []
-    for pid in processes_with_env(entry):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:  # exited meanwhile
-            continue
-        if any(item.startswith(keys) for item in environ):
-            found.append(pid)
-    return found
+    return [
+        pid
+        for pid in processes_with_env(entry)
+        if any(env_value(pid, name) is not None for name in (STACK_MARKER_VAR, MODEL_MARKER_VAR))
+    ]
 
 
 SHARED_STACK_GONE_S = 60.0
@@ -96,33 +95,25 @@ SHARED_STACK_GONE_S = 60.0
 plus the stack's teardown (NeMo Gym's own shutdown, then the supervisor's SIGTERM/SIGKILL)."""
 
 
+async def until(probe: Callable[[], Any], seconds: float, what: str, every: float = 0.1) -> Any:
+    """The tests' one poll: `probe` (a function or coroutine function) until it returns a
+    truthy value, which is returned; an AssertionError naming `what` after `seconds`."""
+    value = await poll_until(probe, time.monotonic() + seconds, every)
+    assert value, f"not within {seconds:g} s: {what}"
+    return value
+
+
 async def gone(entry: str, seconds: float = SHARED_STACK_GONE_S) -> list[int]:
     """Wait (bounded) until no process carries `entry` (`NAME=value` in its environment);
     return the survivors."""
-    deadline = time.monotonic() + seconds
-    while (alive := processes_with_env(entry)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    return alive
+    await poll_until(lambda: not processes_with_env(entry), time.monotonic() + seconds, 0.5)
+    return processes_with_env(entry)
 
 
 def wait_gone(pids: list[int] | int, seconds: float) -> bool:
     """Block (bounded) until every PID in `pids` has exited (zombies count as exited)."""
-    deadline = time.monotonic() + seconds
     pids = [pids] if isinstance(pids, int) else pids
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-            except OSError:
-                continue
-            if state != "Z":
-                alive.append(pid)
-        if not alive:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
+    return wait_until(lambda: not any(map(alive, pids)), time.monotonic() + seconds, 0.2)
 
 
 def server_pid(port: int) -> int:
@@ -242,6 +233,17 @@ def error_text(episode: vf.Episode) -> str:
     messages = [e.message for e in episode.errors]
     messages += [e.message for t in episode.traces for e in t.errors]
     return " | ".join(messages)
+
+
+PLACEHOLDER_CONFIG = Path("/nonexistent/vf_external_model.yaml")
+"""A policy placeholder config path for start commands that are built, never run."""
+
+
+def unstarted_stack(venv: Any, configs: list[Path], timeout: float = 300) -> NeMoGymStack:
+    """A `NeMoGymStack` for `configs` whose start command is read, never started."""
+    return NeMoGymStack(
+        venv, configs, policy_host="127.0.0.1", policy_port=9, start_timeout=timeout
+    )
 
 
 VERSIONS = ["0.4.0", "0.7.0-below-floor"]

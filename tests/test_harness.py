@@ -17,9 +17,9 @@ from aiohttp import web
 from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError
 from verifiers_nemogym.harness import _post_run, record
-from verifiers_nemogym.live import LiveStack
 from verifiers_nemogym.net import serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.taskset import parse_row
@@ -70,7 +70,7 @@ async def _run(
         MODEL_URL.clear()
         if model_call:
             MODEL_URL["model"] = proxy.url
-        live = LiveStack(proxy=proxy, run_urls={"a": url}, http=http, run_timeout=30)
+        live = RolloutContext(proxy=proxy, run_urls={"a": url}, http=http, run_timeout=30)
         data = parse_row(json.dumps(ROW), "rows.jsonl:1", None)
         route = proxy.open_route(policy.base_url, "bearer-secret")
         try:

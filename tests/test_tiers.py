@@ -84,7 +84,7 @@ def test_guard_fails_unmarked_stack_starts_only(
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "E*Failed: this test starts a NeMo Gym stack: mark it @pytest.mark.stack",
+            "E*Failed: this test starts a NeMo Gym stack: move it under tests/stack/*",
             "FAILED test_inner.py::test_unmarked_starts_a_stack*",
         ]
     )

@@ -25,11 +25,13 @@ _EXPORTS = {
     "NeMoGymHarnessConfig": "harness",
     "NeMoGymModelProxy": "bridge.proxy",
     "ProxyLimits": "bridge.proxy",
+    "RetryPolicy": "retry",
     "NeMoGymData": "taskset",
     "NeMoGymTask": "taskset",
     "NeMoGymTaskConfig": "taskset",
     "NeMoGymTaskset": "taskset",
     "NeMoGymTasksetConfig": "taskset",
+    "follow_verifiers_logging": "logs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -147,9 +147,10 @@ def offline_status(
 
 
 STACK_ENVS = 10
-"""At most this many environments share one stack in `command`; longer lists run as successive
-stacks, one after the other. Memory bounds it: a server takes ~0.3 GB and an environment has
-two or more, so the whole default list on one stack would not fit a 24 GB machine."""
+"""At most this many environments share one stack in `run_in_stacks`; longer lists run as
+successive stacks, one after the other. Memory bounds it: a server takes ~0.3 GB and an
+environment has two or more, so the whole default list on one stack would not fit a 24 GB
+machine."""
 
 
 @dataclass

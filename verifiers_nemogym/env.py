@@ -19,12 +19,11 @@ import aiohttp
 import verifiers.v1 as vf
 
 from verifiers_nemogym import metrics
+from verifiers_nemogym.backends import Stack, describe_stack_url, open_stack
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
+from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
-from verifiers_nemogym.live import LiveStack
-from verifiers_nemogym.nemo.remote import describe_remote
-from verifiers_nemogym.stacks import Stack, open_stack
 from verifiers_nemogym.taskset import NeMoGymTaskset
 
 logger = logging.getLogger(__name__)
@@ -102,13 +101,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             runtime.venv.name,
         )
         # A stack started elsewhere names the proxy's port (its `policy_model`).
-        remote = None
-        proxy_port = config.proxy_port
-        if config.stack_url is not None:
-            remote = await describe_remote(config.stack_url, config.proxy_host, proxy_port)
-            proxy_port = remote.policy_address[1]
+        remote = await describe_stack_url(config.stack_url, config.proxy_host, config.proxy_port)
+        proxy_port = remote.policy_address[1] if remote is not None else config.proxy_port
         judge = config.judge.endpoint() if config.judge is not None else None
-        judge_key = config.judge.key() if config.judge is not None else None
         self._proxy = NeMoGymModelProxy(host=config.proxy_host, port=proxy_port)
         try:
             await self._proxy.start()
@@ -127,7 +122,6 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             idle_timeout=config.stack_idle_grace,
             start_timeout=config.start_timeout,
             judge=judge,
-            judge_key=judge_key,
         )
         what, where = self._stack.describe()
         logger.info(
@@ -144,7 +138,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=None),
         )
-        live = LiveStack(
+        context = RolloutContext(
             proxy=self._proxy,
             run_urls=self._stack.run_urls,
             http=self._http,
@@ -153,8 +147,8 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             keep_ng_trajectory=config.keep_ng_trajectory,
             judge=self._stack.judge,
         )
-        config.task._live = live
-        self._watchdog = asyncio.create_task(_fail_when_lost(self._stack, live))
+        config.task._live = context
+        self._watchdog = asyncio.create_task(_fail_when_lost(self._stack, context))
         logger.info(
             "nemo-gym-env ready in %.1f s (rows, proxy, stack): rollouts go to agents %s",
             time.monotonic() - began,
@@ -187,10 +181,10 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
                 await proxy.stop()
 
 
-async def _fail_when_lost(stack: Stack, live: LiveStack) -> None:
+async def _fail_when_lost(stack: Stack, context: RolloutContext) -> None:
     """The one watchdog: once the stack is lost (each backend watches its own kind of stack),
     every rollout in flight or to come fails fast with the reason."""
     await stack.lost.wait()
     reason = cut(stack.reason, NOTICE_LIMIT)
     logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", reason)
-    live.fail(stack.reason)
+    context.fail(stack.reason)

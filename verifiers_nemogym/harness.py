@@ -24,11 +24,11 @@ import verifiers.v1 as vf
 from verifiers.v1.configs.client import TrainClientConfig
 from verifiers.v1.runtimes import ProgramResult, Runtime
 
-from verifiers_nemogym.bridge.judge import question_of
 from verifiers_nemogym.bridge.proxy import Route
 from verifiers_nemogym.bridge.redact import cut, redact
+from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError, StackError
-from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.judge.blame import question_of
 from verifiers_nemogym.nemo.supervisor import kill_processes_mentioning
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
 
@@ -71,7 +71,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             raise TypeError(f"NeMoGymHarness runs NeMo Gym rows, got {type(data).__name__}")
         # verifiers types `trace.state` as its base State; NeMoGymTask's state is a NeMoGymState.
         live = getattr(trace.state, "live", None)
-        if not isinstance(live, LiveStack):
+        if not isinstance(live, RolloutContext):
             if reason := getattr(trace.state, "start_error", None):
                 raise StackError(f"the NeMo Gym stack did not start: {reason}")
             raise StackError("no NeMo Gym stack is running: use NeMoGymEnv (nemo-gym-env)")
@@ -113,7 +113,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
 
 
 async def _run_stopping_leftovers(
-    live: LiveStack, data: NeMoGymData, url: str, route: Route
+    live: RolloutContext, data: NeMoGymData, url: str, route: Route
 ) -> dict[str, Any]:
     """`_post_run`; when it does not return a result (a deadline, a lost stack, a cancelled
     rollout), NeMo Gym's agent may still run the rollout's coding-agent CLI, and what that
@@ -132,7 +132,9 @@ def _stop_condition(trace: vf.Trace) -> str | None:
     return trace.stop_condition
 
 
-async def _post_run(live: LiveStack, data: NeMoGymData, url: str, route: Route) -> dict[str, Any]:
+async def _post_run(
+    live: RolloutContext, data: NeMoGymData, url: str, route: Route
+) -> dict[str, Any]:
     """POST the row, tagged for `route`, to the agent's `/run`; raise `AgentRunError` unless
     it returns a result whose reward is a finite number and at least one model call of the
     rollout came through `route`. Raced against the stack's death, the route's first provider
@@ -267,7 +269,7 @@ def record(trace: vf.Trace, result: dict[str, Any], *, keep_ng_trajectory: bool 
     trace.info["nemo_gym"] = info
 
 
-def _warn_once(live: LiveStack, key: str, sampling: dict[str, Any]) -> None:
+def _warn_once(live: RolloutContext, key: str, sampling: dict[str, Any]) -> None:
     if key in live.warned:
         return
     live.warned.add(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 from typing import ClassVar, Self
 
+import aiohttp
 from aiohttp import web
 
 LOOPBACK = "127.0.0.1"
@@ -54,7 +55,9 @@ class AppServer:
     port) and builds its routes in `_app()`. `start()` serves them through `serve_app`;
     `stop()` stops serving and is idempotent; `async with` does both, and stops (freeing
     anything a half-done `start()` opened) if `start()` raises. A subclass holding more
-    resources opens them around `super().start()` and closes them around `super().stop()`.
+    resources opens them around `super().start()` and closes them around `super().stop()`; one
+    that calls an upstream gives `_client_timeout()`, and `_session` is its client session from
+    `start()` until `stop()` has stopped serving.
     `shutdown_timeout` bounds how long `stop()` waits for handlers still running.
     """
 
@@ -62,6 +65,7 @@ class AppServer:
     port: int
     shutdown_timeout: ClassVar[float] = 60.0
     _runner: web.AppRunner | None = None
+    _session: aiohttp.ClientSession | None = None
 
     @property
     def url(self) -> str:
@@ -77,8 +81,14 @@ class AppServer:
         """The application to serve (built anew by each `start()`)."""
         raise NotImplementedError
 
+    def _client_timeout(self) -> aiohttp.ClientTimeout | None:
+        """The timeout of the server's upstream client session; None: it opens none."""
+        return None
+
     async def start(self) -> None:
         """Bind and serve; `port` is the bound port afterwards. OSError if it cannot bind."""
+        if (timeout := self._client_timeout()) is not None:
+            self._session = aiohttp.ClientSession(timeout=timeout)
         self._runner, self.port = await serve_app(
             self._app(), self.host, self.port, shutdown_timeout=self.shutdown_timeout
         )
@@ -88,6 +98,9 @@ class AppServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
     async def __aenter__(self) -> Self:
         try:

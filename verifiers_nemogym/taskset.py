@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar, cast
+from typing import Any, Self, TypeVar, cast
 
 import verifiers.v1 as vf
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from verifiers.v1.dialects.responses import ResponsesDialect
 from verifiers.v1.runtimes import Runtime
 
-from verifiers_nemogym.bridge.judge import Judge
+from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
-from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
 from verifiers_nemogym.nemo.catalog import Catalog, load_config
 from verifiers_nemogym.nemo.judges import JudgeRef, active, judge_refs
 from verifiers_nemogym.nemo.release import ReleaseFiles, check_release, release_files
@@ -45,68 +44,10 @@ class NeMoGymTaskConfig(vf.TaskConfig):
     """Seconds one rollout's `POST /run` may take; on expiry the request is cancelled and the
     rollout fails with an error (verifiers' `--env.agent.timeout.rollout` also applies)."""
 
-    _live: LiveStack | None = PrivateAttr(default=None)
+    _live: RolloutContext | None = PrivateAttr(default=None)
     """The running stack, set by `NeMoGymEnv.start()` and read by every task (shared object)."""
     _start_error: str | None = PrivateAttr(default=None)
     """Why `NeMoGymEnv.start()` could not bring the stack up; every rollout fails with it."""
-
-
-class NeMoGymJudgeConfig(vf.JudgeConfig):
-    """The judge NeMo Gym's LLM-judge environments grade with, under `--env.taskset.judge.*`:
-    verifiers' judge endpoint (`base_url`, `model`, `api_key_var`, `headers`, `timeout`) plus
-    which NeMo Gym adapter calls it. The key is read from `api_key_var` by the process that
-    runs the stack and never reaches NeMo Gym (a relay holds it)."""
-
-    base_url: str = vf.JudgeConfig.model_fields["base_url"].default
-    """The judge's OpenAI-compatible base URL (verifiers' judge default unless set)."""
-    model: str = vf.JudgeConfig.model_fields["model"].default
-    """The judge model's name, as the endpoint knows it."""
-    api_key_var: str = vf.JudgeConfig.model_fields["api_key_var"].default
-    """The environment variable holding the judge's key ("" for a judge without one)."""
-
-    api: Literal["chat", "responses"] = "chat"
-    """How the judge is called: `chat` (any Chat Completions endpoint; NeMo Gym's Responses
-    judge calls are converted) or `responses` (an OpenAI Responses endpoint)."""
-    enable_optional: bool = False
-    """Also turn on the judges NeMo Gym ships switched off (math_with_judge, polymath)."""
-
-    @model_validator(mode="after")
-    def _what_nemo_gym_decides(self) -> Self:
-        # NeMo Gym's environments bring their own judge prompts and sampling settings.
-        if self.prompt is not None or self.sampling != type(self.sampling)():
-            raise ValueError(
-                "env.taskset.judge: prompt and sampling are set by each NeMo Gym environment's "
-                "judge calls; leave them unset"
-            )
-        if self.headers_from_env:
-            raise ValueError("env.taskset.judge.headers_from_env is not supported; use headers")
-        return self
-
-    def endpoint(self) -> Judge:
-        """The judge as the stack runs it (no key)."""
-        read = self.timeout.read
-        return Judge(
-            base_url=self.base_url,
-            model=self.model,
-            api=self.api,
-            key_var=self.api_key_var,
-            headers=dict(self.headers),
-            enable_optional=self.enable_optional,
-            timeout=read if read is not None else Judge.timeout,
-        )
-
-    def key(self) -> str | None:
-        """The judge's key from `api_key_var` (None when no variable is named). ConfigError
-        when the named variable is not set."""
-        if not self.api_key_var:
-            return None
-        key = os.environ.get(self.api_key_var)
-        if not key:
-            raise ConfigError(
-                f"the judge's key variable ${self.api_key_var} is not set "
-                "(--env.taskset.judge.api-key-var names it; empty for a judge without a key)"
-            )
-        return key
 
 
 class NeMoGymTasksetConfig(vf.TasksetConfig):
@@ -244,7 +185,7 @@ class NeMoGymState(vf.State):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    live: LiveStack | None = None
+    live: RolloutContext | None = None
     start_error: str | None = None
 
 

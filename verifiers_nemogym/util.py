@@ -1,5 +1,5 @@
-"""Plumbing shared by the package: the cache folder, `uv`, child environments, file locks,
-process liveness.
+"""Plumbing shared by the package: the cache folder, `uv`, child environments, file locks, and
+waiting for a condition (`poll_until`). (Reading /proc is `nemo/supervisor.py`'s.)
 
 Contract: nothing here knows NeMo Gym or verifiers; every function is safe to call from any
 process of the package (library, CLI, stack host, model servers).
@@ -15,11 +15,13 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
+
+T = TypeVar("T")
 
 CACHE_ENV_VAR = "VF_NEMOGYM_CACHE"
 # Variables that would make a child use the parent's venv or Python instead of its own.
@@ -157,6 +159,27 @@ def try_flock(path: Path) -> IO[str] | None:
     return handle
 
 
+async def poll_until(probe: Callable[[], T | Awaitable[T]], deadline: float, interval: float) -> T:
+    """The package's one "wait until this holds or the deadline passes": call `probe` (a
+    function or a coroutine function) every `interval` seconds, without blocking the event
+    loop, until it returns a truthy value or `time.monotonic()` passes `deadline`; returns
+    its last value (falsy: timed out, the caller says what did not happen)."""
+    while True:
+        value = probe()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(interval)
+
+
+def wait_until(probe: Callable[[], T], deadline: float, interval: float) -> T:
+    """`poll_until` for a caller without an event loop (a thread, a test's teardown)."""
+    while not (value := probe()) and time.monotonic() <= deadline:
+        time.sleep(interval)
+    return value
+
+
 async def acquire_flock(
     path: Path, deadline: float, *, poll: float = 0.1, on_wait: Callable[[], None] | None = None
 ) -> IO[str]:
@@ -164,32 +187,15 @@ async def acquire_flock(
     `time.monotonic()` passes `deadline` (then TimeoutError). `on_wait` runs once, when the
     lock is first found taken (e.g. to log who is waited for)."""
     waited = False
-    while (handle := try_flock(path)) is None:
-        if not waited and on_wait is not None:
+
+    def attempt() -> IO[str] | None:
+        nonlocal waited
+        handle = try_flock(path)
+        if handle is None and not waited and on_wait is not None:
             on_wait()
         waited = True
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for the lock {path}")
-        await asyncio.sleep(poll)
+        return handle
+
+    if (handle := await poll_until(attempt, deadline, poll)) is None:
+        raise TimeoutError(f"timed out waiting for the lock {path}")
     return handle
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie is not) of this machine, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().split(b") ", 1)[1][:1] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of `pid` in bytes (from /proc), 0 if it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0

@@ -110,7 +110,8 @@ async def test_front_routes_rollout_paths_by_their_credential_before_reading_bod
                 try:
                     writer.write(
                         f"POST /ng-rollout/{path_id}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                        f"Content-Type: application/json\r\nContent-Length: {10**9}\r\n\r\n{{".encode()
+                        f"Content-Type: application/json\r\nContent-Length: {10**9}\r\n\r\n"
+                        "{".encode()
                     )
                     await writer.drain()
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)

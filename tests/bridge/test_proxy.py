@@ -12,6 +12,7 @@ import aiohttp
 import pydantic_core
 import pytest
 from aiohttp import web
+from helpers import until
 from openai.types.responses import Response
 
 from verifiers_nemogym.bridge import redact
@@ -32,6 +33,7 @@ from verifiers_nemogym.bridge.wire import (
     tag_row,
 )
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.retry import RetryPolicy
 
 
 class Upstream:
@@ -83,7 +85,7 @@ async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
 @pytest.fixture
 async def proxy() -> AsyncIterator[NeMoGymModelProxy]:
     # Short backoff: retries are exercised with the real curve in their own tests below.
-    limits = ProxyLimits(max_body_bytes=8 * 1024 * 1024, retry_backoff=0.01)
+    limits = ProxyLimits(max_body_bytes=8 * 1024 * 1024, retry=RetryPolicy(base=0.01))
     async with NeMoGymModelProxy(limits=limits) as p:
         yield p
 
@@ -472,14 +474,17 @@ async def test_train_route_carries_responses_calls_as_chat(proxy, upstream, http
 
 
 class SlowUpstream:
-    """An endpoint that answers after `delay` seconds, or never (`delay` None); counts the
-    calls it saw end without answering (their client went away)."""
+    """An endpoint that answers after `delay` seconds, or never (`delay` None); tells when a
+    call came in (`received`) and when one ended without an answer (`abandoned`: its client
+    went away)."""
 
     def __init__(self, delay: float | None) -> None:
         self.delay = delay
+        self.received = asyncio.Event()
         self.abandoned = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
+        self.received.set()
         try:
             await asyncio.sleep(self.delay if self.delay is not None else 3600)
         except asyncio.CancelledError:
@@ -543,7 +548,7 @@ async def test_closing_a_route_cancels_its_calls_still_upstream(http):
     async with slow_upstream(None) as (up, endpoint), NeMoGymModelProxy() as proxy:
         route = proxy.open_route(endpoint, "s")
         pending = asyncio.ensure_future(post(http, proxy, body(proxy, route)))
-        await asyncio.sleep(0.5)  # the call is upstream now
+        await asyncio.wait_for(up.received.wait(), 10)  # the call is upstream now
         assert len(route.inflight) == 1
         await proxy.close_route(route)
         await asyncio.wait_for(up.abandoned.wait(), 2)  # the endpoint saw the call go away
@@ -652,7 +657,7 @@ async def test_a_4xx_that_is_not_transient_is_never_retried(http, status):
 
 
 async def test_a_retry_after_beyond_the_cap_is_not_waited_for(http):
-    limits = ProxyLimits(max_retry_after=0.5)
+    limits = ProxyLimits(retry=RetryPolicy(max_retry_after=0.5))
     async with scripted_route(limits, retry_after="30") as (policy, proxy, route):
         got, _ = await post(http, proxy, ask(proxy, route, "[fault:429] weather?"))
     assert got == 429 and len(policy.calls) == 1 and route.failure is not None
@@ -661,7 +666,8 @@ async def test_a_retry_after_beyond_the_cap_is_not_waited_for(http):
 async def test_closing_the_route_cancels_a_retry_waiting_for_its_backoff(http):
     async with scripted_route(retry_after="30") as (policy, proxy, route):
         pending = asyncio.ensure_future(post(http, proxy, ask(proxy, route, "[fault:429] w?")))
-        await asyncio.sleep(0.5)  # the first 429 is in; the proxy waits 30 s to retry
+        # The first 429 is in: the proxy counts the retry, then waits 30 s for it.
+        await until(lambda: route.retries == 1, 10, "the proxy to wait for its retry")
         assert len(policy.calls) == 1 and len(route.inflight) == 1
         await proxy.close_route(route)  # the rollout's deadline
         status, reply = await asyncio.wait_for(pending, 2)

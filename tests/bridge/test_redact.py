@@ -9,7 +9,7 @@ import pytest
 
 from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, REDACTED
-from verifiers_nemogym.live import LiveStack
+from verifiers_nemogym.context import RolloutContext
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_an_unbounded_death_notice_is_cut_before_it_is_kept(protected):
     """L4: a stack's death notice quoting a 10 MB log line, at 256 open routes, is redacted only
     as far as it is kept."""
     protect(protected, *(secrets.token_urlsafe(32) for _ in range(256)))
-    live = LiveStack(proxy=None, run_urls={}, http=None, run_timeout=1)  # type: ignore[arg-type]
+    live = RolloutContext(proxy=None, run_urls={}, http=None, run_timeout=1)  # type: ignore[arg-type]
     live.fail("server died; log tail:\n" + protected[7] + "x" * 10_000_000)
     assert live.failure is not None and len(live.failure) <= NOTICE_LIMIT
     assert live.failure.startswith(f"server died; log tail:\n{REDACTED}xxx")

@@ -17,9 +17,10 @@ import aiohttp
 from loguru import logger as loguru_logger
 from verifiers.v1.utils.logging import setup_logging
 
-from verifiers_nemogym.cli.logs import follow_verifiers_logging
+from verifiers_nemogym.logs import follow_verifiers_logging
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import is_model_item, load_recordings
+from verifiers_nemogym.util import wait_until
 
 COMMAND = str(Path(sys.executable).with_name("nemo-gym-env"))
 START_SECONDS = 120  # a loaded machine imports slowly; the first line comes as soon as it serves
@@ -154,9 +155,9 @@ def test_package_logs_reach_handlers_verifiers_sets_up_after_the_env_import(tmp_
             setup_logging("INFO", log_file=str(eval_log), console=False)
             logging.getLogger("verifiers_nemogym.nemo.stack").info("stack progress %d", 7)
             logging.getLogger("verifiers_nemogym.env").debug("below the CLI's level")
-            deadline = time.monotonic() + 10
-            while "stack progress 7" not in eval_log.read_text() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(
+                lambda: "stack progress 7" in eval_log.read_text(), time.monotonic() + 10, 0.05
+            )
             text = eval_log.read_text()
             assert "INFO stack progress 7" in text and "below the CLI's level" not in text
             assert [r for r in root_records if r.name.startswith("verifiers_nemogym")] == []

@@ -37,11 +37,11 @@ def test_stack_up_and_down_take_the_judge(monkeypatch: pytest.MonkeyPatch) -> No
         "--judge.api-key-var", "VF_NEMOGYM_TEST_JUDGE_KEY", "--judge.api", "responses",
     ]  # fmt: skip
     for command in (["stack", "up", "simpleqa"], ["stack", "down", "simpleqa"]):
-        judge, key = _judge(_parser().parse_args([*command, *flags]))
-        assert judge is not None and key == "a-judge-key-123456"
+        judge = _judge(_parser().parse_args([*command, *flags]))
+        assert judge is not None and judge.key == "a-judge-key-123456"
         assert (judge.base_url, judge.model, judge.api) == (
             "http://127.0.0.1:9/v1",
             "m",
             "responses",
         )
-    assert _judge(_parser().parse_args(["stack", "up", "simpleqa"])) == (None, None)
+    assert _judge(_parser().parse_args(["stack", "up", "simpleqa"])) is None

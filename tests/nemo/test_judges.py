@@ -3,13 +3,15 @@ the refusals before anything starts (real release files; no stack)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from verifiers_nemogym.bridge.judge import Judge
+from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.nemo.attach import stack_key
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.judges import (
     JUDGE_INSTANCE,
@@ -18,7 +20,6 @@ from verifiers_nemogym.nemo.judges import (
     judge_refs,
     write_judge_config,
 )
-from verifiers_nemogym.nemo.shared import stack_key
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 
@@ -86,18 +87,16 @@ def test_the_judge_and_its_key_are_part_of_a_shared_stacks_identity(
     nemo_venv: NeMoGymVenv, catalog: Catalog
 ) -> None:
     paths = catalog.env("simpleqa").config_paths
-    judge = Judge(base_url="http://127.0.0.1:1/v1", model="m", key_var="K")
+    judge = Judge(base_url="http://127.0.0.1:1/v1", model="m", key_var="K", key="key-a")
     keys = {
         stack_key(nemo_venv, paths),
-        stack_key(nemo_venv, paths, judge, "key-a"),
-        stack_key(nemo_venv, paths, judge, "key-b"),
-        stack_key(nemo_venv, paths, Judge(base_url="http://127.0.0.1:2/v1", model="m"), "key-a"),
-        stack_key(nemo_venv, paths, Judge(base_url=judge.base_url, model="n"), "key-a"),
+        stack_key(nemo_venv, paths, judge),
+        stack_key(nemo_venv, paths, replace(judge, key="key-b")),
+        stack_key(nemo_venv, paths, replace(judge, base_url="http://127.0.0.1:2/v1")),
+        stack_key(nemo_venv, paths, replace(judge, model="n")),
     }
     assert len(keys) == 5
-    assert stack_key(nemo_venv, paths, judge, "key-a") == stack_key(
-        nemo_venv, paths, judge, "key-a"
-    )
+    assert stack_key(nemo_venv, paths, judge) == stack_key(nemo_venv, paths, replace(judge))
 
 
 def test_list_says_which_environments_need_a_judge(nemo_venv: NeMoGymVenv) -> None:

@@ -1,9 +1,9 @@
-"""The shared-stack host/lease protocol (`nemo/shared.py`, `nemo/host.py`) with a fake stack in
-place of NeMo Gym's: the real `attach_or_start`, `StackHost` and lease socket, with hosts run as
-tasks of this process (`spawn_host` replaced). That is a unit test of the protocol: at most one
-host per stack key whatever is cancelled when, a host removes only its own socket, nothing
-outlives its users, and both ends of the socket and the stack folder belong to this uid. The
-same with a real stack and a SIGKILLed starter: tests/stack/test_shared_stack.py.
+"""The shared-stack host/lease protocol (`nemo/lease.py`, `nemo/attach.py`, `nemo/host.py`) with a
+fake stack in place of NeMo Gym's: the real `attach_or_start`, `StackHost` and lease socket,
+with hosts run as tasks of this process (`spawn_host` replaced). That is a unit test of the
+protocol: at most one host per stack key whatever is cancelled when, a host removes only its own
+socket, nothing outlives its users, and both ends of the socket and the stack folder belong to
+this uid. The same with a real stack and a SIGKILLed starter: tests/stack/test_shared_stack.py.
 
 The second-uid tests run a peer under `setpriv` as uid 65534 (nobody), so they need root."""
 
@@ -25,13 +25,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import until
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError, StackError
+from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo import host as host_module
-from verifiers_nemogym.nemo import shared
 from verifiers_nemogym.nemo import venv as venv_module
 from verifiers_nemogym.nemo.host import StackHost
-from verifiers_nemogym.nemo.shared import HostSpec
+from verifiers_nemogym.nemo.lease import HostSpec
 
 START_S = 0.5
 """How long a fake stack takes to start."""
@@ -48,6 +49,8 @@ class FakeStack:
     """Stands in for `NeMoGymStack` inside the host: starts in START_S, never dies."""
 
     ids = itertools.count(1)
+    began: asyncio.Event
+    """Set when a fake stack starts (a fresh event per test, see the `hosts` fixture)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.marker = f"host{next(self.ids)}"
@@ -57,6 +60,7 @@ class FakeStack:
         self.relay = None  # no judge
 
     async def start(self) -> None:
+        self.began.set()
         await asyncio.sleep(START_S)
         self.agents = {"agent": "http://127.0.0.1:1"}
         self.run_urls = dict(self.agents)
@@ -122,8 +126,9 @@ async def hosts(monkeypatch: pytest.MonkeyPatch, cache: Path) -> AsyncIterator[l
     """Every host the test's users spawn (in-process, fake stack); all stopped at the end."""
     spawned: list[InProcessHost] = []
     monkeypatch.setattr(host_module, "NeMoGymStack", FakeStack)
+    monkeypatch.setattr(FakeStack, "began", asyncio.Event(), raising=False)
     monkeypatch.setattr(
-        shared, "spawn_host", lambda d, s, lock, *_: InProcessHost(d, s, lock, spawned)
+        attach, "spawn_host", lambda d, s, lock, *_: InProcessHost(d, s, lock, spawned)
     )
     yield spawned
     for proc in spawned:
@@ -153,8 +158,8 @@ async def most_running(hosts: list[InProcessHost]) -> AsyncIterator[list[int]]:
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def attach(configs: list[Path], idle: float = 0.3, who: str = "u") -> shared.Lease:
-    return await shared.attach_or_start(
+async def join(configs: list[Path], idle: float = 0.3, who: str = "u") -> attach.Lease:
+    return await attach.attach_or_start(
         VENV,
         configs,
         proxy_url="http://127.0.0.1:9",
@@ -164,16 +169,8 @@ async def attach(configs: list[Path], idle: float = 0.3, who: str = "u") -> shar
     )
 
 
-async def until(predicate: Any, seconds: float, what: str) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not within {seconds} s: {what}")
-
-
 def directory_of(configs: list[Path]) -> Path:
-    return shared.stack_dir(shared.stack_key(VENV, configs))
+    return attach.stack_dir(attach.stack_key(VENV, configs))
 
 
 def made_directory(configs: list[Path]) -> Path:
@@ -190,10 +187,10 @@ async def test_cancelled_starter_never_leads_to_two_hosts(
     hosts: list[InProcessHost], configs: list[Path]
 ):
     async with most_running(hosts) as samples:
-        a = asyncio.create_task(attach(configs, who="A"))
-        await asyncio.sleep(0.1)
-        b = asyncio.create_task(attach(configs, who="B"))
-        await asyncio.sleep(0.1)
+        a = asyncio.create_task(join(configs, who="A"))
+        await asyncio.wait_for(FakeStack.began.wait(), 10)  # A's host is starting its stack
+        b = asyncio.create_task(join(configs, who="B"))
+        await asyncio.sleep(0)  # B asks for the stack lock, which A holds
         assert hosts and not running(hosts)[0].host.claimed  # its fake stack takes START_S
         a.cancel()  # mid-start of the host A spawned; B is waiting on the stack lock
         lease_b = await asyncio.wait_for(b, 10)
@@ -201,7 +198,7 @@ async def test_cancelled_starter_never_leads_to_two_hosts(
         assert not lease_b.started
         await lease_b.close()
         await until(lambda: not running(hosts), 5, "host1 stops after its last user")
-        lease_c = await attach(configs, who="C")  # a new generation, once host1 is gone
+        lease_c = await join(configs, who="C")  # a new generation, once host1 is gone
         assert lease_c.started and len(hosts) == 2
         await lease_c.close()
         await until(lambda: not running(hosts), 5, "host2 stops after its last user")
@@ -211,7 +208,7 @@ async def test_cancelled_starter_never_leads_to_two_hosts(
 async def test_slow_host_is_waited_for_not_replaced(
     hosts: list[InProcessHost], configs: list[Path], monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr(shared, "LEASE_ANSWER_TIMEOUT", 0.3, raising=False)
+    monkeypatch.setattr(attach, "LEASE_ANSWER_TIMEOUT", 0.3)
     serve = StackHost._serve
     connections = itertools.count()
 
@@ -221,9 +218,9 @@ async def test_slow_host_is_waited_for_not_replaced(
         await serve(self, reader, writer)
 
     monkeypatch.setattr(StackHost, "_serve", slow_serve)
-    first = await attach(configs, who="A")
+    first = await join(configs, who="A")
     async with most_running(hosts) as samples:
-        second = await asyncio.wait_for(attach(configs, who="B"), 15)
+        second = await asyncio.wait_for(join(configs, who="B"), 15)
     assert second.marker == first.marker and not second.started and len(hosts) == 1
     assert max(samples) == 1
     await first.close()
@@ -233,15 +230,15 @@ async def test_slow_host_is_waited_for_not_replaced(
 async def test_host_never_unlinks_a_socket_it_did_not_bind(
     hosts: list[InProcessHost], configs: list[Path]
 ):
-    lease = await attach(configs)
+    held = await join(configs)
     (proc,) = hosts
-    path = shared._socket_path(lease.directory)
+    path = held.directory / lease.SOCKET
     # Another socket now sits at the path (as a second host's would).
     path.unlink()
     other = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(path))
     other_inode = path.stat().st_ino
     try:
-        await lease.close()
+        await held.close()
         await until(lambda: proc.task.done(), 5, "the idle host exits")
         assert path.exists() and path.stat().st_ino == other_inode
     finally:
@@ -252,10 +249,10 @@ async def test_host_refuses_to_bind_over_an_answering_socket(
     hosts: list[InProcessHost], configs: list[Path]
 ):
     directory = made_directory(configs)
-    path = shared._socket_path(directory)
+    path = directory / lease.SOCKET
     other = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(path))
     inode = path.stat().st_ino
-    spec = HostSpec.of(VENV, configs, 0.3, 30)
+    spec = attach.host_spec(VENV, configs, 0.3, 30)
     try:
         with pytest.raises(StackError, match="answers on"):
             await StackHost(VENV, directory, spec).run()
@@ -268,34 +265,34 @@ async def test_second_host_for_a_key_exits_without_starting(
     hosts: list[InProcessHost], configs: list[Path], monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(host_module, "HOST_LOCK_WAIT", 0.3, raising=False)
-    lease = await attach(configs)
-    spec = HostSpec.of(VENV, configs, 0.3, 30)
-    second = StackHost(VENV, lease.directory, spec)
+    held = await join(configs)
+    spec = attach.host_spec(VENV, configs, 0.3, 30)
+    second = StackHost(VENV, held.directory, spec)
     with pytest.raises(StackError, match="another stack host"):
         await second.run()
     assert second.stack is None  # nothing started
-    await lease.close()
+    await held.close()
 
 
 async def test_unclaimed_host_stops_by_itself(
     hosts: list[InProcessHost], configs: list[Path], monkeypatch: pytest.MonkeyPatch
 ):
     """A persistent (`stack up`) host whose starter was cancelled before it claimed it."""
-    monkeypatch.setattr(shared, "UNCLAIMED_GRACE", 0.5, raising=False)
+    monkeypatch.setattr(lease, "UNCLAIMED_GRACE", 0.5)
     directory = made_directory(configs)
-    spec = HostSpec.of(VENV, configs, None, 30, persistent=True)
+    spec = attach.host_spec(VENV, configs, None, 30, persistent=True)
     await asyncio.wait_for(StackHost(VENV, directory, spec).run(), START_S + 5)
-    assert not shared._socket_path(directory).exists()
+    assert not (directory / lease.SOCKET).exists()
 
 
 async def test_lease_close_ends_the_lease_while_a_forked_copy_holds_the_socket(
     hosts: list[InProcessHost], configs: list[Path]
 ):
-    lease = await attach(configs, idle=30)
+    held = await join(configs, idle=30)
     (proc,) = hosts
-    copy = os.dup(lease._writer.get_extra_info("socket").fileno())  # as a forked child has
+    copy = os.dup(held._writer.get_extra_info("socket").fileno())  # as a forked child has
     try:
-        await lease.close()
+        await held.close()
         await until(lambda: not proc.host.leases, 3, "the host sees the user leave")
     finally:
         os.close(copy)
@@ -305,25 +302,25 @@ async def test_host_drops_a_connection_that_says_nothing(
     hosts: list[InProcessHost], configs: list[Path], monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(host_module, "FIRST_MESSAGE_TIMEOUT", 0.3, raising=False)
-    lease = await attach(configs, idle=30)
-    reader, writer = await asyncio.open_unix_connection(shared._socket_path(lease.directory))
+    held = await join(configs, idle=30)
+    reader, writer = await asyncio.open_unix_connection(held.directory / lease.SOCKET)
     try:
         assert await asyncio.wait_for(reader.read(), 3) == b""
     finally:
         writer.close()
-        await lease.close()
+        await held.close()
 
 
 @pytest.mark.parametrize("timeout", ["nan", "inf", -1, "soon", True])
 async def test_persist_refuses_a_bad_idle_timeout(
     hosts: list[InProcessHost], configs: list[Path], timeout: object
 ):
-    lease = await attach(configs, idle=30)
-    answer = await shared.request(lease.directory, {"op": "persist", "idle_timeout": timeout})
+    held = await join(configs, idle=30)
+    answer = await lease.request(held.directory, {"op": "persist", "idle_timeout": timeout})
     assert answer["ok"] is False and "idle timeout" in answer["error"]
     (proc,) = hosts
     assert (proc.host.spec.idle_timeout, proc.host.spec.persistent) == (30, False)
-    await lease.close()
+    await held.close()
 
 
 async def test_status_and_down_find_a_host_that_does_not_answer(cache: Path, configs: list[Path]):
@@ -331,13 +328,13 @@ async def test_status_and_down_find_a_host_that_does_not_answer(cache: Path, con
     argv = ["-m", host_module.__name__, "--dir", str(directory)]  # a host's command line
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", *argv],
-        env={**os.environ, shared.HOST_ENV_VAR: directory.name},
+        env={**os.environ, lease.HOST_ENV_VAR: directory.name},
     )
     try:
-        await until(lambda: proc.pid in shared.host_processes().values(), 5, "scan finds it")
-        (info,) = await shared.list_hosts()
+        await until(lambda: proc.pid in attach.host_processes().values(), 5, "scan finds it")
+        (info,) = await attach.list_hosts()
         assert (info.directory, info.pid, info.status) == (directory, proc.pid, None)
-        assert await shared.take_down(directory, timeout=5, pid=info.pid) == proc.pid
+        assert await attach.take_down(directory, timeout=5, pid=info.pid) == proc.pid
         assert proc.wait(5) == -signal.SIGTERM
     finally:
         proc.kill()
@@ -353,7 +350,7 @@ async def test_socket_path_too_long_is_refused_before_anything_starts(
     config = cache / "env.yaml"
     config.write_text("fake: {}\n")
     with pytest.raises(StackError, match="longer than 107 bytes") as caught:
-        await attach([config])
+        await join([config])
     assert "\n" not in str(caught.value) and hosts == []
 
 
@@ -382,10 +379,10 @@ async def test_open_stack_folder_is_refused_before_any_hello(
 ):
     directory = directory_of(configs)
     directory.mkdir(parents=True)
-    async with recording_host(shared._socket_path(directory)) as got:
+    async with recording_host(directory / lease.SOCKET) as got:
         (directory if folder == "stack" else cache).chmod(0o777)
         with pytest.raises(ConfigError, match=r"writable.*VF_NEMOGYM_CACHE") as caught:
-            await attach(configs)
+            await join(configs)
         await asyncio.sleep(0.2)
     assert got == [] and hosts == [] and "\n" not in str(caught.value)
 
@@ -396,10 +393,10 @@ async def test_stack_folder_of_another_uid_is_refused_before_any_hello(
 ):
     directory = directory_of(configs)
     directory.mkdir(parents=True, mode=0o700)
-    async with recording_host(shared._socket_path(directory)) as got:
+    async with recording_host(directory / lease.SOCKET) as got:
         os.chown(directory, NOBODY, NOBODY)
         with pytest.raises(ConfigError, match=f"owned by uid {NOBODY}"):
-            await attach(configs)
+            await join(configs)
         await asyncio.sleep(0.2)
     assert got == [] and hosts == []
 
@@ -455,7 +452,7 @@ async def test_lease_refuses_a_host_of_another_uid(
     for folder in (cache, directory.parent):
         folder.chmod(0o755)  # nobody can reach the stack folder...
     directory.chmod(0o777)  # ...and, for the moment, bind in it
-    path = shared._socket_path(directory)
+    path = directory / lease.SOCKET
     fake = await asyncio.create_subprocess_exec(
         *as_nobody("-c", FAKE_HOST, str(path)), stdout=asyncio.subprocess.PIPE
     )
@@ -464,9 +461,9 @@ async def test_lease_refuses_a_host_of_another_uid(
         assert await asyncio.wait_for(fake.stdout.readline(), 10) == b"ready\n"
         directory.chmod(0o700)  # private again: only the listener's uid is wrong
         with pytest.raises(StackError, match=f"served by uid {NOBODY}") as caught:
-            await attach(configs)
+            await join(configs)
         with pytest.raises(StackError, match=f"served by uid {NOBODY}"):
-            await shared.request(directory, {"op": "status"})
+            await lease.request(directory, {"op": "status"})
         assert "\n" not in str(caught.value) and hosts == []
     finally:
         fake.kill()
@@ -490,9 +487,9 @@ print(json.dumps(answer))
 async def test_host_refuses_a_user_of_another_uid(
     hosts: list[InProcessHost], configs: list[Path], cache: Path
 ):
-    lease = await attach(configs, idle=30)
-    path = shared._socket_path(lease.directory)
-    for folder in (cache, lease.directory.parent, lease.directory):
+    held = await join(configs, idle=30)
+    path = held.directory / lease.SOCKET
+    for folder in (cache, held.directory.parent, held.directory):
         folder.chmod(0o711)  # the socket reachable by nobody: only the uid check is left
     path.chmod(0o777)
     try:
@@ -502,7 +499,7 @@ async def test_host_refuses_a_user_of_another_uid(
         out, _ = await asyncio.wait_for(nosy.communicate(), 10)
         assert json.loads(out) == ""  # closed without an answer
     finally:
-        await lease.close()
+        await held.close()
 
 
 def test_private_dir_refuses_a_symlink(tmp_path: Path):
@@ -522,11 +519,11 @@ async def test_lock_and_log_symlinks_are_not_followed(
     victim.write_text("untouched")
     (directory / "lock").symlink_to(victim)
     with pytest.raises(StackError, match="cannot open the shared stack lock"):
-        await attach(configs)
+        await join(configs)
     (directory / "lock").unlink()
     (directory / "host.log").symlink_to(victim)
     with pytest.raises(OSError):
-        shared.open_nofollow(directory / "host.log")
+        attach.open_nofollow(directory / "host.log")
     assert victim.read_text() == "untouched"
 
 

@@ -13,18 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import PLACEHOLDER_CONFIG as PLACEHOLDER
+from helpers import unstarted_stack as _stack
 
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-
-PLACEHOLDER = Path("/nonexistent/vf_external_model.yaml")
-
-
-def _stack(venv: NeMoGymVenv, configs: list[Path], timeout: float = 300) -> NeMoGymStack:
-    return NeMoGymStack(
-        venv, configs, policy_host="127.0.0.1", policy_port=9, start_timeout=timeout
-    )
 
 
 def test_nemo_gym_04_starts_with_ng_run_and_no_new_overrides(nemo_venv: NeMoGymVenv):

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import tracemalloc
 from pathlib import Path
 
+from verifiers_nemogym.nemo.ng_log import NgRunLog
 from verifiers_nemogym.nemo.stack import (
     STALE_WORKDIR_SECONDS,
     WORKDIR_PREFIX,
-    NeMoGymStack,
     prune_stale_workdirs,
 )
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, prune_interrupted_builds
+from verifiers_nemogym.nemo.venv import prune_interrupted_builds
 from verifiers_nemogym.util import try_flock
 
 DAY_AGO = time.time() - STALE_WORKDIR_SECONDS - 60
@@ -80,24 +79,20 @@ def test_prune_interrupted_builds_spares_a_live_build(tmp_path: Path) -> None:
 def test_death_message_reads_a_bounded_tail_of_a_huge_log(tmp_path: Path) -> None:
     """A 64 MB log (a long training run's): the death report still names the server that died
     and quotes its last lines, and reading it costs a bounded amount of memory."""
-    venv = NeMoGymVenv(
-        venv=tmp_path, python=Path(sys.executable), python_version="3.12.1",
-        nemo_gym_version="0.4.0",
-    )  # fmt: skip
-    stack = NeMoGymStack(venv, [tmp_path / "c.yaml"], policy_host="127.0.0.1", policy_port=9)
-    stack.workdir = tmp_path
-    with stack.log_path.open("w") as log:
+    ng_log = NgRunLog(tmp_path / "ng_run.log")
+    assert ng_log.path is not None
+    with ng_log.path.open("w") as log:
         log.write("All 3 / 3 servers ready\n")
         chunk = "".join(f"(my_agent) request {i} answered\n" for i in range(1000))
         for _ in range(64 * 1024 * 1024 // len(chunk)):
             log.write(chunk)
         log.write("(my_agent) MemoryError: the last words\n")
         log.write("Process `my_agent` finished unexpectedly\n")
-    assert stack.log_path.stat().st_size > 60 * 1024 * 1024
+    assert ng_log.path.stat().st_size > 60 * 1024 * 1024
     tracemalloc.start()
     try:
-        message = stack._death_message(1)
-        assert stack._saw_ready_line()
+        message = ng_log.death_message(1)
+        assert ng_log.saw_ready_line()
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

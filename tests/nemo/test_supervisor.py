@@ -19,6 +19,7 @@ from helpers import wait_gone
 
 from verifiers_nemogym.nemo import supervisor
 from verifiers_nemogym.nemo.supervisor import processes_with_env, signal_with_env
+from verifiers_nemogym.util import wait_until
 
 SUPERVISOR = Path(supervisor.__file__)
 
@@ -112,10 +113,9 @@ def test_signal_with_env_spares_a_process_that_reused_a_scanned_pid() -> None:
     entry = f"VF_NEMOGYM_TEST_REUSE={uuid.uuid4().hex}"
     name, value = entry.split("=")
     marked = _spawn({**os.environ, name: value})
-    deadline = time.monotonic() + 10  # a loaded machine may show the new environ late
-    while (scanned := processes_with_env(entry)) != [marked.pid] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert scanned == [marked.pid]
+    # A loaded machine may show the new environ late.
+    scanned = [marked.pid]
+    assert wait_until(lambda: processes_with_env(entry) == scanned, time.monotonic() + 10, 0.05)
     marked.kill()
     marked.wait()
     newcomer = None

@@ -8,6 +8,7 @@ real ones. Each exchange goes the way the proxy's train mode will: NeMo Gym's Re
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from collections.abc import AsyncIterator
@@ -236,18 +237,32 @@ async def test_overlong_prompt_is_a_400_the_proxy_can_tell_apart(
     assert is_overlong_prompt(400, ChatDialect().error_body(str(raised.value)))
 
 
-@pytest.mark.parametrize("fault", ["500", "429", "garbage"])
+@pytest.mark.parametrize("fault", ["500", "429"])
 async def test_faults_are_errors(server: TokenServer, tokenizer_folder: Path, fault: str) -> None:
     client = _client(server, tokenizer_folder)
     request = {"model": MODEL, "input": f"hi [fault:{fault}]"}
     try:
-        with pytest.raises(Exception) as raised:
+        with pytest.raises(ProviderError) as raised:
             await _turn(client, _trace(), request, SamplingConfig())
     finally:
         await client.close()
-    if fault != "garbage":
-        assert getattr(raised.value, "status_code", None) == int(fault)
-    assert server.calls == []
+    assert raised.value.status_code == int(fault)
+    assert f"token server fault {fault}" in str(raised.value)
+    assert server.faults == [fault] and server.calls == []
+
+
+async def test_a_garbage_answer_is_an_error(server: TokenServer, tokenizer_folder: Path) -> None:
+    """A 200 whose body is cut-off JSON: verifiers' train client fails parsing that very body
+    (not some other error of the test's client), and nothing was generated."""
+    client = _client(server, tokenizer_folder)
+    request = {"model": MODEL, "input": "hi [fault:garbage]"}
+    try:
+        with pytest.raises(json.JSONDecodeError) as raised:
+            await _turn(client, _trace(), request, SamplingConfig())
+    finally:
+        await client.close()
+    assert raised.value.doc == '{"choices": ['
+    assert server.faults == ["garbage"] and server.calls == []
 
 
 def _gguf_header(pairs: dict[str, str]) -> bytes:

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from helpers import gone, model_context, read_episodes, run_command, run_tag, script
 
+from verifiers_nemogym.backends import PrivateStack, SharedStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
-from verifiers_nemogym.stacks import PrivateStack, SharedStack
 
 ENV = "example_single_tool_call"
 

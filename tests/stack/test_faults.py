@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import textwrap
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,15 +28,16 @@ from helpers import (
     run_tag,
     script,
     server_pid,
+    until,
     write_rows,
 )
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
+from verifiers_nemogym.backends import PrivateStack
 from verifiers_nemogym.env import NeMoGymEnv
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
-from verifiers_nemogym.stacks import PrivateStack
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
@@ -163,9 +163,7 @@ async def test_killed_server_is_reported_and_fails_remaining_rollouts(
         port = int(stack.servers[name].rsplit(":", 1)[1])
         os.kill(server_pid(port), signal.SIGKILL)
         live = env.taskset.config.task._live
-        deadline = time.monotonic() + 60
-        while live.failure is None and time.monotonic() < deadline:  # the watchdog notices
-            await asyncio.sleep(0.5)
+        await until(lambda: live.failure is not None, 60, "the watchdog to notice")
         assert live.failure is not None and name in live.failure, live.failure
         later = await run_all(env, ctx, tasks, concurrency=5)
     assert len(later) == len(tasks) and not any(e.ok for e in later)
@@ -258,11 +256,12 @@ async def test_signal_to_vf_eval_mid_run_leaves_nothing(
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 300
-    while len(policy.calls) < 8 and time.monotonic() < deadline:  # rollouts are in flight
+
+    def in_flight() -> bool:
         assert proc.returncode is None, "vf-eval exited before its rollouts started"
-        await asyncio.sleep(0.5)
-    assert len(policy.calls) >= 8
+        return len(policy.calls) >= 8
+
+    await until(in_flight, 300, "rollouts in flight", every=0.5)
     assert processes_with_env(tag)  # the stack is up under the eval
     proc.send_signal(sig)
     await asyncio.wait_for(proc.wait(), timeout=120)

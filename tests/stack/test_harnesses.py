@@ -32,7 +32,7 @@ from helpers import (
 
 import nemo_gym_env
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, _argv, processes_with_env
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, argv_of, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.answer_key import AnswerKeyPolicy, AnswerRow
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
@@ -204,7 +204,7 @@ def _cli_processes(marker: str) -> list[int]:
     return [
         pid
         for pid in processes_with_env(f"{MARKER_ENV_VAR}={marker}")
-        if (argv := _argv(pid))
+        if (argv := argv_of(pid))
         and (
             Path(argv[0]).name in ("opencode", ".opencode")
             or any("/npm/opencode-ai@" in arg for arg in argv[:2])
@@ -245,7 +245,7 @@ async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
             assert "did not return within 20 s" in json.dumps(episode.traces[0].errors[0].message)
             assert len(policy.log) >= 1  # the CLI was running, waiting on the model
             left = _cli_processes(marker)
-            assert left == [], [_argv(pid) for pid in left]  # stopped, the stack still up
+            assert left == [], [argv_of(pid) for pid in left]  # stopped, the stack still up
 
         # Ctrl-C: vf-eval interrupted while its rollouts' CLIs wait on the model.
         cmd = [

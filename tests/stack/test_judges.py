@@ -24,12 +24,19 @@ import verifiers.v1 as vf
 from helpers import error_text, gone, model_context, run_tag, train_context
 
 import nemo_gym_env
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.backends import PrivateStack, SharedStack
+from verifiers_nemogym.nemo.supervisor import (
+    MARKER_ENV_VAR,
+    argv_of,
+    cwd_of,
+    environ_of,
+    pids,
+    processes_with_env,
+)
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
-from verifiers_nemogym.stacks import PrivateStack, SharedStack
 
 EQUAL, NOT_EQUAL = "A [[A=B]]", "B [[A!=B]]"
 JUDGE_ENVS = ["equivalence_llm_judge", "simpleqa"]
@@ -104,20 +111,6 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
     assert any(r.getMessage().startswith(summary) for r in caplog.records), caplog.text[-2000:]
 
 
-def _environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 @pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
 async def test_the_judge_key_reaches_no_process_config_log_or_trace(
     policy: ScriptedPolicy, monkeypatch: pytest.MonkeyPatch
@@ -145,13 +138,13 @@ async def test_the_judge_key_reaches_no_process_config_log_or_trace(
                 async with http.get(url) as response:
                     served = await response.text()
             leaked = [
-                pid for pid in _pids() if pid != os.getpid()
-                and (key.encode() in _cmdline(pid) or key.encode() in _environ(pid))
+                pid for pid in pids() if pid != os.getpid()
+                and (key in "\0".join(argv_of(pid)) or key.encode() in b"\0".join(environ_of(pid)))
             ]  # fmt: skip
             under_stack = processes_with_env(tag)
             # Every file in the folders the stack's processes run in (NeMo Gym's logs and the
             # generated configs), read while they exist.
-            folders = {_cwd(pid) for pid in under_stack} - {None, Path("/")}
+            folders = {cwd_of(pid) for pid in under_stack} - {None, Path("/")}
             files = {f: f.read_bytes() for d in folders for f in d.rglob("*") if _small_file(f)}
         assert await gone(tag) == []
     assert len(under_stack) >= 4  # the host and NeMo Gym's servers were looked at
@@ -170,16 +163,9 @@ async def test_the_judge_key_reaches_no_process_config_log_or_trace(
 
 
 async def _status(env: Any) -> dict[str, Any]:
-    from verifiers_nemogym.nemo.shared import request
+    from verifiers_nemogym.nemo.lease import request
 
     return await request(env.stack.lease.directory, {"op": "status"})
-
-
-def _cwd(pid: int) -> Path | None:
-    try:
-        return Path(os.readlink(f"/proc/{pid}/cwd"))
-    except OSError:
-        return None
 
 
 def _small_file(path: Path) -> bool:
@@ -189,10 +175,6 @@ def _small_file(path: Path) -> bool:
         and path.stat().st_size < 50_000_000
         and (".venv" not in path.parts)
     )
-
-
-def _pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
 async def test_a_judge_refusing_the_key_fails_every_rollout_naming_the_judge(

@@ -22,18 +22,17 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import SERVE_ENV_SCRIPT, gone, run_command, run_tag, script
+from helpers import SERVE_ENV_SCRIPT, gone, run_command, run_tag, script, until
 from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
 
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
     count_stack_programs,
-    processes_with_env,
 )
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
@@ -83,12 +82,12 @@ def env_config(rows: Path, grace: float = GRACE) -> dict[str, Any]:
 
 def stack_directory(nemo_venv: NeMoGymVenv) -> Path:
     paths = Catalog(nemo_venv).env(ENV).config_paths
-    return shared.stack_dir(shared.stack_key(nemo_venv, paths))
+    return attach.stack_dir(attach.stack_key(nemo_venv, paths))
 
 
 async def status(nemo_venv: NeMoGymVenv) -> dict[str, Any] | None:
     try:
-        return await shared.request(stack_directory(nemo_venv), {"op": "status"})
+        return await lease.request(stack_directory(nemo_venv), {"op": "status"})
     except StackError:
         return None
 
@@ -217,7 +216,7 @@ async def test_env_server_pools_share_one_stack(
     # The test holds a lease of its own between the two pools (a pool takes longer than the
     # grace to spawn its workers on a loaded machine), as a persistent `stack up` would.
     paths = Catalog(nemo_venv).env(ENV).config_paths
-    holder = await shared.attach_or_start(
+    holder = await attach.attach_or_start(
         nemo_venv,
         paths,
         proxy_url="http://127.0.0.1:9",  # never called: no rollout carries its secret
@@ -248,7 +247,7 @@ async def test_env_server_pools_share_one_stack(
                 assert_no_crossing(policy, len(tasks))
                 # All 3 workers attach (an elastic pool's late ones may attach after the
                 # rollouts are done): 3 workers + the holder.
-                await wait_for(lambda: _users_are(nemo_venv, 4), 600, f"{name} pool: 4 users")
+                await until(lambda: _users_are(nemo_venv, 4), 600, f"{name} pool: 4 users")
                 info = await status(nemo_venv)
                 assert info is not None and info["users"] == 4, info
                 markers.append(info["marker"])
@@ -268,14 +267,6 @@ async def test_env_server_pools_share_one_stack(
             await watch.stop()
     assert await gone(tag, GRACE + TEARDOWN_S) == []
     assert await gone(f"{MARKER_ENV_VAR}={markers[0]}", 1) == []
-
-
-async def wait_for(predicate: Any, seconds: float, what: str) -> None:
-    """Poll async `predicate` until true; fail naming `what` after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out after {seconds:g} s waiting for {what}"
-        await asyncio.sleep(0.25)
 
 
 async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
@@ -298,19 +289,19 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
             args = {"max_workers": 1, "address": address, "config_data": env_config(rows)}
             servers.append(await spawn_server(args, env))
             clients.append(EnvClient(address))
-        await wait_for(lambda: _users_are(nemo_venv, 3), 900, "three env servers to attach")
+        await until(lambda: _users_are(nemo_venv, 3), 900, "three env servers to attach")
         info = await status(nemo_venv)
         assert info is not None
         marker = info["marker"]
         watch.marker = f"{MARKER_ENV_VAR}={marker}"
         victim = asyncio.ensure_future(run_rollouts(clients[:1], tasks[:20], policy, 20))
         survivors = asyncio.ensure_future(run_rollouts(clients[1:], tasks[20:], policy, 40))
-        await wait_for(lambda: _true_after(len(policy.calls) >= 20), 300, "rollouts in flight")
+        await until(lambda: len(policy.calls) >= 20, 300, "rollouts in flight")
         servers[0].kill()  # SIGKILL: its lease closes with the process
         servers[0].wait()
         victim.cancel()
         await asyncio.gather(victim, return_exceptions=True)
-        await wait_for(
+        await until(
             lambda: _users_are(nemo_venv, 2), 30, "the host to see the killed worker's lease close"
         )
         episodes = await asyncio.wait_for(survivors, timeout=600)
@@ -343,10 +334,6 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
 async def _users_are(nemo_venv: NeMoGymVenv, n: int) -> bool:
     info = await status(nemo_venv)
     return info is not None and info["users"] == n
-
-
-async def _true_after(value: bool) -> bool:
-    return value
 
 
 def _eval_cmd(policy: ScriptedPolicy, out: Path, *extra: str) -> list[str]:
@@ -427,29 +414,21 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         if watch._task is not None and not watch._task.done():
             await watch.stop()
         if await status(nemo_venv) is not None:
-            await shared.take_down(stack_directory(nemo_venv))
+            await attach.take_down(stack_directory(nemo_venv))
 
 
 def _host_pids(directory: Path) -> list[int]:
-    """The stack host processes of `directory` (their children carry the marker too)."""
-    pids = processes_with_env(f"{shared.HOST_ENV_VAR}={directory.name}")
-    return [p for p in pids if b"verifiers_nemogym.nemo.host" in _cmdline(p)]
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    """The stack host processes of `directory` (`attach.host_processes`)."""
+    return [pid for d, pid in attach.host_processes().items() if d == directory.absolute()]
 
 
 STARTER = """
 import asyncio, json, sys
 from pathlib import Path
-from verifiers_nemogym.nemo import shared
+from verifiers_nemogym.nemo import attach
 from verifiers_nemogym.nemo.venv import ensure_venv
 paths = [Path(p) for p in json.loads(sys.argv[1])]
-asyncio.run(shared.attach_or_start(
+asyncio.run(attach.attach_or_start(
     ensure_venv(), paths, proxy_url="http://127.0.0.1:9", proxy_secret="s" * 32,
     idle_timeout=float(sys.argv[2]), start_timeout=600,
 ))
@@ -470,14 +449,14 @@ async def test_starter_sigkilled_mid_start_leaves_its_host_to_the_next_user(
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER, json.dumps([str(p) for p in paths]), str(GRACE)], env=env
     )
-    lease = None
+    held = None
     try:
-        await wait_for(lambda: _true_after(bool(_host_pids(directory))), 120, "a host to spawn")
+        await until(lambda: bool(_host_pids(directory)), 120, "a host to spawn")
         (host_pid,) = _host_pids(directory)
         starter.kill()  # SIGKILL: the stack lock drops, the host is not told
         starter.wait()
         assert await status(nemo_venv) is None, "the stack was up before the starter was killed"
-        lease = await shared.attach_or_start(
+        held = await attach.attach_or_start(
             nemo_venv,
             paths,
             proxy_url="http://127.0.0.1:9",
@@ -485,8 +464,8 @@ async def test_starter_sigkilled_mid_start_leaves_its_host_to_the_next_user(
             idle_timeout=GRACE,
             start_timeout=600,
         )
-        assert (lease.host_pid, lease.started) == (host_pid, False)
-        await wait_for(lambda: _users_are(nemo_venv, 1), 10, "this test as the only user")
+        assert (held.host_pid, held.started) == (host_pid, False)
+        await until(lambda: _users_are(nemo_venv, 1), 10, "this test as the only user")
         await watch.stop()
         assert watch.max_tagged["ng_run"] == 1, watch
     finally:
@@ -495,6 +474,6 @@ async def test_starter_sigkilled_mid_start_leaves_its_host_to_the_next_user(
         if starter.poll() is None:
             starter.kill()
             starter.wait()
-        if lease is not None:
-            await lease.close()
+        if held is not None:
+            await held.close()
     assert await gone(tag, GRACE + TEARDOWN_S) == []

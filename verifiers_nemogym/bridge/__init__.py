@@ -1,2 +1,3 @@
-"""The bridge between NeMo Gym's agents and verifiers' rollout endpoints: the model proxy and
-the wire objects it reads and writes. It knows neither side's internals, only their protocols."""
+"""The bridge between NeMo Gym's agents and verifiers' rollout endpoints: the model proxy, the
+shared stack's front forwarder, and the wire objects they read and write (Responses, Chat
+Completions, redaction). It knows neither side's internals, only their protocols."""

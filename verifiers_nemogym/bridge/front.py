@@ -1,6 +1,6 @@
 """The front forwarder: NeMo Gym's `policy_model` for a shared stack.
 
-A shared stack (`nemo/shared.py`) serves the env processes of many owners; each owner runs its
+A shared stack (`nemo/host.py`) serves the env processes of many owners; each owner runs its
 own model proxy (`bridge.proxy`). The front passes every model call on, bytes unchanged, to the
 registered proxy whose secret the call carries (`bridge.wire` defines where that secret is).
 Contract: an unknown or missing secret is 401; a registered proxy that stopped answering is 410

@@ -20,14 +20,12 @@ error stays an error, as in eval mode. Eval routes forward the body unchanged.
 
 Transient failures of a call are retried here, the way the OpenAI SDK of any verifiers harness
 retries them against verifiers' interception (verifiers' own clients never retry: they relay the
-provider's status so that the harness's SDK can): a 408, 429 or 5xx answer, or a connection
-that failed or broke, is tried again up to `ProxyLimits.max_retries` times (2, the SDK's default)
-after an exponential, jittered, capped backoff, or after the answer's `Retry-After` when it
-asks for at most `ProxyLimits.max_retry_after` seconds (a longer one is not waited for: the error
-stands). Every retry carries `x-stainless-retry-count`, the SDK's own marker, so verifiers'
-interception replays a turn it already committed instead of committing it twice; a failed
-attempt commits nothing there. Only the last attempt's outcome reaches the agent and the route:
-a retried call that succeeds leaves no failure. Any other 4xx is never retried.
+provider's status so that the harness's SDK can): a 408, 429 or 5xx answer, or a connection that
+failed or broke, is tried again as `ProxyLimits.retry` (a `retry.RetryPolicy`, the SDK's curve
+and `Retry-After` handling) says. Every retry carries `x-stainless-retry-count`, the SDK's own
+marker, so verifiers' interception replays a turn it already committed instead of committing it
+twice; a failed attempt commits nothing there. Only the last attempt's outcome reaches the agent
+and the route: a retried call that succeeds leaves no failure. Any other 4xx is never retried.
 """
 
 from __future__ import annotations
@@ -36,10 +34,9 @@ import asyncio
 import collections
 import contextlib
 import logging
-import random
 import secrets
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -61,6 +58,7 @@ from verifiers_nemogym.bridge.wire import (
     json_error,
 )
 from verifiers_nemogym.net import AppServer
+from verifiers_nemogym.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +79,9 @@ class ProxyLimits:
     """Seconds one model call may take upstream before the proxy answers 504."""
     remembered_routes: int = 100_000
     """Finished route ids remembered, so their late calls get 410 rather than 404."""
-    max_retries: int = 2
-    """Retries of a call after a transient failure (see module doc); the OpenAI SDK's default."""
-    retry_backoff: float = 0.5
-    """Seconds before the first retry; doubled for each later one, capped at
-    `max_retry_backoff`, then shortened by up to 25 % at random (the SDK's curve)."""
-    max_retry_backoff: float = 8.0
-    max_retry_after: float = 120.0
-    """Longest `Retry-After` waited for; an answer asking for longer is not retried."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """How a call that failed transiently is retried (`retry.RetryPolicy`: the OpenAI SDK's
+    curve; a `Retry-After` beyond its `max_retry_after` is not waited for: the error stands)."""
 
 
 @dataclass(frozen=True)
@@ -437,49 +430,40 @@ class NeMoGymModelProxy(AppServer):
             "Authorization": f"Bearer {route.bearer}",
             "Content-Type": "application/json",
         }
-        retries = self.limits.max_retries
-        for attempt in range(retries + 1):
+        policy = self.limits.retry
+        for attempt in range(policy.retries + 1):
             attempts[0] = attempt + 1
             if attempt:
                 headers[RETRY_COUNT_HEADER] = str(attempt)
-            # Not after the last attempt, nor once verifiers stopped the rollout (it would
-            # refuse the retry): then the outcome stands as it is.
-            final = attempt == retries
+            # No retry once verifiers stopped the rollout (it would refuse the retry): then
+            # the outcome stands as it is; likewise after the last attempt.
             try:
                 status, raw, answer_headers = await _send(route.session, url, data, headers)
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 # A connection refused, reset or closed mid-answer. Not the call timeout (a
                 # plain TimeoutError): an hour-long call is not tried again.
-                if final or route.stopped() is not None:
+                delay = policy.delay(attempt)
+                if delay is None or route.stopped() is not None:
                     raise
-                delay, why = self._backoff(attempt, None), type(e).__name__
+                why = type(e).__name__
             else:
-                if final or not _transient(status) or route.stopped() is not None:
+                if not _transient(policy, status) or route.stopped() is not None:
                     return status, raw
-                retry_after = wire.retry_after(answer_headers)
-                if retry_after is not None and retry_after > self.limits.max_retry_after:
-                    return status, raw  # asked to wait longer than we would: the error stands
-                delay, why = self._backoff(attempt, retry_after), f"answer {status}"
+                delay = policy.delay(attempt, wire.retry_after(answer_headers))
+                if delay is None:
+                    return status, raw  # the last attempt, or asked to wait longer than we would
+                why = f"answer {status}"
             route.retries += 1
             logger.warning(
                 "model call of route %s: %s; retry %d/%d in %.2f s",
                 route.id,
                 why,
                 attempt + 1,
-                retries,
+                policy.retries,
                 delay,
             )
             await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def _backoff(self, retries_done: int, retry_after: float | None) -> float:
-        """Seconds before the next attempt: the endpoint's `Retry-After` if it gave a usable
-        one, else the OpenAI SDK's curve (module doc)."""
-        if retry_after is not None and 0 < retry_after <= self.limits.max_retry_after:
-            return retry_after
-        limits = self.limits
-        delay = min(limits.retry_backoff * 2.0 ** min(retries_done, 60), limits.max_retry_backoff)
-        return delay * (1 - 0.25 * random.random())
 
     async def _train_call(self, route: Route, request: dict[str, Any]) -> web.Response:
         """One Responses call of a train route, carried as Chat Completions (a streamed one
@@ -534,10 +518,11 @@ RETRY_COUNT_HEADER = "x-stainless-retry-count"
 to replay, rather than commit again, a turn it already committed."""
 
 
-def _transient(status: int) -> bool:
-    """Worth another attempt: what the OpenAI SDK retries (408, 429, 5xx), except 409. verifiers'
-    interception answers 409 for a rollout that has concluded, which no retry changes."""
-    return status in (408, 429) or status >= 500
+def _transient(policy: RetryPolicy, status: int) -> bool:
+    """Worth another attempt: what the policy retries (the OpenAI SDK's 408, 429, 5xx), never
+    409. verifiers' interception answers 409 for a rollout that has concluded, which no retry
+    changes."""
+    return status != 409 and policy.is_transient(status)
 
 
 async def _send(

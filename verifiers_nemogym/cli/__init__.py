@@ -16,7 +16,8 @@ nemo-gym-env stack down [ENV...]                          stop shared stacks (al
 nemo-gym-env metrics PATH [--json] [--judge.*]            NeMo Gym's aggregate metrics of traces
 
 The commands' printing, logging set-up and exit statuses live here (and in `local_eval.py`,
-`serve.py`, `logs.py`); the library below never prints, parses arguments or exits.
+`serve.py`, `logs.py`); the library below never prints, parses arguments or exits, except the
+two programs it starts as processes of their own (`nemo/host.py`, `nemo/supervisor.py`).
 """
 
 from __future__ import annotations
@@ -28,15 +29,17 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from verifiers_nemogym.bridge.judge import Judge
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.cli.metrics import add_parser as add_metrics_parser
 from verifiers_nemogym.cli.metrics import run as run_metrics
 from verifiers_nemogym.errors import NeMoGymError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, ensure_venv
+
+if TYPE_CHECKING:
+    from verifiers_nemogym.judge.endpoint import Judge
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,9 +159,9 @@ def _judge_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _judge(args: argparse.Namespace) -> tuple[Judge | None, str | None]:
-    """The judge the `--judge.*` arguments name (and its key), or (None, None)."""
-    from verifiers_nemogym.taskset import NeMoGymJudgeConfig
+def _judge(args: argparse.Namespace) -> Judge | None:
+    """The judge the `--judge.*` arguments name (with its key), or None."""
+    from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
 
     fields = {
         "base_url": args.judge_base_url, "model": args.judge_model,
@@ -166,9 +169,8 @@ def _judge(args: argparse.Namespace) -> tuple[Judge | None, str | None]:
     }  # fmt: skip
     given = {k: v for k, v in fields.items() if v is not None}
     if not given and not args.judge_enable_optional:
-        return None, None
-    config = NeMoGymJudgeConfig(**given, enable_optional=args.judge_enable_optional)
-    return config.endpoint(), config.key()
+        return None
+    return NeMoGymJudgeConfig(**given, enable_optional=args.judge_enable_optional).endpoint()
 
 
 def _judge_fields(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -185,7 +187,7 @@ def _judge_fields(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _stack(args: argparse.Namespace) -> int:
     """`stack up|status|down`: print what happened; exit 1 if `down` found nothing to stop."""
-    from verifiers_nemogym.nemo import shared
+    from verifiers_nemogym.nemo import attach
 
     runtime = ensure_venv(args.nemo_gym_version, args.python)
     catalog = Catalog(runtime)
@@ -193,21 +195,20 @@ def _stack(args: argparse.Namespace) -> int:
     def config_paths(envs: list[str]) -> list[Path]:
         return [p for name in envs for p in catalog.env(name).config_paths]
 
-    judge, judge_key = _judge(args) if args.stack_command in ("up", "down") else (None, None)
+    judge = _judge(args) if args.stack_command in ("up", "down") else None
     if args.stack_command == "up":
         info = asyncio.run(
-            shared.bring_up(
+            attach.bring_up(
                 runtime,
                 config_paths(args.envs),
                 idle_timeout=args.idle_timeout,
                 start_timeout=args.start_timeout,
                 judge=judge,
-                judge_key=judge_key,
             )
         )
         print(_describe(info))
         return 0
-    hosts = asyncio.run(shared.list_hosts())
+    hosts = asyncio.run(attach.list_hosts())
     if args.stack_command == "status":
         if args.json:
             print(json.dumps([h.status or {"error": h.error} for h in hosts], indent=2))
@@ -217,9 +218,7 @@ def _stack(args: argparse.Namespace) -> int:
         for host in hosts:
             print(_describe(host.status) if host.status else f"{host.directory}: {host.error}")
         return 0
-    wanted = (
-        shared.stack_key(runtime, config_paths(args.envs), judge, judge_key) if args.envs else None
-    )
+    wanted = attach.stack_key(runtime, config_paths(args.envs), judge) if args.envs else None
     stopped = 0
     for host in hosts:
         if wanted is not None and host.directory.name != wanted:
@@ -228,7 +227,7 @@ def _stack(args: argparse.Namespace) -> int:
             continue  # a socket nothing answers on, and no host process: nothing to stop
         # A host that does not answer (starting, wedged) is stopped by its pid.
         by_pid = None if host.status is not None else host.pid
-        pid = asyncio.run(shared.take_down(host.directory, pid=by_pid))
+        pid = asyncio.run(attach.take_down(host.directory, pid=by_pid))
         print(f"stopped shared stack {host.directory.name} (host pid {pid})")
         stopped += 1
     if not stopped:

@@ -1,12 +1,14 @@
 """The shared-stack host program: owns one shared NeMo Gym stack for every env process of it.
 
-Started detached by `nemo/shared.py` (`spawn_host`, as `python -m <this module> --dir D --spec
-J`; never by hand). `StackHost` runs the stack for the stack folder D with the `HostSpec` J, the
-front forwarder NeMo Gym calls as `policy_model` (`bridge/front.py`) and the lease socket, until
-the stack is idle past its timeout, told down, dead, or the process gets SIGTERM/SIGINT; the
-stack is stopped in every case (and if this process is SIGKILLed, the stack's supervisor tears
-it down). Logs go to stderr (the folder's host.log). Exit status: 0 after a normal stop, 1 if
-the stack failed, 2 for bad arguments.
+Started detached by `nemo/attach.py` (`spawn_host`, as `python -m <this module> --dir D --spec
+J`; never by hand; the protocol is `nemo/lease.py`). `StackHost` runs the stack for the stack
+folder D with the `HostSpec` J, the front forwarder NeMo Gym calls as `policy_model`
+(`bridge/front.py`) and the lease socket, until the stack is idle past its timeout, told down,
+dead, or the process gets SIGTERM/SIGINT; the stack is stopped in every case (and if this
+process is SIGKILLed, the stack's supervisor tears it down). Logs go to stderr (the folder's
+host.log). Exit status: 0 after a normal stop, 1 if the stack failed, 2 for bad arguments. It is
+a program: unlike the library, it parses its arguments and returns an exit status (`main`), as
+the supervisor does.
 """
 
 from __future__ import annotations
@@ -28,21 +30,12 @@ from urllib.parse import urlsplit
 
 from verifiers_nemogym.bridge import redact as redact_module
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
-from verifiers_nemogym.bridge.judge import Judge
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.errors import NeMoGymError, StackError
-from verifiers_nemogym.nemo import shared
-from verifiers_nemogym.nemo.shared import (
-    _LINE_LIMIT,
-    HostSpec,
-    _host_lock_path,
-    _receive,
-    _send,
-    _socket_path,
-    check_idle_timeout,
-    peer_uid,
-)
-from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.judge.blame import JudgeFailure
+from verifiers_nemogym.nemo import lease
+from verifiers_nemogym.nemo.lease import HostSpec, receive, send
+from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.net import LOOPBACK
 from verifiers_nemogym.util import acquire_flock, try_flock
@@ -59,12 +52,13 @@ async def claim_host_lock(directory: Path) -> IO[str]:
     """`directory/host.lock`, exclusively flocked for the caller's whole life (closing it, or
     dying, releases it): the one host of the stack. StackError if another host holds it."""
     try:
-        return await acquire_flock(_host_lock_path(directory), time.monotonic() + HOST_LOCK_WAIT)
+        path = directory / lease.HOST_LOCK
+        return await acquire_flock(path, time.monotonic() + HOST_LOCK_WAIT)
     except TimeoutError:
         raise StackError(f"another stack host runs for {directory}; this one exits") from None
 
 
-def _answers(path: Path) -> bool:
+def _socket_accepts(path: Path) -> bool:
     """Whether something accepts connections on the unix socket `path`."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(2)
@@ -78,8 +72,8 @@ def _answers(path: Path) -> bool:
 class StackHost:
     """The stack host process's work: front + stack + lease socket, until idle or told down.
 
-    `run()` returns once everything it started is stopped. Leases are connections to the socket;
-    control messages: `{"op": "lease", ...}` (held open), `{"op": "status"}`, `{"op": "down"}`.
+    `run()` returns once everything it started is stopped. Leases are connections to the socket
+    (the messages are `nemo/lease.py`'s).
     """
 
     def __init__(
@@ -91,7 +85,7 @@ class StackHost:
         secrets: dict[str, Any] | None = None,
     ) -> None:
         """`host_lock`: `host.lock` already flocked for this host (handed over by its spawner);
-        None: `run()` claims it. `secrets`: what came on stdin (the judge's key and headers)."""
+        None: `run()` claims it. `secrets`: what came on stdin (`lease.host_secrets`)."""
         self.venv = venv
         self._host_lock = host_lock
         self.secrets = secrets or {}
@@ -109,7 +103,7 @@ class StackHost:
         self._bound_inode: int | None = None
         self.claimed = False
         """Whether a user leased this host or `stack up` claimed it; an unclaimed ready host
-        stops after `shared.UNCLAIMED_GRACE` s (its starter was cancelled or killed)."""
+        stops after `lease.UNCLAIMED_GRACE` s (its starter was cancelled or killed)."""
 
     def request_stop(self, reason: str) -> None:
         if not self._stopping.is_set():
@@ -133,16 +127,13 @@ class StackHost:
                 policy_host=self.front.host,
                 policy_port=self.front.port,
                 start_timeout=self.spec.start_timeout,
-                judge=Judge.from_dict(self.spec.judge, self.secrets.get("judge_headers"))
-                if self.spec.judge
-                else None,
-                judge_key=self.secrets.get("judge_key"),
+                judge=self.spec.judge_with(self.secrets),
                 on_judge_failure=self._tell_judge_failure,
             )
             await self.stack.start()
             # Listening last: a user that can connect finds a ready stack.
             self._server = await asyncio.start_unix_server(
-                self._serve, sock=self._bind(), limit=_LINE_LIMIT
+                self._serve, sock=self._bind(), limit=lease.LINE_LIMIT
             )
             self.idle_since = time.monotonic()
             logger.info("shared stack ready; agents: %s", ", ".join(sorted(self.stack.agents)))
@@ -154,9 +145,9 @@ class StackHost:
         """The listening socket at `host.sock`. A leftover file is a dead host's (we hold
         `host.lock`), removed, unless something answers on it: then StackError, never a bind
         over a live socket (asyncio's own bind would silently remove it)."""
-        path = _socket_path(self.directory)
+        path = self.directory / lease.SOCKET
         if path.exists() or path.is_symlink():
-            if _answers(path):
+            if _socket_accepts(path):
                 raise StackError(f"something else answers on {path}; not replacing it")
             path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -176,7 +167,7 @@ class StackHost:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), 0.5)
             now = time.monotonic()
-            if self.stack is not None and now - last_check >= 2.0:
+            if self.stack is not None and now - last_check >= CHECK_ALIVE_INTERVAL:
                 last_check = now
                 try:
                     await self.stack.check_alive()
@@ -184,7 +175,7 @@ class StackHost:
                     self.request_stop(f"the stack died: {e}")
             timeout = self.spec.idle_timeout
             if not self.claimed:
-                grace = shared.UNCLAIMED_GRACE
+                grace = lease.UNCLAIMED_GRACE
                 timeout = grace if timeout is None else min(timeout, grace)
             idle = not self.leases and timeout is not None and now - self.idle_since >= timeout
             if idle and await self._close_if_still_idle():
@@ -193,7 +184,7 @@ class StackHost:
     async def _close_if_still_idle(self) -> bool:
         """Under the flock, so no user can be attaching meanwhile: stop listening if idle."""
         try:
-            handle = try_flock(self.directory / "lock")
+            handle = try_flock(self.directory / lease.LOCK)
         except OSError:
             return True
         if handle is None:
@@ -214,19 +205,19 @@ class StackHost:
             self._server = None
         if self._bound_inode is None:
             return
-        path = _socket_path(self.directory)
+        path = self.directory / lease.SOCKET
         with contextlib.suppress(FileNotFoundError):
             if path.lstat().st_ino == self._bound_inode:
                 path.unlink()
         self._bound_inode = None
 
-    def _tell_judge_failure(self, message: str, prompt: str) -> None:
+    def _tell_judge_failure(self, failure: JudgeFailure) -> None:
         """Any user's rollout may have been graded by the failed call: tell them all (with its
         prompt, which each user matches against its rollouts' questions)."""
-        event = {"event": "judge_failed", "message": message, "at": time.time(), "prompt": prompt}
+        event = lease.judge_failed_event(failure)
         for writer in list(self.leases):
             with contextlib.suppress(OSError, ConnectionError, RuntimeError):
-                writer.write(json.dumps(event).encode() + b"\n")
+                lease.post(writer, event)
 
     def status(self) -> dict[str, Any]:
         assert self.stack is not None
@@ -248,7 +239,7 @@ class StackHost:
             "idle_timeout": self.spec.idle_timeout,
             "persistent": self.spec.persistent,
             "uptime_s": round(time.time() - self.started_at, 1),
-            "log": str(self.directory / "host.log"),
+            "log": str(self.directory / lease.LOG),
             "judge": relay.judge.public() if relay is not None else None,
             "judge_stats": relay.stats.summary() if relay is not None else None,
         }
@@ -256,34 +247,34 @@ class StackHost:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         user: FrontUser | None = None
         try:
-            uid = peer_uid(writer)
+            uid = lease.peer_uid(writer)
             if uid != os.getuid():
                 logger.warning("refused a connection from uid %d on the lease socket", uid)
                 return
             async with asyncio.timeout(FIRST_MESSAGE_TIMEOUT):
-                message = await _receive(reader)
+                message = await receive(reader)
             if message is None:
                 return
             op = message.get("op")
             if self._stopping.is_set():
-                await _send(writer, {"ok": False, "error": "shutting down"})
-            elif op == "status":
-                await _send(writer, self.status())
-            elif op == "persist":
+                await send(writer, lease.refusal("shutting down"))
+            elif op == lease.OP_STATUS:
+                await send(writer, self.status())
+            elif op == lease.OP_PERSIST:
                 # `stack up` on a running stack: keep it until down or the new idle timeout.
                 try:
-                    timeout = check_idle_timeout(message.get("idle_timeout"))
+                    timeout = lease.check_idle_timeout(message.get("idle_timeout"))
                 except StackError as e:
-                    await _send(writer, {"ok": False, "error": str(e)})
+                    await send(writer, lease.refusal(str(e)))
                     return
                 self.spec = dataclasses.replace(self.spec, persistent=True, idle_timeout=timeout)
                 self.claimed = True
                 self.idle_since = time.monotonic()
-                await _send(writer, self.status())
-            elif op == "down":
+                await send(writer, self.status())
+            elif op == lease.OP_DOWN:
                 self.request_stop("stack down requested")
-                await _send(writer, {"ok": True, "pid": os.getpid()})
-            elif op == "lease":
+                await send(writer, {"ok": True, "pid": os.getpid()})
+            elif op == lease.OP_LEASE:
                 user = FrontUser(
                     pid=int(message["pid"]),
                     proxy_url=_loopback_url(str(message["proxy_url"])),
@@ -294,12 +285,12 @@ class StackHost:
                 self.claimed = True
                 self.leases_total += 1
                 answer = self.status()
-                await _send(writer, answer)
+                await send(writer, answer)
                 logger.info("user pid %d attached (%d users)", user.pid, len(self.leases))
                 while await reader.read(4096):  # held until the user closes or dies
                     pass
             else:
-                await _send(writer, {"ok": False, "error": f"unknown op {op!r}"})
+                await send(writer, lease.refusal(f"unknown op {op!r}"))
         except (OSError, ValueError, KeyError, TypeError, TimeoutError) as e:
             logger.warning("bad client on the lease socket: %r", e)
         finally:
@@ -320,7 +311,7 @@ class StackHost:
         logger.info("stopping shared stack: %s", reason)
         for writer in list(self.leases):
             with contextlib.suppress(OSError, ConnectionError):
-                await _send(writer, {"event": "down", "reason": reason})
+                await send(writer, lease.down_event(reason))
             writer.close()
         try:
             if self.stack is not None:
@@ -396,9 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         logger.error("stack_host: bad --spec or stdin: %s", e)
         return 2
-    for secret in [secrets.get("judge_key"), *(secrets.get("judge_headers") or {}).values()]:
-        if isinstance(secret, str):
-            redact_module.protect(secret)
+    try:
+        judge = spec.judge_with(secrets)
+    except (ValueError, TypeError) as e:
+        logger.error("stack_host: bad --spec or stdin: %s", e)
+        return 2
+    for secret in judge.secret_values() if judge is not None else []:
+        redact_module.protect(secret)
     try:
         # Taken over at once: the spawner's flock on host.lock stays held by this open file.
         host_lock = None

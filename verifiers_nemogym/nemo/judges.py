@@ -6,7 +6,7 @@ those that call a judge URL themselves (`judge_base_url`, verifif). A reference 
 when its server ships with `should_use_judge: false` (math_with_judge, polymath): it stays off
 unless the judge's `enable_optional` is set. `write_judge_config` writes the YAML that, listed
 after the environment's configs (later files win, NeMo Gym's own override idiom), points every
-active reference at one judge block served by the relay (`bridge/judge.py`):
+active reference at one judge block served by the relay (`judge/relay.py`):
 
 - a reference to `policy_model` (NeMo Gym's default: the policy judges itself) is redirected to
   `JUDGE_INSTANCE`, which the file defines;

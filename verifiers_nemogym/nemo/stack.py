@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import stat
@@ -35,8 +34,10 @@ from typing import IO, Any
 import aiohttp
 import yaml
 
-from verifiers_nemogym.bridge.judge import Judge, JudgeRelay
 from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.judge.blame import JudgeFailure
+from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.judge.relay import JudgeRelay
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     POLICY_INSTANCE,
@@ -57,54 +58,38 @@ from verifiers_nemogym.nemo.harnesses import (
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
+from verifiers_nemogym.nemo.ng_log import NgRunLog, also_down
+from verifiers_nemogym.nemo.release import version_tuple
+from verifiers_nemogym.nemo.supervisor import (
+    MARKER_ENV_VAR,
+    cwd_of,
+    pids,
+    processes_with_env,
+    signal_with_env,
+)
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, private_ray_auth
 from verifiers_nemogym.net import free_port
-from verifiers_nemogym.util import acquire_flock, try_flock, uv_cache_dir
+from verifiers_nemogym.util import acquire_flock, poll_until, try_flock, uv_cache_dir
 
 logger = logging.getLogger(__name__)
 
 
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
-# `RunHelper.wait_for_spinup` prints this once every server answered its `GET /`. Signalling
-# ng_run before this line makes it exit without running its own shutdown.
-_READY_LINE = re.compile(r"All (\d+) / (\d+) servers ready")
-_DIED_LINE = re.compile(r"Process `([^`]+)` finished unexpectedly")
-# uvicorn logs this in `Server.shutdown` before it closes its listening socket, and NeMo Gym's
-# servers write their output unbuffered (PYTHONUNBUFFERED) straight into the stack log: a server
-# that refuses connections without this line in its log was not stopped, it died.
-_SHUTDOWN_LINE = re.compile(r"\bShutting down\s*$")
 # How long `check_alive` waits for NeMo Gym to name the server that died when the log cannot
 # tell yet (NeMo Gym notices a death at its next poll, and prints the line once it exits).
 _DIED_LINE_WAIT = 5.0
-# The first exception ng_run itself raised (`RuntimeError: Missing pyproject.toml ... <dir>`):
-# the cause; what follows it (the head server's 500s while shutting down) is noise.
-_FIRST_ERROR = re.compile(r"^\w*(Error|Exception): .+$", re.MULTILINE)
-_SERVER_LINE = re.compile(r"^\([\w.-]+\) ")
-_CONFIG_DUMP_LINE = "Found global config dict yaml:"
 _PROGRESS_EVERY = 5.0
 # A resources server may restrict which model-server types its agents may use (NeMo Gym 0.7).
 _ALLOWED_MODEL_TYPES = "allowed_model_types"
+CHECK_ALIVE_INTERVAL = 2.0
+"""Seconds between `check_alive` calls of whoever watches a running stack (its owner, or a
+shared stack's host)."""
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
-# What death and stop paths read of the stack log: its end. The log of a long run is unbounded.
-_LOG_TAIL_BYTES = 1 << 20
-_LOG_LINE_BYTES = 1 << 16
 WORKDIR_PREFIX = "vf-nemogym-stack-"
 # Held (flock) by the stack that created the workdir from creation to stop.
 _WORKDIR_LOCK = ".in-use"
 STALE_WORKDIR_SECONDS = 24 * 3600.0
-
-
-def _version_at_least(version: str, floor: tuple[int, int]) -> bool:
-    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
-    return parts >= floor
-
-
-def _also_down(refusing: list[str], named: str) -> str:
-    """The part of a death report listing the servers found down besides `named`."""
-    others = [name for name in refusing if name != named]
-    return f"; also down now: {', '.join(others)}" if others else ""
 
 
 def _hydra_list(paths: list[Path]) -> str:
@@ -140,7 +125,7 @@ def prune_stale_workdirs(
             if now - touched < older_than:
                 continue
             if in_use is None:
-                in_use = _process_cwds()
+                in_use = {cwd for pid in pids() if (cwd := cwd_of(pid)) is not None}
             real = path.resolve()  # /proc names cwds by their real path
             if any(cwd == real or real in cwd.parents for cwd in in_use):
                 continue
@@ -158,21 +143,11 @@ def prune_stale_workdirs(
     return removed
 
 
-def _process_cwds() -> set[Path]:
-    """The working folders of the processes this user may inspect."""
-    found: set[Path] = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):
-                found.add(Path(os.readlink(f"/proc/{name}/cwd")))
-    return found
-
-
 class NeMoGymStack:
     """NeMo Gym servers for `config_paths`, with `policy_model` served by the proxy at
     `policy_host:policy_port` (which must answer `GET /` and `POST /v1/responses`). With a
     `judge`, every judge reference of the configs is served by that judge through a relay this
-    stack runs (`bridge/judge.py`, checked at start; `judge_key` never reaches NeMo Gym)."""
+    stack runs (`judge/relay.py`, checked at start; the judge's key never reaches NeMo Gym)."""
 
     def __init__(
         self,
@@ -185,8 +160,7 @@ class NeMoGymStack:
         start_timeout: float = 600,
         fast_start: bool = True,
         judge: Judge | None = None,
-        judge_key: str | None = None,
-        on_judge_failure: Callable[[str, str], None] | None = None,
+        on_judge_failure: Callable[[JudgeFailure], None] | None = None,
         log: logging.Logger = logger,
     ) -> None:
         if not config_paths:
@@ -204,7 +178,7 @@ class NeMoGymStack:
         self.log = log
         self.judge = judge
         self.relay: JudgeRelay | None = (
-            JudgeRelay(judge, judge_key, on_failure=on_judge_failure) if judge else None
+            JudgeRelay(judge, on_failure=on_judge_failure) if judge else None
         )
         """The judge relay while started (its `stats` and `status`), when there is a judge."""
         self._own_workdir = workdir is None
@@ -216,7 +190,7 @@ class NeMoGymStack:
         (`catalog.run_targets`): the environment server fronting it (NeMo Gym >= 0.7), else the
         agent itself."""
         self.head_url = ""
-        self.gym_07 = _version_at_least(venv.nemo_gym_version, (0, 7))
+        self.gym_07 = version_tuple(venv.nemo_gym_version) >= (0, 7)
         """NeMo Gym >= 0.7: `gym env start`, `server_spinup_timeout_seconds`, head `/readyz`,
         model-type pairing checks, environment servers (all verified on 0.7.0)."""
         self.servers: dict[str, str] = {}
@@ -226,8 +200,8 @@ class NeMoGymStack:
         self._build_lock: IO[str] | None = None
         self._workdir_lock: IO[str] | None = None
         self._warm = False
-        self._ready_seen = False
-        self._ready_scanned = 0
+        self.ng_log = NgRunLog(self.workdir / "ng_run.log" if self.workdir else None)
+        """ng_run's log (its servers' lines too): readiness, and what died and why."""
         self._started = False
         self._failed = False
         self._merged: list[dict[str, Any]] | None = None
@@ -267,6 +241,7 @@ class NeMoGymStack:
         if self.workdir is None:
             await asyncio.to_thread(prune_stale_workdirs, Path(tempfile.gettempdir()))
             self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+            self.ng_log = NgRunLog(self.log_path)
             self._workdir_lock = try_flock(self.workdir / _WORKDIR_LOCK)
         self.workdir.mkdir(parents=True, exist_ok=True)
         policy_url = f"http://{self.policy_host}:{self.policy_port}/v1"
@@ -302,8 +277,8 @@ class NeMoGymStack:
             self.command, extra, head_port, warm=warm, deadline=deadline
         )
         env = self.venv.env(self._ray_tmpdir) | private_ray_auth(self._ray_tmpdir)
-        if self.judge is not None and self.judge.key_var:
-            env.pop(self.judge.key_var, None)  # the relay holds the key; NeMo Gym never does
+        if self.judge is not None:
+            env = self.judge.scrubbed(env)  # the relay holds the key; NeMo Gym never does
         if cli_folders or harness:
             # The CLIs we installed come first (NeMo Gym's install check then finds them); no
             # CLI updates itself, and a `npm install -g` one runs lands in this stack's folder,
@@ -509,7 +484,7 @@ class NeMoGymStack:
         last_progress = started
         while True:
             if (code := self._proc.poll() if self._proc else None) is not None:
-                raise StackError(self._death_message(code))
+                raise StackError(self.ng_log.death_message(code))
             if not instances:
                 instances = await self._get_json(session, f"{self.head_url}/server_instances") or []
                 self.servers = {
@@ -526,7 +501,7 @@ class NeMoGymStack:
             if now > deadline:
                 raise StackError(
                     f"NeMo Gym stack not ready after {self.start_timeout:.0f} s "
-                    f"({self._progress(up)}).\n{self._tail_for(set(self.servers) - up)}"
+                    f"({self._progress(up)}).\n{self.ng_log.tail_for(set(self.servers) - up)}"
                 )
             if now - last_progress >= _PROGRESS_EVERY:
                 last_progress = now
@@ -543,7 +518,7 @@ class NeMoGymStack:
                     return response.status == 200
             except (aiohttp.ClientError, TimeoutError):
                 return False
-        return self._saw_ready_line()
+        return self.ng_log.saw_ready_line()
 
     def _progress(self, up: set[str]) -> str:
         if not self.servers:
@@ -582,105 +557,6 @@ class NeMoGymStack:
             pass
         return False
 
-    # ----------------------------------------------------------------------------- logs
-
-    def _read_log(self) -> str:
-        """The last `_LOG_TAIL_BYTES` of the stack log, from a line start ("" before the stack
-        started or if unreadable). Bounded: a long run's log is."""
-        if self.workdir is None:
-            return ""
-        try:
-            with self.log_path.open("rb") as handle:
-                start = max(0, handle.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES)
-                handle.seek(start)
-                data = handle.read(_LOG_TAIL_BYTES)
-        except OSError:
-            return ""
-        if start:
-            data = data.partition(b"\n")[2]  # a cut first line would be misread
-        return data.decode(errors="replace")
-
-    def _saw_ready_line(self) -> bool:
-        """Whether ng_run printed its ready line. Reads the log a line at a time, each part once
-        (from where the last call stopped), so memory stays bounded however long the log."""
-        if self._ready_seen or self.workdir is None:
-            return self._ready_seen
-        with contextlib.suppress(OSError), self.log_path.open("rb") as handle:
-            handle.seek(self._ready_scanned)
-            while line := handle.readline(_LOG_LINE_BYTES):
-                if not line.endswith(b"\n") and len(line) < _LOG_LINE_BYTES:
-                    break  # still being written: read it whole next time
-                self._ready_scanned += len(line)
-                if _READY_LINE.search(line.decode(errors="replace")):
-                    self._ready_seen = True
-                    break
-        return self._ready_seen
-
-    def server_log_tail(self, name: str | None = None, n: int = 40) -> str:
-        """The last `n` log lines of server `name` (NeMo Gym prefixes them "(name) "), or of
-        the whole stack log."""
-        lines = self._read_log().splitlines()
-        if name is not None:
-            prefix = f"({name}) "
-            lines = [line for line in lines if line.startswith(prefix)]
-        return "\n".join(lines[-n:])
-
-    def _ng_run_tail(self, n: int = 20, *, before_traceback: bool = False) -> str:
-        """ng_run's own lines (not its servers'), cut before the config dump NeMo Gym prints
-        after a config error: that dump buries the error and may hold unmasked values.
-
-        With `before_traceback`, only what precedes ng_run's last traceback: a server that dies
-        while importing writes its error unprefixed (NeMo Gym prefixes only later), so it lands
-        there, above ng_run's own "finished unexpectedly" traceback."""
-        lines: list[str] = []
-        for line in self._read_log().splitlines():
-            if _CONFIG_DUMP_LINE in line:
-                break
-            if not _SERVER_LINE.match(line):
-                lines.append(line)
-        if before_traceback:
-            starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most")]
-            if starts:
-                lines = lines[: starts[-1]]
-        return "\n".join(lines[-n:])
-
-    def _tail_for(self, names: set[str]) -> str:
-        parts = [f"--- {name} ---\n{self.server_log_tail(name, 20)}" for name in sorted(names)]
-        parts.append(f"--- ng_run ({self.log_path}) ---\n{self._ng_run_tail()}")
-        return "\n".join(parts)
-
-    def _died_first(self) -> str | None:
-        """The server NeMo Gym's first "Process `x` finished unexpectedly" line names, if any.
-
-        Only ng_run's own (unprefixed) lines count: a server's output could quote the phrase."""
-        for line in self._read_log().splitlines():
-            if not _SERVER_LINE.match(line) and (died := _DIED_LINE.search(line)):
-                return died.group(1)
-        return None
-
-    def _shut_down_normally(self, name: str) -> bool:
-        """Whether server `name`'s log shows uvicorn's graceful shutdown (see _SHUTDOWN_LINE)."""
-        prefix = f"({name}) "
-        return any(
-            line.startswith(prefix) and _SHUTDOWN_LINE.search(line)
-            for line in self._read_log().splitlines()
-        )
-
-    def _death_message(self, code: int) -> str:
-        if (name := self._died_first()) is not None:
-            return (
-                f"NeMo Gym server {name!r} died (ng_run exit {code}); its log:\n"
-                f"{self.server_log_tail(name, 20)}\n"
-                f"--- unprefixed output ({self.log_path}) ---\n"
-                f"{self._ng_run_tail(20, before_traceback=True)}"
-            )
-        first = _FIRST_ERROR.search(self._ng_run_tail(10_000))
-        cause = f": {first.group(0).strip()}" if first else ""
-        return (
-            f"NeMo Gym's ng_run exited with status {code}{cause}; log tail:\n"
-            f"{self._tail_for(set())}"
-        )
-
     # ----------------------------------------------------------------------------- health
 
     async def check_alive(self) -> None:
@@ -698,7 +574,7 @@ class NeMoGymStack:
         if self._proc is None or not self._started:
             raise StackError("the NeMo Gym stack is not running")
         if (code := self._proc.poll()) is not None:
-            raise StackError(self._death_message(code))
+            raise StackError(self.ng_log.death_message(code))
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             # Every server, not just up to the first that refuses: which one died first is
@@ -711,29 +587,32 @@ class NeMoGymStack:
             ]
         if not refusing:
             return
-        deadline = time.monotonic() + _DIED_LINE_WAIT
-        while not self._log_tells_first_dead(refusing) and time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
-            if (code := self._proc.poll()) is not None:
-                raise StackError(self._death_message(code))
-        if (name := self._died_first()) is not None:
+        proc = self._proc
+        await poll_until(
+            lambda: proc.poll() is not None or self._log_tells_first_dead(refusing),
+            time.monotonic() + _DIED_LINE_WAIT,
+            0.25,
+        )
+        if (code := proc.poll()) is not None:
+            raise StackError(self.ng_log.death_message(code))
+        if (name := self.ng_log.died_first()) is not None:
             raise StackError(
                 f"NeMo Gym server {name!r} died (NeMo Gym: process finished unexpectedly)"
-                f"{_also_down(refusing, name)}; its log:\n{self.server_log_tail(name, 20)}"
+                f"{also_down(refusing, name)}; its log:\n{self.ng_log.server_tail(name, 20)}"
             )
-        died = [n for n in refusing if not self._shut_down_normally(n)]
+        died = [n for n in refusing if not self.ng_log.shut_down_normally(n)]
         name = (died or refusing)[0]
         raise StackError(
             f"NeMo Gym server {name!r} at {self.servers[name]} refuses connections"
-            f"{_also_down(refusing, name)}; log tail:\n{self.server_log_tail(name, 20)}"
+            f"{also_down(refusing, name)}; log tail:\n{self.ng_log.server_tail(name, 20)}"
         )
 
     def _log_tells_first_dead(self, refusing: list[str]) -> bool:
         """Whether the log names the first server to die: NeMo Gym's line, or exactly one of
         the `refusing` servers without a graceful shutdown (see `check_alive`)."""
-        if self._died_first() is not None:
+        if self.ng_log.died_first() is not None:
             return True
-        return sum(not self._shut_down_normally(n) for n in refusing) == 1
+        return sum(not self.ng_log.shut_down_normally(n) for n in refusing) == 1
 
     # ----------------------------------------------------------------------------- stop
 
@@ -754,20 +633,16 @@ class NeMoGymStack:
         if self._started and self.fast_start:
             # Signalled before its ready line, ng_run skips its graceful shutdown of the servers
             # (the teardown would still kill them): give it its last readiness poll.
-            until = time.monotonic() + 4
-            while (
-                self._proc is not None
-                and self._proc.poll() is None
-                and not self._saw_ready_line()
-                and time.monotonic() < until
-            ):
-                await asyncio.sleep(0.1)
+            proc = self._proc
+            await poll_until(
+                lambda: proc is None or proc.poll() is not None or self.ng_log.saw_ready_line(),
+                time.monotonic() + 4,
+                0.1,
+            )
         self._request_stop()
         proc = self._proc
         if proc is not None:
-            deadline = time.monotonic() + _STOP_TIMEOUT
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            await poll_until(lambda: proc.poll() is not None, time.monotonic() + _STOP_TIMEOUT, 0.1)
             if proc.poll() is None:
                 self.log.warning("NeMo Gym supervisor did not exit in time; killing it")
                 proc.kill()
@@ -794,11 +669,12 @@ class NeMoGymStack:
 
     async def _sweep(self) -> list[int]:
         """Kill whatever still carries our marker (normally nothing: the supervisor did it)."""
-        deadline = time.monotonic() + 5
         entry = f"{MARKER_ENV_VAR}={self.marker}"
-        while True:
-            alive = processes_with_env(entry)
-            if not alive or time.monotonic() > deadline:
-                return alive
-            signal_with_env(alive, entry, signal.SIGKILL)  # by pidfd: never a reused PID
-            await asyncio.sleep(0.2)
+
+        def gone() -> bool:
+            if alive := processes_with_env(entry):
+                signal_with_env(alive, entry, signal.SIGKILL)  # by pidfd: never a reused PID
+            return not alive
+
+        await poll_until(gone, time.monotonic() + 5, 0.2)
+        return processes_with_env(entry)

@@ -19,9 +19,12 @@ Exit status: the command's exit status, or 0 if it was stopped by the teardown.
 
 Its argument parsing and exit stay here rather than in `verifiers_nemogym.cli`: it is a program
 of its own, run by file path with `python -I`, that must not import the package (or anything
-outside the standard library). `processes_with_env` is also the package's, the tests' and the
-benchmarks' one scan for processes by an environment entry, and `count_stack_programs` their one
-count of a stack's programs among those processes.
+outside the standard library). For that reason it is also the package's one reader of /proc (the
+supervisor needs one that imports nothing), which the tests and benchmarks use too (they read
+only a port's owner and CPU time themselves): `pids`, `environ_of`, `env_value`, `argv_of`,
+`parent_of`, `cwd_of`, `uid_of`, `alive`, `rss_bytes`, `processes_with_env` (the scan by an
+environment entry), `descendants`, and `count_stack_programs` (the count of a stack's programs
+among the processes of a scan).
 """
 
 from __future__ import annotations
@@ -59,18 +62,7 @@ def processes_with_env(entry: str) -> list[int]:
     Zombies have an empty environ and are not reported (they hold no resources but a PID).
     """
     needle = entry.encode()
-    found: list[int] = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                environ = handle.read()
-        except OSError:  # gone, or not ours to read
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(pid))
-    return found
+    return [pid for pid in pids() if needle in environ_of(pid)]
 
 
 def signal_with_env(pids: list[int], entry: str, sig: int) -> list[int]:
@@ -79,7 +71,7 @@ def signal_with_env(pids: list[int], entry: str, sig: int) -> list[int]:
 
     Each process is pinned by a pidfd first and checked after: a PID that was reused since the
     scan names a process without `entry`, which is left alone."""
-    return _signal_checked(pids, sig, lambda pid: entry.encode() in _environ(pid))
+    return _signal_checked(pids, sig, lambda pid: entry.encode() in environ_of(pid))
 
 
 def _signal_checked(pids: list[int], sig: int, still_ours: Callable[[int], bool]) -> list[int]:
@@ -108,13 +100,11 @@ def processes_mentioning(token: str) -> list[int]:
     processes of one rollout of a coding-agent CLI, whose only per-rollout value is the rollout
     id in its model URL, and their children, which inherit that environment."""
     needle = token.encode()
-    return [
-        int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _mentions(int(pid), needle)
-    ]
+    return [pid for pid in pids() if _mentions(pid, needle)]
 
 
 def _mentions(pid: int, needle: bytes) -> bool:
-    environ = _environ(pid)
+    environ = environ_of(pid)
     if any(needle in entry for entry in environ):
         return True
     for entry in environ:
@@ -133,7 +123,14 @@ def kill_processes_mentioning(token: str) -> list[int]:
     )
 
 
-def _environ(pid: int) -> list[bytes]:
+def pids() -> list[int]:
+    """The PIDs /proc lists now."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def environ_of(pid: int) -> list[bytes]:
+    """`pid`'s initial environment entries (`NAME=value`); empty if it is gone, a zombie, or
+    not ours to read."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             return handle.read().split(b"\0")
@@ -141,19 +138,65 @@ def _environ(pid: int) -> list[bytes]:
         return []
 
 
+def env_value(pid: int, name: str) -> str | None:
+    """The value of `name` in `pid`'s initial environment, None if it has none."""
+    prefix = f"{name}=".encode()
+    for entry in environ_of(pid):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def cwd_of(pid: int) -> Path | None:
+    """`pid`'s working folder (its real path); None if it is gone or not ours to inspect."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+
+
+def uid_of(pid: int) -> int | None:
+    """The uid owning `pid`; None if it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _state_and_parent(pid: int) -> tuple[str, int] | None:
+    """`pid`'s state letter (`Z`: a zombie) and parent PID; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            # The command name (field 2) may hold spaces and parentheses: split after the last.
+            state, ppid = handle.read().rsplit(")", 1)[1].split()[:2]
+        return state, int(ppid)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not) of this machine."""
+    return (found := _state_and_parent(pid)) is not None and found[0] != "Z"
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of `pid` in bytes, 0 if it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def descendants(root: int) -> dict[int, int]:
     """Live (not zombie) descendants of `root`, each PID with its parent's PID."""
     children: dict[int, list[tuple[int, str]]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as handle:
-                # The command name (field 2) may hold spaces and parentheses: split after the last.
-                state, ppid = handle.read().rsplit(")", 1)[1].split()[:2]
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(int(ppid), []).append((int(name), state))
+    for pid in pids():
+        if (stat := _state_and_parent(pid)) is not None:
+            children.setdefault(stat[1], []).append((pid, stat[0]))
     found: dict[int, int] = {}
     todo = [root]
     while todo:
@@ -182,8 +225,8 @@ def count_stack_programs(*entries: str) -> dict[str, int]:
     pids = {pid for entry in entries for pid in processes_with_env(entry)}
     counts = dict.fromkeys(STACK_PROGRAMS, 0)
     for pid in pids:
-        argv = _argv(pid)
-        if _runs_ng_run(argv) and not _runs_ng_run(_argv(_parent(pid))):
+        argv = argv_of(pid)
+        if _runs_ng_run(argv) and not _runs_ng_run(argv_of(parent_of(pid))):
             counts["ng_run"] += 1
         if argv and argv[0].endswith("gcs_server"):
             counts["gcs_server"] += 1
@@ -195,7 +238,7 @@ def _runs_ng_run(argv: list[str]) -> bool:
     return any(arg.endswith("/ng_run") for arg in argv[:2])
 
 
-def _argv(pid: int) -> list[str]:
+def argv_of(pid: int) -> list[str]:
     """`pid`'s command line; empty if it is gone, a zombie or a kernel thread."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -204,14 +247,9 @@ def _argv(pid: int) -> list[str]:
         return []
 
 
-def _parent(pid: int) -> int:
+def parent_of(pid: int) -> int:
     """`pid`'s parent PID; 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            # The command name (field 2) may hold spaces and parentheses: split after the last.
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
+    return found[1] if (found := _state_and_parent(pid)) is not None else 0
 
 
 class _Supervisor:
@@ -328,7 +366,7 @@ class _Supervisor:
 def _still_below(tree: dict[int, int], me: int) -> Callable[[int], bool]:
     """Whether a PID of `tree` (`descendants(me)`) is still that process: its parent is the one
     scanned, or us if that parent died since (we are a subreaper)."""
-    return lambda pid: _parent(pid) in (tree[pid], me)
+    return lambda pid: parent_of(pid) in (tree[pid], me)
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 
-from verifiers_nemogym.bridge.judge import prompt_text
 from verifiers_nemogym.bridge.responses import complete_response
+from verifiers_nemogym.judge.relay import prompt_text
 from verifiers_nemogym.policies.server import Call, ResponsesServer
 
 

@@ -62,7 +62,6 @@ class GenerateAdapter(AppServer):
         self.calls = 0
         """Generate calls answered with tokens."""
         self._ids = itertools.count()
-        self._session: aiohttp.ClientSession | None = None
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
@@ -70,15 +69,8 @@ class GenerateAdapter(AppServer):
         app.router.add_get("/v1/models", self._models)
         return app
 
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        await super().start()
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+    def _client_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.timeout)
 
     async def _models(self, request: web.Request) -> web.Response:
         card = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}

@@ -39,7 +39,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
-from verifiers_nemogym.util import file_lock, private_cache, rss_bytes
+from verifiers_nemogym.nemo.supervisor import rss_bytes
+from verifiers_nemogym.util import file_lock, private_cache, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -266,18 +267,19 @@ class LocalModelServer:
         return json.loads(line)["address"]
 
     def _wait_healthy(self, address: str, deadline: float) -> None:
-        while True:
+        def healthy() -> bool:
             try:
                 with urllib.request.urlopen(f"{address}/health", timeout=5) as reply:
                     if reply.status == 200:
-                        return
+                        return True
             except (urllib.error.URLError, OSError):
                 pass  # 503 while loading, or not accepting yet
             if self._proc is not None and self._proc.poll() is not None:
                 raise self._failure(f"exited during start (status {self._proc.returncode})")
-            if time.monotonic() > deadline:
-                raise self._failure(f"did not become healthy within {self.start_timeout:.0f} s")
-            time.sleep(0.2)
+            return False
+
+        if not wait_until(healthy, deadline, 0.2):
+            raise self._failure(f"did not become healthy within {self.start_timeout:.0f} s")
 
     def rss_bytes(self) -> int:
         """Resident memory of the server process (model pages included), 0 if not running."""

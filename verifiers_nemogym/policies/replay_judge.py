@@ -13,7 +13,7 @@ of these fields (`judge_entries` reads them; docs/judges.md lists the environmen
 - `judgement_gen_base` and `judgement_base_gen`: the two side-swapped calls' texts (arena_judge).
 
 Matching contract. A call's prompt is the texts of its messages joined by newlines
-(`bridge.judge.prompt_text`), identical for a Responses call and the Chat Completions call
+(`judge.relay.prompt_text`), identical for a Responses call and the Chat Completions call
 NeMo Gym's `inference_provider` converts it into, so the judge may be named with either API.
 An entry matches when each of its `needles` (stripped) occurs in the prompt, in order: for a
 recorded request, its messages' texts; for a recorded text only, the rollout's question

@@ -4,7 +4,7 @@ Exports exactly one Taskset, Harness and Env (verifiers' discovery rule) plus `l
 the short form of `vf.load_environment(vf.resolve_env_config({"taskset": {...}}))`.
 
 Importing this module hands the package's logging to verifiers' logger (see
-`verifiers_nemogym.cli.logs`): verifiers' CLIs import it before they set up their handlers, and
+`verifiers_nemogym.logs`): verifiers' CLIs import it before they set up their handlers, and
 this is the one import every way of loading the env goes through.
 """
 
@@ -14,8 +14,12 @@ from typing import Any
 
 import verifiers.v1 as vf
 
-from verifiers_nemogym import NeMoGymEnv, NeMoGymHarness, NeMoGymTaskset
-from verifiers_nemogym.cli.logs import follow_verifiers_logging
+from verifiers_nemogym import (
+    NeMoGymEnv,
+    NeMoGymHarness,
+    NeMoGymTaskset,
+    follow_verifiers_logging,
+)
 
 ENV_ID = "nemo-gym-env"
 

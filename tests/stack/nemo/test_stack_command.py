@@ -10,17 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import PLACEHOLDER_CONFIG as PLACEHOLDER
+from helpers import unstarted_stack as _stack
 
-from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-
-PLACEHOLDER = Path("/nonexistent/vf_external_model.yaml")
-
-
-def _stack(venv: NeMoGymVenv, configs: list[Path], timeout: float = 300) -> NeMoGymStack:
-    return NeMoGymStack(
-        venv, configs, policy_host="127.0.0.1", policy_port=9, start_timeout=timeout
-    )
 
 
 # runs NeMo Gym's config resolver (~10-30 s, cached)

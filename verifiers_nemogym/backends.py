@@ -7,16 +7,17 @@ the stack's merged config, for every backend); `marker` is the stack's process m
 elsewhere); `lost` is set, with `reason`, once the stack is unusable (a server died, the shared
 host went away, a remote head server stopped answering); `close()` gives it up (idempotent):
 stops what this process owns, releases a lease, or only stops watching. `judge` is the stack's
-judge (`bridge.judge.JudgeStatus`: who it is, its recent failures) when it has one, and
+judge (`judge.blame.JudgeStatus`: who it is, its recent failures) when it has one, and
 `judge_summary()` its calls, failures and tokens so far.
 
 Backends, chosen by `open_stack` from the taskset config:
 - `SharedStack` (default, `shared_stack=True`): a lease on the machine's one stack for the
-  config set (`nemo/shared.py`), started for everyone if none runs;
+  config set (`nemo/attach.py`), started for everyone if none runs;
 - `PrivateStack` (`shared_stack=False`): a stack this process starts and stops
-  (`nemo/stack.py`), checked every `WATCH_INTERVAL`;
-- `AttachedStack` (`stack_url`): a stack started elsewhere (`nemo/remote.py`), its head server
-  checked every `REMOTE_WATCH_INTERVAL`.
+  (`nemo/stack.py`), checked every `CHECK_ALIVE_INTERVAL`;
+- `AttachedStack` (`stack_url`): a stack started elsewhere (`nemo/remote.py`, described by
+  `describe_stack_url` before the proxy starts, since it names the proxy's port), its head
+  server checked every `REMOTE_WATCH_INTERVAL`.
 """
 
 from __future__ import annotations
@@ -24,24 +25,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
-from verifiers_nemogym.bridge.judge import Judge, JudgeStatus
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.nemo.remote import RemoteStack
-from verifiers_nemogym.nemo.shared import Lease, attach_or_start, request
-from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.judge.blame import JudgeStatus
+from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.nemo import lease
+from verifiers_nemogym.nemo.attach import Lease, attach_or_start
+from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote
+from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 logger = logging.getLogger(__name__)
 
-WATCH_INTERVAL = 2.0
-"""Seconds between liveness checks of a private stack's servers."""
 REMOTE_WATCH_INTERVAL = 5.0
 """Seconds between checks that a remote stack's head server still answers."""
 REMOTE_MISSES = 3
@@ -55,18 +54,21 @@ class Stack(ABC):
     judge: JudgeStatus | None = None
 
     def __init__(self, run_urls: dict[str, str]) -> None:
+        """Starts watching the stack (`_watch_stack`, first run at the caller's next await, after
+        the subclass's `__init__`): call it on the running event loop."""
         self.run_urls = dict(run_urls)
         self.lost = asyncio.Event()
         self.reason = ""
-        self._watch: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = asyncio.create_task(self._watch_stack())
 
     def _lose(self, reason: str) -> None:
         if not self.lost.is_set():
             self.reason = reason
             self.lost.set()
 
-    def _watch_with(self, watcher: Coroutine[Any, Any, None]) -> None:
-        self._watch = asyncio.create_task(watcher)
+    @abstractmethod
+    async def _watch_stack(self) -> None:
+        """Until the stack is lost (then `_lose` with the reason); cancelled by `close()`."""
 
     async def close(self) -> None:
         if self._watch is not None:
@@ -98,35 +100,12 @@ class PrivateStack(Stack):
         self.marker = process.marker
         self.judge = process.relay.status if process.relay is not None else None
 
-    @classmethod
-    async def start(
-        cls, runtime: NeMoGymVenv, config_paths: list[Path], proxy: NeMoGymModelProxy,
-        start_timeout: float, judge: Judge | None = None, judge_key: str | None = None,
-    ) -> PrivateStack:  # fmt: skip
-        process = NeMoGymStack(
-            runtime,
-            config_paths,
-            policy_host=proxy.host,
-            policy_port=proxy.port,
-            start_timeout=start_timeout,
-            judge=judge,
-            judge_key=judge_key,
-        )
-        try:
-            await process.start()
-        except BaseException:
-            await process.stop()
-            raise
-        stack = cls(process)
-        stack._watch_with(stack._check())
-        return stack
-
-    async def _check(self) -> None:
+    async def _watch_stack(self) -> None:
         # A dead server is reported once, and every rollout fails fast with the reason. The stack
         # is not restarted: a server that died mid-run (out of memory, a crash) would most likely
         # die again, and a restart would hide it.
         while True:
-            await asyncio.sleep(WATCH_INTERVAL)
+            await asyncio.sleep(CHECK_ALIVE_INTERVAL)
             try:
                 await self.process.check_alive()
             except StackError as e:
@@ -152,28 +131,7 @@ class SharedStack(Stack):
         self.marker = lease.marker
         self.judge = lease.judge
 
-    @classmethod
-    async def start(
-        cls, runtime: NeMoGymVenv, config_paths: list[Path], proxy: NeMoGymModelProxy, *,
-        idle_timeout: float, start_timeout: float, judge: Judge | None = None,
-        judge_key: str | None = None,
-    ) -> SharedStack:  # fmt: skip
-        lease = await attach_or_start(
-            runtime,
-            config_paths,
-            proxy_url=proxy.url,
-            proxy_secret=proxy.secret,
-            idle_timeout=idle_timeout,
-            start_timeout=start_timeout,
-            judge=judge,
-            judge_key=judge_key,
-            log=logger,
-        )
-        stack = cls(lease)
-        stack._watch_with(stack._follow())
-        return stack
-
-    async def _follow(self) -> None:
+    async def _watch_stack(self) -> None:
         # The host closes the lease when the stack died, on `stack down`, or when it is killed;
         # its last word is the reason.
         await self.lease.lost.wait()
@@ -186,7 +144,7 @@ class SharedStack(Stack):
         if self.judge is None:
             return None
         try:
-            status = await request(self.lease.directory, {"op": "status"}, timeout=5)
+            status = await lease.status(self.lease.directory, timeout=5)
         except StackError as e:
             return f"unknown ({e})"
         return str(status.get("judge_stats") or "unknown")
@@ -204,13 +162,7 @@ class AttachedStack(Stack):
         super().__init__(remote.run_urls)
         self.remote = remote
 
-    @classmethod
-    def watch(cls, remote: RemoteStack) -> AttachedStack:
-        stack = cls(remote)
-        stack._watch_with(stack._check())
-        return stack
-
-    async def _check(self) -> None:
+    async def _watch_stack(self) -> None:
         missed = 0
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
             while missed < REMOTE_MISSES:
@@ -242,18 +194,39 @@ async def open_stack(
     idle_timeout: float,
     start_timeout: float,
     judge: Judge | None = None,
-    judge_key: str | None = None,
 ) -> Stack:
     """The stack the taskset config asks for (see the module contract); `remote` is the
-    described `stack_url` stack, if one was named. The proxy must be serving already: the
-    stack's `policy_model` is its address (or, shared, the host's front forwarder's). A
-    `judge` (with its key, held by the process that runs the stack) serves the stack's judge
-    references; it is part of a shared stack's identity."""
+    `stack_url` stack (`describe_stack_url`), if one was named. The proxy must be serving
+    already: the stack's `policy_model` is its address (or, shared, the host's front
+    forwarder's). A `judge` (carrying its key, held by the process that runs the stack) serves
+    the stack's judge references; it is part of a shared stack's identity."""
     if remote is not None:
-        return AttachedStack.watch(remote)
+        return AttachedStack(remote)
     if shared:
-        return await SharedStack.start(
-            runtime, config_paths, proxy, idle_timeout=idle_timeout,
-            start_timeout=start_timeout, judge=judge, judge_key=judge_key,
+        return SharedStack(
+            await attach_or_start(
+                runtime, config_paths, proxy_url=proxy.url, proxy_secret=proxy.secret,
+                idle_timeout=idle_timeout, start_timeout=start_timeout, judge=judge, log=logger,
+            )
         )  # fmt: skip
-    return await PrivateStack.start(runtime, config_paths, proxy, start_timeout, judge, judge_key)
+    process = NeMoGymStack(
+        runtime, config_paths, policy_host=proxy.host, policy_port=proxy.port,
+        start_timeout=start_timeout, judge=judge,
+    )  # fmt: skip
+    try:
+        await process.start()
+    except BaseException:
+        await process.stop()
+        raise
+    return PrivateStack(process)
+
+
+async def describe_stack_url(
+    stack_url: str | None, proxy_host: str, proxy_port: int
+) -> RemoteStack | None:
+    """The stack started elsewhere that `stack_url` names (None: none named), described
+    before the model proxy starts: its `policy_address` is where the proxy must listen
+    (`nemo.remote.describe_remote`: StackError, ConfigError)."""
+    if stack_url is None:
+        return None
+    return await describe_remote(stack_url, proxy_host, proxy_port)

@@ -1,4 +1,5 @@
-"""LiveStack: what `NeMoGymEnv.start()` hands to every rollout of its process.
+"""RolloutContext: what `NeMoGymEnv.start()` hands to every rollout of its process (the model
+proxy, where each agent's rollouts go, the HTTP client, the stack's judge and its death notice).
 
 It rides on the shared task config, so it must survive the copies verifiers makes of task
 objects: a deep copy returns the same handle (a running server cannot be copied). It also carries
@@ -14,13 +15,13 @@ from typing import Any
 
 import aiohttp
 
-from verifiers_nemogym.bridge.judge import JudgeStatus
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
+from verifiers_nemogym.judge.blame import JudgeStatus
 
 
 @dataclass(eq=False)
-class LiveStack:
+class RolloutContext:
     """The model proxy, where each agent's rollouts go, and one HTTP client for `/run`."""
 
     proxy: NeMoGymModelProxy
@@ -53,8 +54,8 @@ class LiveStack:
             self.failure = cut(reason, NOTICE_LIMIT)
             self.died.set()
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> LiveStack:
+    def __deepcopy__(self, memo: dict[int, Any]) -> RolloutContext:
         return self
 
-    def __copy__(self) -> LiveStack:
+    def __copy__(self) -> RolloutContext:
         return self

@@ -1,31 +1,18 @@
-"""One NeMo Gym stack per machine for every env process that asks for the same one.
+"""One NeMo Gym stack per machine for every env process that asks for the same one: the
+client side (an env process's lease, and the `stack up/status/down` commands). The protocol
+both ends speak is `nemo/lease.py`; the design is docs/shared-stacks.md.
 
-Design (see docs/shared-stacks.md):
-
-- A stack is identified by its *key*: nemo-gym version, the runtime's Python and venv, the
-  sorted set of NeMo Gym config files (and their contents), and its judge if any (endpoint,
-  model, API and a digest of the key: two judges or two keys never share a stack). Its folder
-  `<cache>/stacks/<key>/` (mode 0700, checked to be ours and private before use) holds `lock`
-  (a flock serialising attach/start/stop decisions), `host.lock` (flocked by the live host for
-  its whole life: at most one host per key), `host.sock` (the host's unix socket; both ends
-  check the other's uid) and `host.log`.
-- The *stack host* is a detached process (`nemo/host.py`, run as `python -m`) that owns
-  the `NeMoGymStack` (so the supervisor's teardown applies unchanged) and a small *front*
-  forwarder registered as NeMo Gym's `policy_model`. It never runs rollouts.
-- Each env process (*user*) keeps its own in-process model proxy (per-rollout routes, stop
-  conditions, provider errors stay there) and holds a *lease*: one open connection to
-  `host.sock`, on which it registered its proxy's URL and secret. The front forwards a model call
-  only to the loopback proxy whose secret the call carries (the secret both authenticates and
-  selects the user: rollouts of one user never reach another's proxy, and the user's proxy then
-  routes by route id as before).
-- The kernel closes a lease when its process dies, SIGKILL included. With no lease left the host
-  waits `idle_timeout` seconds, then (under the flock, so no attach can slip in) removes its
-  socket, stops the stack and exits. Persistent stacks (`nemo-gym-env stack up`) use the same
-  host with a longer (or no) idle timeout.
-- `attach_or_start` takes the flock, attaches to a live host or starts one and waits for it:
-  concurrent starts bring up exactly one stack. A host that holds `host.lock` but does not
-  answer yet (starting, or slow) is waited for, never replaced; a host nobody leases within
-  `UNCLAIMED_GRACE` s of being ready (its starter was cancelled or killed) stops by itself.
+- A stack is identified by its *key* (`stack_key`): runtime, config files and their contents,
+  and its judge's identity (two judges or two keys never share a stack).
+- The *stack host* (`nemo/host.py`, a detached process) owns the `NeMoGymStack` and the *front*
+  forwarder NeMo Gym calls as `policy_model`; it never runs rollouts. Each env process (*user*)
+  keeps its own model proxy and holds a *lease* (`Lease`): one open connection to the host's
+  socket, on which it registered its proxy's URL and secret. The kernel closes a lease when its
+  process dies; with no lease left the host waits its idle timeout, then stops.
+- `attach_or_start` takes the stack's flock, leases a live host or starts one and waits for it:
+  concurrent starts bring up exactly one host. A host that holds `host.lock` but does not
+  answer yet is waited for, never replaced; one nobody leases within `UNCLAIMED_GRACE` s of
+  being ready (its starter was cancelled or killed) stops by itself.
 """
 
 from __future__ import annotations
@@ -35,11 +22,9 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -48,14 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from verifiers_nemogym.bridge.judge import Judge, JudgeStatus
 from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.judge.blame import JudgeStatus
+from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.nemo import lease
+from verifiers_nemogym.nemo import supervisor as procs
+from verifiers_nemogym.nemo.lease import HOST_ENV_VAR, HostSpec, check_idle_timeout, request
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.util import (
     acquire_flock,
     cache_root,
     open_nofollow,
-    pid_alive,
+    poll_until,
     private_dir,
     try_flock,
 )
@@ -63,18 +52,10 @@ from verifiers_nemogym.util import (
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-HOST_ENV_VAR = "VF_NEMOGYM_STACK_HOST"
-"""Set (to the stack key) in the stack host's environment, so scans can find hosts."""
 DEFAULT_IDLE_GRACE = 5.0
 """Seconds an automatically started stack stays up after its last user left."""
-_LINE_LIMIT = 1 << 20
 LEASE_ANSWER_TIMEOUT = 30.0
 """Seconds a user waits for a host's answer to its lease hello before asking again."""
-UNCLAIMED_GRACE = 60.0
-"""Seconds a ready host waits for its first lease (or `stack up`'s persist) before it stops:
-its starter was cancelled or killed while it started."""
-SOCKET_PATH_MAX = 107
-"""The longest unix socket path Linux accepts (sun_path is 108 bytes with its NUL)."""
 
 
 # ------------------------------------------------------------------------------ identity
@@ -85,12 +66,7 @@ def stacks_root() -> Path:
     return cache_root() / "stacks"
 
 
-def stack_key(
-    venv: NeMoGymVenv,
-    config_paths: list[Path],
-    judge: Judge | None = None,
-    judge_key: str | None = None,
-) -> str:
+def stack_key(venv: NeMoGymVenv, config_paths: list[Path], judge: Judge | None = None) -> str:
     """The identity of a stack: same runtime, same set of config files with the same contents,
     and the same judge (`Judge.identity`: endpoint and a digest of its key) = same stack (an
     edited config starts a stack of its own instead of attaching to one that runs the old file).
@@ -104,7 +80,7 @@ def stack_key(
         "config_sha256": [_file_digest(p) for p in files],
     }
     if judge is not None:
-        ident["judge"] = judge.identity(judge_key)
+        ident["judge"] = judge.identity()
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -119,14 +95,6 @@ def stack_dir(key: str) -> Path:
     return stacks_root() / key
 
 
-def _socket_path(directory: Path) -> Path:
-    return directory / "host.sock"
-
-
-def _host_lock_path(directory: Path) -> Path:
-    return directory / "host.lock"
-
-
 def check_stack_dir(directory: Path) -> None:
     """Before anything starts: the cache root, `stacks/` and `directory` are ours and private
     (else ConfigError, see `util.private_dir`), and `host.sock` fits a unix socket address
@@ -134,46 +102,25 @@ def check_stack_dir(directory: Path) -> None:
     private_dir(cache_root())
     private_dir(directory.parent)
     private_dir(directory)
-    path = _socket_path(directory)
-    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+    path = directory / lease.SOCKET
+    if len(os.fsencode(path)) > lease.SOCKET_PATH_MAX:
         raise StackError(
-            f"the shared stack socket path {path} is longer than {SOCKET_PATH_MAX} bytes; "
+            f"the shared stack socket path {path} is longer than {lease.SOCKET_PATH_MAX} bytes; "
             "set VF_NEMOGYM_CACHE to a shorter folder"
         )
 
 
 def spawn_if_no_host(
-    directory: Path, spec: HostSpec, secrets: dict[str, Any] | None = None
+    directory: Path, spec: HostSpec, judge: Judge | None = None
 ) -> subprocess.Popen[bytes] | None:
     """Under the stack lock: a new host for `directory` if none runs (None if one does). The
     new host inherits our flock on `host.lock` (the same open file), so there is no moment in
     which the lock is free while it starts, even if we are killed right after."""
-    handle = try_flock(_host_lock_path(directory))
+    handle = try_flock(directory / lease.HOST_LOCK)
     if handle is None:
         return None
     with handle:
-        return spawn_host(directory, spec, handle, secrets)
-
-
-def peer_uid(writer: asyncio.StreamWriter) -> int:
-    """The uid of the process at the other end of a unix socket connection (SO_PEERCRED)."""
-    sock = writer.get_extra_info("socket")
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
-
-
-async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to the host socket at `path` whose listener runs as our uid; StackError
-    (nothing sent) if another user serves it; OSError if nothing listens."""
-    reader, writer = await asyncio.open_unix_connection(path, limit=_LINE_LIMIT)
-    uid = peer_uid(writer)
-    if uid != os.getuid():
-        writer.close()
-        raise StackError(
-            f"the shared stack socket {path} is served by uid {uid}, not by you "
-            f"(uid {os.getuid()}); refusing it: set VF_NEMOGYM_CACHE to a private folder"
-        )
-    return reader, writer
+        return spawn_host(directory, spec, handle, judge)
 
 
 @contextlib.asynccontextmanager
@@ -182,55 +129,18 @@ async def stack_lock(directory: Path, deadline: float, what: str) -> AsyncIterat
     The folder is checked first (`check_stack_dir`)."""
     check_stack_dir(directory)
     try:
-        handle = await acquire_flock(directory / "lock", deadline)
+        handle = await acquire_flock(directory / lease.LOCK, deadline)
     except TimeoutError:
         raise StackError(
-            f"timed out waiting for the shared stack lock {directory / 'lock'} ({what})"
+            f"timed out waiting for the shared stack lock {directory / lease.LOCK} ({what})"
         ) from None
     except OSError as e:  # e.g. ELOOP: `lock` is a symlink, which is never followed
-        raise StackError(f"cannot open the shared stack lock {directory / 'lock'}: {e}") from None
+        path = directory / lease.LOCK
+        raise StackError(f"cannot open the shared stack lock {path}: {e}") from None
     try:
         yield
     finally:
         handle.close()  # drops the flock
-
-
-# ------------------------------------------------------------------------------ wire
-
-
-async def _send(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
-    writer.write(json.dumps(message).encode() + b"\n")
-    await writer.drain()
-
-
-async def _receive(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    """The next JSON line, or None at EOF."""
-    line = await reader.readline()
-    if not line:
-        return None
-    message = json.loads(line)
-    if not isinstance(message, dict):
-        raise ValueError("a message must be a JSON object")
-    return message
-
-
-async def request(directory: Path, message: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
-    """Send one control message (`status`, `down`) to the host in `directory`; its answer.
-    Raises StackError if no host (of our uid) listens there."""
-    path = _socket_path(directory)
-    try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await _connect(path)
-            try:
-                await _send(writer, message)
-                answer = await _receive(reader)
-            finally:
-                writer.close()
-    except (OSError, TimeoutError, ValueError) as e:
-        raise StackError(f"no shared NeMo Gym stack answers at {path} ({e!r})") from None
-    if answer is None:
-        raise StackError(f"the shared NeMo Gym stack at {path} closed without answering")
-    return answer
 
 
 # ------------------------------------------------------------------------------ user side
@@ -265,16 +175,13 @@ class Lease:
     async def _follow(self) -> None:
         reason = "the shared NeMo Gym stack host closed the lease"
         try:
-            while (message := await _receive(self._reader)) is not None:
-                if message.get("event") == "judge_failed" and self.judge is not None:
-                    self.judge.failed(
-                        str(message.get("message")),
-                        float(message["at"]),
-                        str(message.get("prompt") or ""),
-                    )
-                elif message.get("event") == "down":
+            while (message := await lease.receive(self._reader)) is not None:
+                event = message.get("event")
+                if event == lease.EVENT_JUDGE_FAILED and self.judge is not None:
+                    self.judge.failed(lease.judge_failure_of(message))
+                elif event == lease.EVENT_DOWN:
                     reason = f"the shared NeMo Gym stack went down: {message.get('reason')}"
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, KeyError) as e:
             reason = f"lost the shared NeMo Gym stack host ({e!r})"
         self.reason = reason
         self.lost.set()
@@ -299,18 +206,17 @@ async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Leas
     """A lease from the host listening in `directory`, or None if none answers in
     `LEASE_ANSWER_TIMEOUT` s (or it is shutting down). StackError, before the secret is sent,
     if the listener is another user's."""
-    path = _socket_path(directory)
+    path = directory / lease.SOCKET
     if not path.exists():
         return None
     try:
-        reader, writer = await _connect(path)
+        reader, writer = await lease.connect(path)
     except OSError:
         return None
     try:
-        hello = {"op": "lease", "pid": os.getpid(), "proxy_url": proxy_url, "secret": proxy_secret}
-        await _send(writer, hello)
+        await lease.send(writer, lease.lease_hello(proxy_url, proxy_secret))
         async with asyncio.timeout(LEASE_ANSWER_TIMEOUT):
-            answer = await _receive(reader)
+            answer = await lease.receive(reader)
     except (OSError, TimeoutError, ValueError):
         writer.close()
         return None
@@ -331,81 +237,48 @@ async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Leas
     )
 
 
-@dataclass(frozen=True)
-class HostSpec:
-    """What a stack host starts: passed to the host program (`nemo/host.py`) as JSON."""
-
-    nemo_gym_version: str
-    python: str
-    config_paths: list[str]
-    idle_timeout: float | None
-    start_timeout: float
-    persistent: bool = False
-    below_floor: bool = False
-    """The runtime was built below its release's declared Python floor (the explicit opt-in)."""
-    judge: dict[str, Any] | None = None
-    """The stack's judge (`Judge.to_dict`: no key, no headers; those reach the host on its
-    stdin, see `spawn_host`)."""
-
-    @classmethod
-    def of(
-        cls,
-        venv: NeMoGymVenv,
-        config_paths: list[Path],
-        idle_timeout: float | None,
-        start_timeout: float,
-        *,
-        persistent: bool = False,
-        judge: Judge | None = None,
-    ) -> HostSpec:
-        """The spec of a host serving `config_paths` on `venv`'s release and Python."""
-        return cls(
-            nemo_gym_version=venv.nemo_gym_version,
-            python=str(venv.python),
-            config_paths=[str(Path(p).absolute()) for p in config_paths],
-            idle_timeout=idle_timeout,
-            start_timeout=start_timeout,
-            persistent=persistent,
-            below_floor=venv.below_floor,
-            judge=judge.to_dict() if judge is not None else None,
-        )
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__)
-
-    @classmethod
-    def from_json(cls, text: str) -> HostSpec:
-        return cls(**json.loads(text))
-
-
-def host_secrets(judge: Judge | None, judge_key: str | None) -> dict[str, Any]:
-    """What a host gets on its stdin: the judge's key and headers."""
-    return {"judge_key": judge_key, "judge_headers": judge.headers if judge is not None else {}}
+def host_spec(
+    venv: NeMoGymVenv,
+    config_paths: list[Path],
+    idle_timeout: float | None,
+    start_timeout: float,
+    *,
+    persistent: bool = False,
+    judge: Judge | None = None,
+) -> HostSpec:
+    """The spec of a host serving `config_paths` on `venv`'s release and Python."""
+    return HostSpec(
+        nemo_gym_version=venv.nemo_gym_version,
+        python=str(venv.python),
+        config_paths=[str(Path(p).absolute()) for p in config_paths],
+        idle_timeout=idle_timeout,
+        start_timeout=start_timeout,
+        persistent=persistent,
+        below_floor=venv.below_floor,
+        judge=judge.to_dict() if judge is not None else None,
+    )
 
 
 def spawn_host(
-    directory: Path, spec: HostSpec, host_lock: IO[str], secrets: dict[str, Any] | None = None
+    directory: Path, spec: HostSpec, host_lock: IO[str], judge: Judge | None = None
 ) -> subprocess.Popen[bytes]:
     """Start a detached stack host for `directory` (its output goes to `host.log`; the previous
     host's log is kept as `host.log.1`, so logs do not grow forever). The caller holds the stack
     lock and `host_lock` (`host.lock`, flocked), which the host inherits and keeps for its life;
-    the host itself removes a dead host's socket. `secrets` (`host_secrets`) go to the host on
-    its stdin (one JSON line), never in its arguments or environment."""
-    log_path = directory / "host.log"
+    the host itself removes a dead host's socket. The judge's secrets (`lease.host_secrets`) go
+    to the host on its stdin (one JSON line), never in its arguments or environment."""
+    log_path = directory / lease.LOG
     with contextlib.suppress(FileNotFoundError):
-        os.replace(log_path, directory / "host.log.1")
+        os.replace(log_path, directory / lease.PREVIOUS_LOG)
     env = {**os.environ, HOST_ENV_VAR: directory.name}
-    if spec.judge is not None and spec.judge.get("key_var"):
-        env.pop(str(spec.judge["key_var"]), None)
-    # Imported here: the host module builds on this one (the lease protocol, HostSpec).
-    from verifiers_nemogym.nemo import host
-
+    if judge is not None:
+        env = judge.scrubbed(env)
     with open_nofollow(log_path, binary=True) as log:
         proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                host.__name__,
+                lease.HOST_MODULE,
                 "--dir",
                 str(directory),
                 "--spec",
@@ -424,14 +297,14 @@ def spawn_host(
         )
     assert proc.stdin is not None
     with contextlib.suppress(OSError):  # a host that died at once says why in its log
-        proc.stdin.write(json.dumps(secrets or {}).encode() + b"\n")
+        proc.stdin.write(json.dumps(lease.host_secrets(judge)).encode() + b"\n")
         proc.stdin.close()
     return proc
 
 
 def _log_tail(directory: Path, n: int = 30) -> str:
     try:
-        lines = (directory / "host.log").read_text(errors="replace").splitlines()
+        lines = (directory / lease.LOG).read_text(errors="replace").splitlines()
     except OSError:
         return ""
     return "\n".join(lines[-n:])
@@ -443,10 +316,10 @@ async def _host_or_start(
     deadline: float,
     ready: Callable[[], Awaitable[T | None]],
     log: logging.Logger,
-    secrets: dict[str, Any] | None = None,
+    judge: Judge | None = None,
 ) -> tuple[T, bool]:
-    """Under the stack lock: poll `ready()` until the stack's host gives a value; returns it and
-    whether this call spawned the host.
+    """Under the stack lock: poll `ready()` until the stack's host gives a value (any truthy
+    one); returns it and whether this call spawned the host.
 
     A host is spawned only when none runs (`host.lock` free): one that is still starting or
     answers slowly is waited for, so there is never a second host. A host we spawned that exits
@@ -454,34 +327,39 @@ async def _host_or_start(
     spawned is told to stop, which stops its stack, first)."""
     proc: subprocess.Popen[bytes] | None = None
     waiting_logged = False
-    while True:
+
+    async def attempt() -> T | None:
+        nonlocal proc, waiting_logged
         if (value := await ready()) is not None:
-            return value, proc is not None
+            return value
         if proc is not None and (code := proc.poll()) is not None:
             raise StackError(
                 f"the shared NeMo Gym stack host exited with status {code} before it was ready; "
-                f"log tail ({directory / 'host.log'}):\n{_log_tail(directory)}"
+                f"log tail ({directory / lease.LOG}):\n{_log_tail(directory)}"
             )
-        if proc is None and (proc := spawn_if_no_host(directory, spec, secrets)) is not None:
+        if proc is None and (proc := spawn_if_no_host(directory, spec, judge)) is not None:
             log.info(
                 "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
                 proc.pid,
                 ", ".join(Path(p).name for p in spec.config_paths),
-                directory / "host.log",
+                directory / lease.LOG,
             )
         elif proc is None and not waiting_logged:
             waiting_logged = True
             log.info("waiting for the shared NeMo Gym stack host of %s to answer", directory)
-        if time.monotonic() > deadline:
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)  # it stops its stack before exiting
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    await asyncio.to_thread(proc.wait, 60)
-            raise StackError(
-                f"the shared NeMo Gym stack was not ready in time; log tail "
-                f"({directory / 'host.log'}):\n{_log_tail(directory)}"
-            )
-        await asyncio.sleep(0.2)
+        return None
+
+    value: T | None = await poll_until(attempt, deadline, 0.2)
+    if value is not None:
+        return value, proc is not None
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)  # it stops its stack before exiting
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(proc.wait, 60)
+    raise StackError(
+        f"the shared NeMo Gym stack was not ready in time; log tail "
+        f"({directory / lease.LOG}):\n{_log_tail(directory)}"
+    )
 
 
 async def attach_or_start(
@@ -493,7 +371,6 @@ async def attach_or_start(
     idle_timeout: float = DEFAULT_IDLE_GRACE,
     start_timeout: float = 900,
     judge: Judge | None = None,
-    judge_key: str | None = None,
     log: logging.Logger = logger,
 ) -> Lease:
     """A lease on the shared stack for `config_paths` on `venv`, started if none runs.
@@ -504,20 +381,20 @@ async def attach_or_start(
     checked before anything is sent (`check_stack_dir`: ConfigError or StackError).
     """
     deadline = time.monotonic() + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths, judge, judge_key))
-    spec = HostSpec.of(venv, config_paths, idle_timeout, start_timeout, judge=judge)
+    directory = stack_dir(stack_key(venv, config_paths, judge))
+    spec = host_spec(venv, config_paths, idle_timeout, start_timeout, judge=judge)
     async with stack_lock(directory, deadline, "attach or start"):
-        lease, started = await _host_or_start(
+        held, started = await _host_or_start(
             directory,
             spec,
             deadline,
             lambda: _try_lease(directory, proxy_url, proxy_secret),
             log,
-            host_secrets(judge, judge_key),
+            judge,
         )
-        lease.started = started
-    lease.begin_watch()
-    return lease
+        held.started = started
+    held.begin_watch()
+    return held
 
 
 # ------------------------------------------------------------------------------ host side
@@ -535,34 +412,22 @@ class HostInfo:
     pid: int | None = None
 
 
-HOST_MODULE = "verifiers_nemogym.nemo.host"
-
-
 def host_processes() -> dict[Path, int]:
     """Stack host processes of this uid serving folders under `stacks_root()`, found by their
     marker (`HOST_ENV_VAR`) and command line: folder -> pid. Finds hosts that do not answer
     on their socket (starting, wedged, or a socket lost)."""
     found: dict[Path, int] = {}
     root = stacks_root().absolute()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
+    for pid in procs.pids():
+        if procs.uid_of(pid) != os.getuid() or procs.env_value(pid, HOST_ENV_VAR) is None:
             continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid != os.getuid():
-                continue
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                environ = handle.read().split(b"\0")
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                argv = handle.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not any(entry.startswith(f"{HOST_ENV_VAR}=".encode()) for entry in environ):
-            continue  # the host's children inherit the marker, but run other programs
-        if HOST_MODULE not in argv or "--dir" not in argv[:-1]:
+        argv = procs.argv_of(pid)
+        # The host's children inherit the marker, but run other programs.
+        if lease.HOST_MODULE not in argv or "--dir" not in argv[:-1]:
             continue
         directory = Path(argv[argv.index("--dir") + 1]).absolute()
         if directory.parent == root:
-            found[directory] = int(name)
+            found[directory] = pid
     return found
 
 
@@ -574,10 +439,10 @@ async def list_hosts() -> list[HostInfo]:
     processes = host_processes()
     if root.is_dir():
         for directory in sorted(root.iterdir()):
-            if not _socket_path(directory).exists():
+            if not (directory / lease.SOCKET).exists():
                 continue
             try:
-                status = await request(directory, {"op": "status"})
+                status = await lease.status(directory)
             except StackError as e:
                 found.append(HostInfo(directory, None, str(e)))
                 continue
@@ -598,45 +463,27 @@ async def bring_up(
     idle_timeout: float | None,
     start_timeout: float = 900,
     judge: Judge | None = None,
-    judge_key: str | None = None,
 ) -> dict[str, Any]:
     """`stack up`: a persistent stack for `config_paths` (started, or an automatic one made
     persistent) that stays until `stack down` or `idle_timeout` seconds without users
     (None: no limit; else finite and >= 0, or StackError). Returns its status."""
     check_idle_timeout(idle_timeout)
     deadline = time.monotonic() + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths, judge, judge_key))
-    spec = HostSpec.of(
-        venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge
-    )
+    directory = stack_dir(stack_key(venv, config_paths, judge))
+    spec = host_spec(venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge)
     async with stack_lock(directory, deadline, "stack up"):
 
         async def answering() -> bool | None:
-            return await _answers(directory) or None
+            return await _host_answers(directory) or None
 
-        await _host_or_start(
-            directory, spec, deadline, answering, logger, host_secrets(judge, judge_key)
-        )
-        return await request(directory, {"op": "persist", "idle_timeout": idle_timeout})
+        await _host_or_start(directory, spec, deadline, answering, logger, judge)
+        return await request(directory, {"op": lease.OP_PERSIST, "idle_timeout": idle_timeout})
 
 
-def check_idle_timeout(value: object) -> float | None:
-    """An idle timeout as a host takes it: None (no limit) or a finite number >= 0 of seconds;
-    else StackError."""
-    if value is None:
-        return None
+async def _host_answers(directory: Path) -> bool:
+    """Whether the host in `directory` answers a status request, ready."""
     try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
-        raise StackError(f"idle timeout {value!r} is not a finite number of seconds >= 0")
-    return seconds
-
-
-async def _answers(directory: Path) -> bool:
-    try:
-        return bool((await request(directory, {"op": "status"}, timeout=5)).get("ok"))
+        return bool((await lease.status(directory, timeout=5)).get("ok"))
     except StackError:
         return False
 
@@ -646,14 +493,11 @@ async def take_down(directory: Path, timeout: float = 60, pid: int | None = None
     that does not answer, SIGTERM it) and wait until it has exited (its stack stopped with it).
     Returns the host's pid."""
     if pid is None:
-        answer = await request(directory, {"op": "down"})
+        answer = await request(directory, {"op": lease.OP_DOWN})
         pid = int(answer["pid"])
     else:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)  # the host stops its stack (or its start) first
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            raise StackError(f"the NeMo Gym stack host (pid {pid}) did not stop in {timeout:g} s")
-        await asyncio.sleep(0.2)
+    if not await poll_until(lambda: not procs.alive(pid), time.monotonic() + timeout, 0.2):
+        raise StackError(f"the NeMo Gym stack host (pid {pid}) did not stop in {timeout:g} s")
     return pid

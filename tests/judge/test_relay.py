@@ -5,21 +5,25 @@ of times and end as a status NeMo Gym does not retry, and the preflight names th
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import aiohttp
 import pytest
 
-from verifiers_nemogym.bridge.judge import ATTEMPTS, Judge, JudgeRelay, JudgeStatus, question_of
 from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.judge.blame import JudgeFailure, JudgeStatus, question_of
+from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.judge.relay import JUDGE_RETRY, JudgeRelay
 from verifiers_nemogym.policies.judge import ScriptedJudge
+from verifiers_nemogym.retry import RetryPolicy
 
 KEY = "judge-key-" + "k" * 24
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "Is 2+2 equal to 4?"}]}
 
 
 def _relay(judge: ScriptedJudge, key: str | None = KEY) -> JudgeRelay:
-    endpoint = Judge(base_url=judge.base_url, model="scripted-judge", key_var="JUDGE_KEY")
-    return JudgeRelay(endpoint, key, backoff=(0.01, 0.02))
+    endpoint = Judge(base_url=judge.base_url, model="scripted-judge", key_var="JUDGE_KEY", key=key)
+    return JudgeRelay(endpoint, retry=replace(JUDGE_RETRY, base=0.01, cap=0.02))
 
 
 async def _post(relay: JudgeRelay, path: str, token: str | None, body: object = CHAT) -> int:
@@ -72,8 +76,8 @@ async def test_the_key_never_appears_in_a_failure_the_judge_echoes() -> None:
     async with ScriptedJudge(fail_status=500) as judge, _relay(judge) as relay:
         judge.verdict = KEY  # not reached: every call fails
         assert await _post(relay, "/chat/completions", relay.token) == 424
-        ((_, message, _),) = relay.status.failures
-        assert KEY not in message
+        (failure,) = relay.status.failures
+        assert KEY not in failure.message
 
 
 async def test_preflight_names_the_judge_and_the_key_variable_it_refused() -> None:
@@ -81,15 +85,20 @@ async def test_preflight_names_the_judge_and_the_key_variable_it_refused() -> No
         with pytest.raises(StackError, match=r"refused the key in \$JUDGE_KEY \(401"):
             await r.preflight()
     dead = Judge(base_url="http://127.0.0.1:9/v1", model="m", key_var="")
-    async with JudgeRelay(dead, None) as relay:
+    async with JudgeRelay(dead) as relay:
         with pytest.raises(
             StackError, match=r"the judge m at http://127\.0\.0\.1:9/v1 .* does not"
         ):
             await relay.preflight()
 
 
-def test_attempts_match_the_openai_clients_default() -> None:
-    assert ATTEMPTS == 3  # the first try and the OpenAI client's 2 retries
+def test_the_judge_retries_on_the_one_curve_differing_only_where_it_says() -> None:
+    # The first try and the OpenAI client's 2 retries, on the SDK's curve; the differences are
+    # the ones JUDGE_RETRY's docstring gives reasons for.
+    assert JUDGE_RETRY.retries == 2
+    same = replace(JUDGE_RETRY, max_retry_after=120.0, clamp_retry_after=False)
+    assert replace(same, transient=RetryPolicy().transient) == RetryPolicy()
+    assert JUDGE_RETRY.is_transient(409) and not RetryPolicy().is_transient(409)
 
 
 def test_a_judge_failure_is_charged_to_the_rollout_whose_question_its_prompt_quotes() -> None:
@@ -103,11 +112,11 @@ def test_a_judge_failure_is_charged_to_the_rollout_whose_question_its_prompt_quo
     began = time.time()
     # The judge prompt quotes the problem, not the instructions around it.
     prompt = "Grade this.\nQuestion: Compute the sum of the first ten positive integers.\nA: 55"
-    status.failed("judge failed: 503", prompt=prompt)
+    status.failed(JudgeFailure.now("judge failed: 503", prompt))
     assert status.failure_for(began, first) == "judge failed: 503"
     assert status.failure_for(began, second) is None  # another rollout's call
     # A failed prompt that quotes no recent rollout's question cannot be charged to one: every
     # rollout verified meanwhile fails with it.
-    status.failed("judge failed: 400", prompt="a prompt about nothing we ran")
+    status.failed(JudgeFailure.now("judge failed: 400", "a prompt about nothing we ran"))
     assert status.failure_for(began, second) == "judge failed: 400"
     assert status.failure_for(time.time() + 1, first) is None  # only failures since `began`

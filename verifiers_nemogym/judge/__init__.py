@@ -1,0 +1,4 @@
+"""The judge NeMo Gym's LLM-judge environments grade with: who it is and its key
+(`endpoint`), the relay NeMo Gym's judge calls go through (`relay`), and how a failed judge call
+is charged to a rollout (`blame`). NeMo Gym's config idioms for judges stay with the other NeMo
+Gym config code (`nemo/judges.py`); the test doubles with the other doubles (`policies/`)."""

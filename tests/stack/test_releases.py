@@ -14,12 +14,12 @@ import pytest
 from helpers import error_text, gone, model_context
 
 import nemo_gym_env
+from verifiers_nemogym.backends import SharedStack
 from verifiers_nemogym.nemo.release import version_tuple
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
-from verifiers_nemogym.backends import SharedStack
 
 RELEASES = ["0.4.0", "0.5.0", "0.5.1", "0.6.0", "0.7.0"]
 JUDGE_ENV = "simpleqa"  # grades with NeMo Gym's judge on every release

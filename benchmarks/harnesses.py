@@ -320,9 +320,59 @@ async def run_ours(
     runtime: NeMoGymVenv, name: str, harness: Harness, rows: Path, wrong: frozenset[int]
 ) -> SideResult:
     """Environment `name` through nemo-gym-env with the same answer-key policy, rows, wrong
-    rows and NeMo Gym overrides (`harness.overrides`, `harness.env`): rewards per row,
-    seconds per rollout one at a time, the call log. Filled in with the integration."""
-    raise NotImplementedError("the nemo-gym-env side of the harness benchmark is not wired yet")
+    rows and NeMo Gym overrides, passed as a user passes them (a config path; the stack sets
+    the CLIs' no-update switches and provides Node 22 itself): rewards of all rows at 4 in
+    flight, then seconds per rollout one at a time, and the call log."""
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import EvalClientConfig
+
+    import nemo_gym_env
+
+    spec = Catalog(runtime).env(name)
+    os.environ.setdefault("VF_NEMOGYM_BENCH_KEY", "unused")
+    async with AnswerKeyPolicy(rows=load_answer_key(rows), wrong=wrong) as policy:
+        with tempfile.TemporaryDirectory(prefix="harness-ours-") as tmp:
+            override = Path(tmp, "overrides.yaml")
+            agents = {spec.agent.impl: harness.overrides}
+            override.write_text(yaml.safe_dump({spec.agent.name: {"responses_api_agents": agents}}))
+            env = nemo_gym_env.load_environment(
+                nemo_env=name,
+                jsonl_path=str(rows),
+                config_paths=[str(override)] if harness.overrides else [],
+                shared_stack=False,
+                nemo_gym_version=runtime.nemo_gym_version,
+                python=str(runtime.python),
+                allow_python_below_floor=runtime.below_floor,
+            )
+            tasks = list(env.taskset)
+            client = EvalClientConfig(base_url=policy.base_url, api_key_var="VF_NEMOGYM_BENCH_KEY")
+            ctx = vf.ModelContext(model=MODEL, client=client)
+            began = time.monotonic()
+            async with env.serving():
+                start_s = time.monotonic() - began
+                if env.start_error is not None:
+                    raise RuntimeError(env.start_error)
+                in_flight = asyncio.Semaphore(4)
+
+                async def one(task: Any) -> Any:
+                    async with in_flight:
+                        return await env.run_episode(task, ctx)
+
+                t0 = time.monotonic()
+                episodes = await asyncio.gather(*(one(t) for t in tasks))
+                collect_s = time.monotonic() - t0
+                collected = len(policy.calls)
+                seconds = []
+                for task in tasks:
+                    t0 = time.monotonic()
+                    await env.run_episode(task, ctx)
+                    seconds.append(time.monotonic() - t0)
+            errors = [t.errors[0].message for e in episodes for t in e.traces if t.errors]
+            if errors:
+                raise RuntimeError(f"{len(errors)} rollouts failed: {errors[0][:1000]}")
+            rewards = [float(e.traces[0].rewards["nemo_gym"]) for e in episodes]
+        calls = call_summary(policy.log[:collected], len(rewards))
+    return SideResult(rewards, seconds, start_s, collect_s, None, calls)
 
 
 SIDES = {"native": run_native, "ours": run_ours}

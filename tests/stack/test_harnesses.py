@@ -174,11 +174,12 @@ async def test_harness_environments_score_and_never_cross_route(
 async def test_train_mode_records_token_ids_of_every_harness_call(
     nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, tmp_path: Path
 ) -> None:
-    """verifiers' train client on a harness environment: the CLI's streamed Chat Completions
-    calls reach the train client as they are, and every call of every rollout has token ids."""
-    case_rows(catalog_07, ["opencode_math"], tmp_path / "rows.jsonl")
+    """verifiers' train client on harness environments: opencode's streamed Chat Completions
+    calls reach the train client as they are, claude_code's streamed Anthropic Messages calls
+    are carried as Chat Completions; every call of every rollout has token ids."""
+    case_rows(catalog_07, ["opencode_math", "claude_code_math"], tmp_path / "rows.jsonl")
     env = nemo_gym_env.load_environment(
-        nemo_env="opencode_math",
+        nemo_env=["opencode_math", "claude_code_math"],
         jsonl_path=str(tmp_path / "rows.jsonl"),
         shared_stack=False,
         nemo_gym_version="0.7.0",

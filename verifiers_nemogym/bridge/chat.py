@@ -420,16 +420,20 @@ def chat_to_responses(reply: JSON, request: JSON) -> JSON:
     return complete_response(response, request)
 
 
+OVERLONG_REPLY: JSON = {
+    "choices": [{"message": {"role": "assistant", "content": ""}, "finish_reason": "length"}]
+}
+"""What NeMo Gym's `vllm_model` makes of a prompt refused as too long: an empty completion
+stopped by its length."""
+
+
 def overlong_response(request: JSON) -> JSON:
     """The Responses reply to a prompt refused as too long, as NeMo Gym's `vllm_model` builds it.
 
     NeMo Gym turns vLLM's context-length 400 into an empty completion with `finish_reason:
     "length"`; its agents then stop (`incomplete`) and the rollout is still verified.
     """
-    empty = {
-        "choices": [{"message": {"role": "assistant", "content": ""}, "finish_reason": "length"}]
-    }
-    return chat_to_responses(empty, request)
+    return chat_to_responses(OVERLONG_REPLY, request)
 
 
 def is_overlong_prompt(status: int, body: Any) -> bool:

@@ -43,7 +43,7 @@ import aiohttp
 import pydantic_core
 from aiohttp import web
 
-from verifiers_nemogym.bridge import chat, redact, wire
+from verifiers_nemogym.bridge import anthropic, chat, redact, wire
 from verifiers_nemogym.bridge.responses import (
     complete_response,
     incomplete_response,
@@ -362,14 +362,14 @@ class NeMoGymModelProxy(AppServer):
         return await self._call(route, request.match_info["tail"], body)
 
     async def _call(self, route: Route, tail: str, body: dict[str, Any]) -> web.Response:
-        if route.train and tail == "responses":
-            return await self._train_call(route, body)
+        if route.train and tail in _CARRIED:
+            return await self._train_call(route, body, _CARRIED[tail])
         if route.train and tail != "chat/completions":
             # verifiers' train client renders Chat Completions only; anything else would be a
             # turn without token ids, a silent hole in the training sample.
             message = (
-                f"train mode records token ids of Chat Completions and Responses calls; this "
-                f"rollout's agent called /v1/{tail}, which verifiers' train client cannot render"
+                f"train mode records token ids of Chat Completions, Responses and Anthropic "
+                f"Messages calls; this rollout's agent called /v1/{tail}"
             )
             route.fail(ProviderFailure(400, message))
             return json_error(400, message, "invalid_request_error")
@@ -465,17 +465,19 @@ class NeMoGymModelProxy(AppServer):
             await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _train_call(self, route: Route, request: dict[str, Any]) -> web.Response:
-        """One Responses call of a train route, carried as Chat Completions (a streamed one
-        is answered whole, as the events of the converted reply)."""
+    async def _train_call(
+        self, route: Route, request: dict[str, Any], dialect: _Carried
+    ) -> web.Response:
+        """One call of a train route in another dialect, carried as Chat Completions (a
+        streamed one is answered whole, as the events of the converted reply)."""
         streamed = request.get("stream") is True
         if streamed:
             request = {k: v for k, v in request.items() if k not in ("stream", "stream_options")}
         try:
-            chat_body = chat.responses_to_chat(request)
+            chat_body = dialect.to_chat(request)
         except chat.ChatConversionError as e:
             # Nothing verifiers could record: the agent's request itself has no chat form.
-            message = f"train mode cannot carry this Responses request: {e}"
+            message = f"train mode cannot carry this {dialect.name} request: {e}"
             route.fail(ProviderFailure(400, message))
             return json_error(400, message, "invalid_request_error")
         status, raw, failure, attempts = await self._post(route, "chat/completions", chat_body)
@@ -489,15 +491,47 @@ class NeMoGymModelProxy(AppServer):
             # verifiers' stop first, as in eval mode; then the one error NeMo Gym's own
             # training server turns into an answer: a prompt over the model's context.
             if route.stopped() is None and chat.is_overlong_prompt(status, payload):
-                return _responses_reply(chat.overlong_response(request), streamed)
-            return _reply_error(route, status, raw, request, attempts)
+                return dialect.reply(dialect.from_chat(chat.OVERLONG_REPLY, request), streamed)
+            return _reply_error(route, status, raw, request, attempts, tail=dialect.tail)
         try:
             reply = pydantic_core.from_json(raw)
-            return _responses_reply(chat.chat_to_responses(reply, request), streamed)
+            return dialect.reply(dialect.from_chat(reply, request), streamed)
         except (ValueError, chat.ChatConversionError) as e:
             message = redact.cut(f"model endpoint answered 200 with no chat completion: {e}", 2000)
             route.fail(ProviderFailure(502, message, attempts))
             return json_error(502, message, "upstream_error")
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """A dialect a train route carries as Chat Completions: its converters both ways, and the
+    events a streaming client of the dialect reads."""
+
+    name: str
+    tail: str
+    to_chat: Callable[[dict[str, Any]], dict[str, Any]]
+    from_chat: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+    events: Callable[[dict[str, Any]], bytes]
+
+    def reply(self, obj: dict[str, Any], streamed: bool) -> web.Response:
+        if streamed:
+            return web.Response(body=self.events(obj), content_type="text/event-stream")
+        return _json(obj)
+
+
+_CARRIED = {
+    "responses": _Carried(
+        "Responses", "responses", chat.responses_to_chat, chat.chat_to_responses, response_events
+    ),
+    "messages": _Carried(
+        "Anthropic Messages",
+        "messages",
+        anthropic.messages_to_chat,
+        anthropic.chat_to_message,
+        anthropic.message_events,
+    ),
+}
+"""Dialects of NeMo Gym's agents and CLIs a train route carries as Chat Completions."""
 
 
 def _drop_routing_keys(body: dict[str, Any]) -> Any:
@@ -597,12 +631,6 @@ def _reply_error(
     if isinstance(payload, dict):
         return _json(payload, status)
     return json_error(status, f"upstream answered {status}: {message}", "upstream_error")
-
-
-def _responses_reply(response: dict[str, Any], streamed: bool) -> web.Response:
-    if streamed:
-        return web.Response(body=response_events(response), content_type="text/event-stream")
-    return _json(response)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:

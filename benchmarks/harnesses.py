@@ -370,7 +370,7 @@ async def run_ours(
             errors = [t.errors[0].message for e in episodes for t in e.traces if t.errors]
             if errors:
                 raise RuntimeError(f"{len(errors)} rollouts failed: {errors[0][:1000]}")
-            rewards = [float(e.traces[0].rewards["nemo_gym"]) for e in episodes]
+            rewards = [float(e.traces[0].reward) for e in episodes]
         calls = call_summary(policy.log[:collected], len(rewards))
     return SideResult(rewards, seconds, start_s, collect_s, None, calls)
 

@@ -31,32 +31,21 @@ def _text(block: JSON, where: str) -> str:
     return text
 
 
-def _system(system: Any) -> str | None:
-    if system is None or isinstance(system, str):
-        return system
-    if not isinstance(system, list):
-        raise ChatConversionError("request.system: must be a string or a list of text blocks")
-    parts = []
-    for i, block in enumerate(system):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise ChatConversionError(f"request.system[{i}]: only text blocks have a chat form")
-        parts.append(_text(block, f"request.system[{i}]"))
-    return "\n\n".join(parts)
-
-
-def _tool_result_text(content: Any, where: str) -> str:
+def _joined_text(content: Any, where: str, separator: str) -> str:
+    """A string, or the texts of a list of text blocks joined (no other block has a chat
+    form where a system prompt or a tool result goes)."""
     if isinstance(content, str):
         return content
     if content is None:
         return ""
     if not isinstance(content, list):
-        raise ChatConversionError(f"{where}.content: must be a string or a list of blocks")
+        raise ChatConversionError(f"{where}: must be a string or a list of text blocks")
     parts = []
     for i, block in enumerate(content):
         if not isinstance(block, dict) or block.get("type") != "text":
-            raise ChatConversionError(f"{where}.content[{i}]: only text has a chat form")
-        parts.append(_text(block, f"{where}.content[{i}]"))
-    return "\n".join(parts)
+            raise ChatConversionError(f"{where}[{i}]: only text blocks have a chat form")
+        parts.append(_text(block, f"{where}[{i}]"))
+    return separator.join(parts)
 
 
 def _user(message: JSON, where: str) -> list[JSON]:
@@ -75,7 +64,7 @@ def _user(message: JSON, where: str) -> list[JSON]:
             if texts:
                 out.append({"role": "user", "content": "\n".join(texts)})
                 texts = []
-            text = _tool_result_text(block.get("content"), at)
+            text = _joined_text(block.get("content"), f"{at}.content", "\n")
             if block.get("is_error"):
                 text = f"Error: {text}" if text else "Error"
             out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
@@ -160,7 +149,8 @@ def messages_to_chat(request: JSON) -> JSON:
     if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
         raise ChatConversionError("request.messages: a Messages request needs a list")
     messages: list[JSON] = []
-    if (system := _system(request.get("system"))) is not None:
+    if request.get("system") is not None:
+        system = _joined_text(request["system"], "request.system", "\n\n")
         messages.append({"role": "system", "content": system})
     for i, message in enumerate(request["messages"]):
         where = f"request.messages[{i}]"

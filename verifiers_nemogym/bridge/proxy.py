@@ -298,12 +298,17 @@ class NeMoGymModelProxy(AppServer):
         if route_id is None:
             # Not charged to any route: whoever forges a call must not be able to fail one.
             return json_error(401, "missing or wrong rollout credential", "unauthorized")
-        route = self._routes.get(route_id)
-        if route is None:
-            if route_id in self._finished:
-                return json_error(410, f"route {route_id!r} has finished", "route_finished")
+        return self._open_route(route_id)
+
+    def _open_route(self, route_id: Any) -> Route | web.Response:
+        """The open route `route_id`, or 410 (it finished) / 404 (never opened, not a str)."""
+        if not isinstance(route_id, str):  # absent, or not a string (a list is unhashable)
             return json_error(404, f"unknown route {route_id!r}", "unknown_route")
-        return route
+        if (route := self._routes.get(route_id)) is not None:
+            return route
+        if route_id in self._finished:
+            return json_error(410, f"route {route_id!r} has finished", "route_finished")
+        return json_error(404, f"unknown route {route_id!r}", "unknown_route")
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         path_id = request.match_info.get("rollout_id")
@@ -316,17 +321,10 @@ class NeMoGymModelProxy(AppServer):
             return json_error(
                 413, f"body exceeds {self.limits.max_body_bytes} bytes", "request_too_large"
             )
-        if by_path is not None:
-            try:
-                body = await _parse(raw)
-            except ValueError as e:
-                return json_error(400, f"body is not JSON: {e}", "invalid_request_error")
-            if not isinstance(body, dict):
-                return json_error(400, "body must be a JSON object", "invalid_request_error")
-            _drop_routing_keys(body)
-            return await self._count(by_path, request, body)
         # Authenticate before parsing: an unauthenticated body is never parsed.
-        if not wire.is_secret(wire.claimed_secrets(request, raw), self._secret_bytes):
+        if by_path is None and not wire.is_secret(
+            wire.claimed_secrets(request, raw), self._secret_bytes
+        ):
             message = "missing or wrong proxy secret"
             # Charged to the rollout it names, if open: an agent that swallows the refusal and
             # lets NeMo Gym verify the truncated work must not turn it into a reward.
@@ -343,14 +341,10 @@ class NeMoGymModelProxy(AppServer):
             return json_error(400, f"body is not JSON: {e}", "invalid_request_error")
         if not isinstance(body, dict):
             return json_error(400, "body must be a JSON object", "invalid_request_error")
-        route_id = _drop_routing_keys(body) or request.headers.get(ROUTE_HEADER)
-        if not isinstance(route_id, str):  # absent, or not a string (a list is unhashable)
-            return json_error(404, f"unknown route {route_id!r}", "unknown_route")
-        route = self._routes.get(route_id)
-        if route is None:
-            if route_id in self._finished:
-                return json_error(410, f"route {route_id!r} has finished", "route_finished")
-            return json_error(404, f"unknown route {route_id!r}", "unknown_route")
+        named_id = _drop_routing_keys(body) or request.headers.get(ROUTE_HEADER)
+        route = by_path or self._open_route(named_id)
+        if isinstance(route, web.Response):
+            return route
         return await self._count(route, request, body)
 
     async def _count(

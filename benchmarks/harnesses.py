@@ -123,6 +123,10 @@ class NativeHarnessStack(NeMoGymStack):
         super().__init__(*args, fast_start=False, **kwargs)
         self.overrides = overrides
 
+    async def _prepare_harnesses(self, deadline: float) -> tuple[list[Path], Path | None]:
+        # Native: NeMo Gym's agents install their CLIs and call the policy their own way.
+        return [], None
+
     def command(
         self, extra_configs: list[Path], head_port: int, *, warm: bool, deadline: float
     ) -> list[str]:

@@ -2,8 +2,10 @@
 
 A shared stack (`nemo/host.py`) serves the env processes of many owners; each owner runs its
 own model proxy (`bridge.proxy`). The front passes every model call on, bytes unchanged, to the
-registered proxy whose secret the call carries (`bridge.wire` defines where that secret is).
-Contract: an unknown or missing secret is 401; a registered proxy that stopped answering is 410
+registered proxy whose secret the call carries, or, on a rollout's `/ng-rollout/<id>/` path,
+whose secret made the id's credential (checked before the body is read; `bridge.wire` defines
+both). Contract: an unknown or missing secret or credential is 401; a registered proxy that
+stopped answering is 410
 (never a status NeMo Gym's client retries forever); nothing else is read from the body.
 """
 
@@ -87,14 +89,13 @@ class FrontForwarder(AppServer):
         )
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
-        if (path_id := request.match_info.get("rollout_id")) is not None:
-            # A rollout's own path: its credential picks the user before the body is read.
-            user = self._user_of_rollout(path_id)
-            if user is None:
-                return wire.json_error(401, "missing or unknown rollout credential", "unauthorized")
-            raw = await request.read()
-        else:
-            raw = await request.read()
+        # A rollout's own path: its credential picks the user before the body is read.
+        path_id = request.match_info.get("rollout_id")
+        user = self._user_of_rollout(path_id) if path_id is not None else None
+        if path_id is not None and user is None:
+            return wire.json_error(401, "missing or unknown rollout credential", "unauthorized")
+        raw = await request.read()
+        if user is None:
             # The body is never parsed: the user is picked by the secret its bytes carry.
             user = next(filter(None, map(self._user_for, wire.claimed_secrets(request, raw))), None)
             if user is None:

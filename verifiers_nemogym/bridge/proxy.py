@@ -1,8 +1,11 @@
 """NeMoGymModelProxy: the `policy_model` NeMo Gym sees, routing every call to its rollout.
 
-Each call must carry the proxy's secret and a route id (both inside the Responses body's
-`metadata`, which NeMo Gym forwards on every turn, or as headers). It is forwarded to that route's
-upstream endpoint with that route's bearer secret, and always answered with an HTTP status:
+Each call names its route and proves it may: by its `/ng-rollout/<rollout id>/` path (the
+route's `rollout_id`, checked before the body is read; all a coding-agent CLI carries), or by
+the proxy's secret and a route id inside the body's `metadata` (which NeMo Gym forwards on every
+turn) or as headers (`bridge.wire`). Any dialect (Responses, Chat Completions, Anthropic
+Messages), streamed or not, is forwarded to that route's upstream endpoint with that route's
+bearer secret, and always answered with an HTTP status:
 NeMo Gym's client retries dropped connections forever. The proxy knows no NeMo Gym or verifiers
 internals beyond the two wire disagreements it bridges (see `_reply_ok`, `_reply_error`).
 
@@ -12,11 +15,12 @@ verifiers refusing a call of a rollout it stopped becomes an `incomplete` reply,
 rollout's stop condition (`Route.stop_condition`), not by the answer's status.
 
 A route opened with `train=True` (the rollout uses verifiers' train client, which accepts only
-Chat Completions) carries each Responses call as a Chat Completions call to
-`<endpoint>/chat/completions` and turns the reply back into a Responses object
-(`bridge.chat`). There, besides a stop, a prompt refused as too long becomes the `incomplete`
-reply NeMo Gym's own `vllm_model` gives (so the agent stops and NeMo Gym verifies); every other
-error stays an error, as in eval mode. Eval routes forward the body unchanged.
+Chat Completions) carries each Responses or Anthropic Messages call as a Chat Completions call to
+`<endpoint>/chat/completions` and turns the reply back into the caller's dialect (`bridge.chat`,
+`bridge.anthropic`; a streamed call gets the reply's events). There, besides a stop, a prompt
+refused as too long becomes the empty, length-stopped reply NeMo Gym's own `vllm_model` gives (so
+the agent stops and NeMo Gym verifies); every other error stays an error, as in eval mode. Eval
+routes forward the body unchanged.
 
 Transient failures of a call are retried here, the way the OpenAI SDK of any verifiers harness
 retries them against verifiers' interception (verifiers' own clients never retry: they relay the

@@ -300,3 +300,31 @@ async def test_a_cli_that_cannot_install_fails_every_rollout_in_one_line(
         assert "codex_agent: `npm install @openai/codex@0.0.0-not-released` failed" in message
         assert "No matching version found" in message
         assert "\n" not in message.strip()
+
+
+def test_a_config_nemo_gym_cannot_merge_is_one_line_naming_the_key(
+    nemo_venv_07: NeMoGymVenv, tmp_path: Path, launches: Any
+) -> None:
+    """A harness config reading a key nothing defines: refused at load, before anything starts,
+    in one line naming the config and the key (NeMo Gym's own reason, not its advice)."""
+    from verifiers_nemogym.errors import ConfigError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "config_paths:\n  - environments/cline_math/config.yaml\n"
+        "cline_math_agent:\n  responses_api_agents:\n    cline_agent:\n"
+        "      model: ${some_missing_key}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        env = nemo_gym_env.load_environment(
+            nemo_env="cline_math",
+            config_paths=[str(bad)],
+            nemo_gym_version="0.7.0",
+            python=str(nemo_venv_07.python),
+            allow_python_below_floor=True,
+        )
+        list(env.taskset)
+    message = str(caught.value)
+    assert "\n" not in message.strip(), message
+    assert str(bad) in message and "'some_missing_key', which is not set" in message, message
+    assert launches.stacks == []

@@ -92,7 +92,7 @@ async def test_attach_by_stack_url(nemo_venv: NeMoGymVenv, policy: ScriptedPolic
 def _posts_to_run(stack: NeMoGymStack, server: str) -> int:
     """How many `POST /run` requests `server` of `stack` answered, from its uvicorn access log
     (NeMo Gym prefixes each server's lines with its name; on only with the access log)."""
-    return stack.server_log_tail(server, n=100_000).count('"POST /run ')
+    return stack.ng_log.server_tail(server, n=100_000).count('"POST /run ')
 
 
 async def test_attach_by_stack_url_on_07_posts_run_to_the_environment_server(

@@ -1,4 +1,4 @@
-"""The NeMo Gym stack an env process's rollouts use: one contract, three backends.
+"""The NeMo Gym stack an env process's rollouts use: one contract, four backends.
 
 Contract (`Stack`): a running NeMo Gym stack that rollouts POST `/run` to. `run_urls` maps each
 agent instance to where its rollouts' `/run` goes (computed by `nemo.catalog.run_targets` from
@@ -8,7 +8,8 @@ elsewhere); `lost` is set, with `reason`, once the stack is unusable (a server d
 host went away, a remote head server stopped answering); `close()` gives it up (idempotent):
 stops what this process owns, releases a lease, or only stops watching. `judge` is the stack's
 judge (`judge.blame.JudgeStatus`: who it is, its recent failures) when it has one, and
-`judge_summary()` its calls, failures and tokens so far.
+`judge_summary()` its calls, failures and tokens so far. `client_session()` is the HTTP
+client rollouts post `/run` with (the gate's pinned TLS and token for `RemoteSharedStack`).
 
 Backends, chosen by `open_stack` from the taskset config:
 - `SharedStack` (default, `shared_stack=True`): a lease on the machine's one stack for the
@@ -17,7 +18,11 @@ Backends, chosen by `open_stack` from the taskset config:
   (`nemo/stack.py`), checked every `CHECK_ALIVE_INTERVAL`;
 - `AttachedStack` (`stack_url`): a stack started elsewhere (`nemo/remote.py`, described by
   `describe_stack_url` before the proxy starts, since it names the proxy's port), its head
-  server checked every `REMOTE_WATCH_INTERVAL`.
+  server checked every `REMOTE_WATCH_INTERVAL`;
+- `RemoteSharedStack` (`stack_url` with `stack_pin`): a lease on a shared stack host on another
+  host, over its TLS listener (`nemo/gate.py`, client `nemo/remote.py`'s `GateLink`), whose
+  model calls ride back on the lease; lost only when the host goes down or stops listening (a
+  lost link fails the rollouts in flight, and the lease comes back with the link).
 """
 
 from __future__ import annotations
@@ -35,7 +40,13 @@ from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo.attach import Lease, attach_or_start
-from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote
+from verifiers_nemogym.nemo.remote import (
+    GateLink,
+    GateTarget,
+    RemoteStack,
+    describe_gate,
+    describe_remote,
+)
 from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
@@ -84,6 +95,15 @@ class Stack(ABC):
     async def judge_summary(self) -> str | None:
         """The judge's calls, failures and tokens on this stack so far (None: no judge)."""
         return None
+
+    def client_session(self) -> aiohttp.ClientSession:
+        """The HTTP client for `/run` (call on the running loop). No cookie jar: NeMo Gym keys
+        agent sessions by cookie, and each `/run` is its own session."""
+        return aiohttp.ClientSession(
+            cookie_jar=aiohttp.DummyCookieJar(),
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
 
     @abstractmethod
     def describe(self) -> tuple[str, str]:
@@ -184,12 +204,36 @@ class AttachedStack(Stack):
         return "attached to the NeMo Gym stack started elsewhere", self.remote.head_url
 
 
+class RemoteSharedStack(Stack):
+    """A lease on a shared stack host on another host, through its TLS listener."""
+
+    def __init__(self, link: GateLink) -> None:
+        super().__init__(link.target.run_urls)
+        self.link = link
+        self.judge = link.judge
+
+    async def _watch_stack(self) -> None:
+        await self.link.lost.wait()
+        self._lose(self.link.reason)
+
+    async def _release(self) -> None:
+        await self.link.close()
+
+    def client_session(self) -> aiohttp.ClientSession:
+        return self.link.target.client_session(timeout=aiohttp.ClientTimeout(total=None))
+
+    def describe(self) -> tuple[str, str]:
+        pid = self.link.target.description.get("pid")
+        where = f"{self.link.target.url}, host pid {pid}"
+        return "attached to shared NeMo Gym stack on another host", where
+
+
 async def open_stack(
     *,
     runtime: NeMoGymVenv,
     config_paths: list[Path],
     proxy: NeMoGymModelProxy,
-    remote: RemoteStack | None,
+    remote: RemoteStack | GateTarget | None,
     shared: bool,
     idle_timeout: float,
     start_timeout: float,
@@ -200,6 +244,10 @@ async def open_stack(
     already: the stack's `policy_model` is its address (or, shared, the host's front
     forwarder's). A `judge` (carrying its key, held by the process that runs the stack) serves
     the stack's judge references; it is part of a shared stack's identity."""
+    if isinstance(remote, GateTarget):
+        link = GateLink(remote, proxy.url, proxy.secret)
+        await link.open()
+        return RemoteSharedStack(link)
     if remote is not None:
         return AttachedStack(remote)
     if shared:
@@ -222,11 +270,19 @@ async def open_stack(
 
 
 async def describe_stack_url(
-    stack_url: str | None, proxy_host: str, proxy_port: int
-) -> RemoteStack | None:
+    stack_url: str | None,
+    proxy_host: str,
+    proxy_port: int,
+    *,
+    pin: str | None = None,
+    token_file: Path | None = None,
+) -> RemoteStack | GateTarget | None:
     """The stack started elsewhere that `stack_url` names (None: none named), described
     before the model proxy starts: its `policy_address` is where the proxy must listen
-    (`nemo.remote.describe_remote`: StackError, ConfigError)."""
+    (`nemo.remote.describe_remote`; with `pin`, the TLS listener of a stack host,
+    `nemo.remote.describe_gate`: StackError, ConfigError)."""
     if stack_url is None:
         return None
+    if pin is not None:
+        return await describe_gate(stack_url, pin, token_file)
     return await describe_remote(stack_url, proxy_host, proxy_port)

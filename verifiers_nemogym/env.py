@@ -101,7 +101,10 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             runtime.venv.name,
         )
         # A stack started elsewhere names the proxy's port (its `policy_model`).
-        remote = await describe_stack_url(config.stack_url, config.proxy_host, config.proxy_port)
+        remote = await describe_stack_url(
+            config.stack_url, config.proxy_host, config.proxy_port,
+            pin=config.stack_pin, token_file=config.stack_token_file,
+        )  # fmt: skip
         proxy_port = remote.policy_address[1] if remote is not None else config.proxy_port
         judge = config.judge.endpoint() if config.judge is not None else None
         self._proxy = NeMoGymModelProxy(host=config.proxy_host, port=proxy_port)
@@ -132,12 +135,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             len(self._stack.run_urls),
             self._proxy.url,
         )
-        # No cookie jar: NeMo Gym keys agent sessions by cookie, and each /run is its own session.
-        self._http = aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        self._http = self._stack.client_session()
         context = RolloutContext(
             proxy=self._proxy,
             run_urls=self._stack.run_urls,

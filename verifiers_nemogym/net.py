@@ -10,6 +10,7 @@ the lifecycle those servers share (runner, bound port, `start`/`stop`, `async wi
 from __future__ import annotations
 
 import socket
+import ssl
 from typing import ClassVar, Self
 
 import aiohttp
@@ -26,7 +27,12 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 async def serve_app(
-    app: web.Application, host: str = LOOPBACK, port: int = 0, *, shutdown_timeout: float = 60.0
+    app: web.Application,
+    host: str = LOOPBACK,
+    port: int = 0,
+    *,
+    shutdown_timeout: float = 60.0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Serve `app` on `host:port` (0 = a free port) until the returned runner's `cleanup()`.
 
@@ -34,6 +40,7 @@ async def serve_app(
     drowns progress) and no signal handlers (the owner decides what Ctrl-C does). The backlog
     is deep enough for hundreds of rollouts connecting at once. `shutdown_timeout` bounds how
     long `cleanup()` waits for handlers still running (e.g. a deliberately hung answer).
+    `ssl_context`: serve TLS with it (only the shared stack's `--listen` listener does).
     Raises OSError if the port cannot be bound (nothing is left running then).
     """
     runner = web.AppRunner(
@@ -41,7 +48,7 @@ async def serve_app(
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, backlog=4096).start()
+        await web.TCPSite(runner, host, port, backlog=4096, ssl_context=ssl_context).start()
     except BaseException:
         await runner.cleanup()
         raise
@@ -58,19 +65,23 @@ class AppServer:
     resources opens them around `super().start()` and closes them around `super().stop()`; one
     that calls an upstream gives `_client_timeout()`, and `_session` is its client session from
     `start()` until `stop()` has stopped serving.
-    `shutdown_timeout` bounds how long `stop()` waits for handlers still running.
+    `shutdown_timeout` bounds how long `stop()` waits for handlers still running; `ssl_context`,
+    if set before `start()`, serves TLS (`url` is then `https://`).
     """
 
     host: str
     port: int
     shutdown_timeout: ClassVar[float] = 60.0
+    ssl_context: ssl.SSLContext | None = None
     _runner: web.AppRunner | None = None
     _session: aiohttp.ClientSession | None = None
 
     @property
     def url(self) -> str:
-        """`http://host:port`, the server's root."""
-        return f"http://{self.host}:{self.port}"
+        """`http://host:port` (`https://` with TLS), the server's root."""
+        scheme = "https" if self.ssl_context is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -90,7 +101,11 @@ class AppServer:
         if (timeout := self._client_timeout()) is not None:
             self._session = aiohttp.ClientSession(timeout=timeout)
         self._runner, self.port = await serve_app(
-            self._app(), self.host, self.port, shutdown_timeout=self.shutdown_timeout
+            self._app(),
+            self.host,
+            self.port,
+            shutdown_timeout=self.shutdown_timeout,
+            ssl_context=self.ssl_context,
         )
 
     async def stop(self) -> None:

@@ -32,6 +32,7 @@ from verifiers_nemogym.nemo.venv import (
     default_version,
     ensure_venv,
 )
+from verifiers_nemogym.tls import parse_pin
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -90,6 +91,16 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """Head server URL of a NeMo Gym stack started elsewhere (e.g. `http://gpu-node:11000`):
     attach to it instead of starting one. Its `policy_model` must be this env's proxy address
     (`proxy_host`:`proxy_port`); its agents come from its running config."""
+    stack_pin: str | None = None
+    """With `stack_url` `https://HOST:PORT`: the SHA-256 pin (`sha256:<hex>`) of the
+    certificate of a shared stack host started with `nemo-gym-env stack up --listen` (it prints
+    both). The connection is TLS pinned to that certificate, model calls ride back on it (the
+    proxy stays on loopback), and the stack host's access token comes from `stack_token_file`
+    or `$VF_NEMOGYM_STACK_TOKEN`."""
+    stack_token_file: Path | None = None
+    """File holding the access token of the stack host named by `stack_url` and `stack_pin`
+    (default: the token in `$VF_NEMOGYM_STACK_TOKEN`). Never pass the token itself as an
+    option: command lines are visible to every user of a machine."""
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
     keep_ng_trajectory: bool = False
@@ -158,6 +169,26 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
             raise ValueError(
                 "--env.taskset.judge is for stacks this machine starts; a stack named by "
                 "--env.taskset.stack-url grades with the judge its own config names"
+            )
+        if self.stack_pin is not None:
+            try:
+                parse_pin(self.stack_pin)
+            except ConfigError as e:
+                raise ValueError(f"env.taskset.stack_pin: {e}") from None
+            if self.stack_url is None or not self.stack_url.startswith("https://"):
+                raise ValueError(
+                    "--env.taskset.stack-pin pins the certificate of an https:// "
+                    "--env.taskset.stack-url (a stack host started with `stack up --listen`)"
+                )
+            if self.proxy_host != "127.0.0.1":
+                raise ValueError(
+                    "--env.taskset.proxy-host is not used with --env.taskset.stack-pin: model "
+                    "calls ride back on the TLS link, the proxy stays on 127.0.0.1"
+                )
+        if self.stack_token_file is not None and self.stack_pin is None:
+            raise ValueError(
+                "--env.taskset.stack-token-file is for a stack host named by "
+                "--env.taskset.stack-url and --env.taskset.stack-pin"
             )
         if self.proxy_host != "127.0.0.1" and self.stack_url is None:
             raise ValueError(

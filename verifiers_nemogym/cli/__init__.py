@@ -11,6 +11,7 @@ nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model serve
 nemo-gym-env serve tokens [--port P] [--max-model-len N]   the scripted token server (train mode)
 nemo-gym-env serve answers (--env ENV | --rows F)... [--wrong I,...]  answers rows' questions
 nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared NeMo Gym stack
+    [--listen HOST:PORT]                                  (also for env hosts elsewhere, TLS)
 nemo-gym-env stack status [--json]                        the shared stacks running here
 nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
 nemo-gym-env metrics PATH [--json] [--judge.*]            NeMo Gym's aggregate metrics of traces
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from verifiers_nemogym import tls
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.cli.metrics import add_parser as add_metrics_parser
 from verifiers_nemogym.cli.metrics import run as run_metrics
@@ -135,6 +137,13 @@ def _parser() -> argparse.ArgumentParser:
         help="stop after this many seconds without users (default: only on `stack down`)",
     )
     up.add_argument("--start-timeout", type=float, default=900.0)
+    up.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="also serve env processes on other hosts there, with TLS and an access token "
+        "(docs/shared-stacks.md#across-hosts); default: loopback only",
+    )
     _judge_arguments(up)
     status = stack_commands.add_parser("status", help="list the shared stacks running here")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -196,6 +205,8 @@ def _stack(args: argparse.Namespace) -> int:
         return [p for name in envs for p in catalog.env(name).config_paths]
 
     judge = _judge(args) if args.stack_command in ("up", "down") else None
+    if args.stack_command == "up" and args.listen is not None:
+        tls.check_bindable(*tls.parse_listen(args.listen))  # before anything starts
     if args.stack_command == "up":
         info = asyncio.run(
             attach.bring_up(
@@ -204,9 +215,12 @@ def _stack(args: argparse.Namespace) -> int:
                 idle_timeout=args.idle_timeout,
                 start_timeout=args.start_timeout,
                 judge=judge,
+                listen=args.listen,
             )
         )
         print(_describe(info))
+        if listen := info.get("listen"):
+            print(_describe_listen(listen))
         return 0
     hosts = asyncio.run(attach.list_hosts())
     if args.stack_command == "status":
@@ -217,6 +231,8 @@ def _stack(args: argparse.Namespace) -> int:
             print("no shared NeMo Gym stack is running")
         for host in hosts:
             print(_describe(host.status) if host.status else f"{host.directory}: {host.error}")
+            if host.status and (listen := host.status.get("listen")):
+                print(_describe_listen(listen))
         return 0
     wanted = attach.stack_key(runtime, config_paths(args.envs), judge) if args.envs else None
     stopped = 0
@@ -249,6 +265,17 @@ def _describe(info: dict[str, Any]) -> str:
             else ""
         )
         + f"log {info['log']}"
+    )
+
+
+def _describe_listen(listen: dict[str, Any]) -> str:
+    """What env processes on other hosts need (the token itself is never printed)."""
+    return (
+        f"listening for env processes on other hosts at {listen['url']}\n"
+        f"  --env.taskset.stack-url {listen['url']} --env.taskset.stack-pin {listen['pin']}\n"
+        f"  access token: the file {listen['token_file']} (mode 0600; hand it over as a file, "
+        f"--env.taskset.stack-token-file FILE, or in ${tls.TOKEN_ENV_VAR}: never on a "
+        "command line)"
     )
 
 

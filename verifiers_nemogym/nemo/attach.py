@@ -463,10 +463,14 @@ async def bring_up(
     idle_timeout: float | None,
     start_timeout: float = 900,
     judge: Judge | None = None,
+    listen: str | None = None,
 ) -> dict[str, Any]:
     """`stack up`: a persistent stack for `config_paths` (started, or an automatic one made
     persistent) that stays until `stack down` or `idle_timeout` seconds without users
-    (None: no limit; else finite and >= 0, or StackError). Returns its status."""
+    (None: no limit; else finite and >= 0, or StackError). `listen` (`HOST:PORT`): the host
+    also serves env processes on other hosts there, with TLS (`nemo/gate.py`); StackError if
+    it cannot. Returns its status (with `listen`: the URL, the certificate's pin, the token's
+    file)."""
     check_idle_timeout(idle_timeout)
     deadline = time.monotonic() + start_timeout + 60
     directory = stack_dir(stack_key(venv, config_paths, judge))
@@ -477,7 +481,11 @@ async def bring_up(
             return await _host_answers(directory) or None
 
         await _host_or_start(directory, spec, deadline, answering, logger, judge)
-        return await request(directory, {"op": lease.OP_PERSIST, "idle_timeout": idle_timeout})
+        message = {"op": lease.OP_PERSIST, "idle_timeout": idle_timeout, "listen": listen}
+        answer = await request(directory, message)
+        if not answer.get("ok"):
+            raise StackError(f"the shared stack host refused: {answer.get('error')}")
+        return answer
 
 
 async def _host_answers(directory: Path) -> bool:

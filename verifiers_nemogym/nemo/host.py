@@ -3,12 +3,13 @@
 Started detached by `nemo/attach.py` (`spawn_host`, as `python -m <this module> --dir D --spec
 J`; never by hand; the protocol is `nemo/lease.py`). `StackHost` runs the stack for the stack
 folder D with the `HostSpec` J, the front forwarder NeMo Gym calls as `policy_model`
-(`bridge/front.py`) and the lease socket, until the stack is idle past its timeout, told down,
-dead, or the process gets SIGTERM/SIGINT; the stack is stopped in every case (and if this
-process is SIGKILLed, the stack's supervisor tears it down). Logs go to stderr (the folder's
-host.log). Exit status: 0 after a normal stop, 1 if the stack failed, 2 for bad arguments. It is
-a program: unlike the library, it parses its arguments and returns an exit status (`main`), as
-the supervisor does.
+(`bridge/front.py`), the lease socket and, once `stack up --listen` asks for it, the TLS
+listener for env processes on other hosts (`nemo/gate.py`), until the stack is idle past its
+timeout, told down, dead, or the process gets SIGTERM/SIGINT; the stack is stopped in every case
+(and if this process is SIGKILLed, the stack's supervisor tears it down). Logs go to stderr (the
+folder's host.log). Exit status: 0 after a normal stop, 1 if the stack failed, 2 for bad
+arguments. It is a program: unlike the library, it parses its arguments and returns an exit
+status (`main`), as the supervisor does.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.errors import NeMoGymError, StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.nemo import lease
+from verifiers_nemogym.nemo.gate import StackGate
 from verifiers_nemogym.nemo.lease import HostSpec, receive, send
 from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.net import LOOPBACK
+from verifiers_nemogym.tls import parse_listen
 from verifiers_nemogym.util import acquire_flock, try_flock
 
 logger = logging.getLogger(__name__)
@@ -101,6 +104,9 @@ class StackHost:
         self._stop_reason = ""
         self._server: asyncio.AbstractServer | None = None
         self._bound_inode: int | None = None
+        self.gate: StackGate | None = None
+        """The TLS listener for remote users, once `OP_PERSIST` asked for one (`listen`)."""
+        self._background: set[asyncio.Task[None]] = set()
         self.claimed = False
         """Whether a user leased this host or `stack up` claimed it; an unclaimed ready host
         stops after `lease.UNCLAIMED_GRACE` s (its starter was cancelled or killed)."""
@@ -177,7 +183,7 @@ class StackHost:
             if not self.claimed:
                 grace = lease.UNCLAIMED_GRACE
                 timeout = grace if timeout is None else min(timeout, grace)
-            idle = not self.leases and timeout is not None and now - self.idle_since >= timeout
+            idle = not self._users() and timeout is not None and now - self.idle_since >= timeout
             if idle and await self._close_if_still_idle():
                 self.request_stop(f"no user for {timeout:g} s")
 
@@ -190,7 +196,7 @@ class StackHost:
         if handle is None:
             return False  # someone is attaching; look again later
         try:
-            if self.leases:
+            if self._users():
                 return False
             self._stop_listening()
             return True
@@ -211,6 +217,14 @@ class StackHost:
                 path.unlink()
         self._bound_inode = None
 
+    def _users(self) -> int:
+        """Users holding a lease: local ones and remote ones (over the gate)."""
+        return len(self.leases) + (len(self.gate.users) if self.gate is not None else 0)
+
+    def _users_changed(self) -> None:
+        if not self._users():
+            self.idle_since = time.monotonic()
+
     def _tell_judge_failure(self, failure: JudgeFailure) -> None:
         """Any user's rollout may have been graded by the failed call: tell them all (with its
         prompt, which each user matches against its rollouts' questions)."""
@@ -218,6 +232,46 @@ class StackHost:
         for writer in list(self.leases):
             with contextlib.suppress(OSError, ConnectionError, RuntimeError):
                 lease.post(writer, event)
+        if self.gate is not None:
+            task = asyncio.create_task(self.gate.broadcast(event))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    def describe_for_remote(self) -> dict[str, Any]:
+        """What a remote user learns of the stack (`GET /stack`, the lease's answer): no
+        loopback URL, path or marker of this machine."""
+        assert self.stack is not None
+        relay = self.stack.relay
+        return {
+            "pid": os.getpid(),
+            "agents": sorted(self.stack.run_urls),
+            "nemo_gym_version": self.venv.nemo_gym_version,
+            "python_version": self.venv.python_version,
+            "judge": relay.judge.public() if relay is not None else None,
+        }
+
+    async def listen(self, address: str) -> None:
+        """Start the TLS listener on `address` (`HOST:PORT`) unless it runs there already;
+        StackError if it runs elsewhere or cannot bind (ConfigError if `address` is malformed)."""
+        host, port = parse_listen(address)
+        if self.gate is not None:
+            if (self.gate.host, self.gate.port) != (host, port):
+                raise StackError(
+                    f"this stack already listens on {self.gate.url}; `stack down` it first"
+                )
+            return
+        assert self.stack is not None
+        gate = StackGate(
+            host, port, directory=self.directory, front=self.front,
+            run_urls=self.stack.run_urls, describe=self.describe_for_remote,
+            on_users=self._users_changed,
+        )  # fmt: skip
+        try:
+            await gate.start()
+        except OSError as e:
+            await gate.stop()
+            raise StackError(f"cannot listen on {address} ({e.strerror})") from None
+        self.gate = gate
 
     def status(self) -> dict[str, Any]:
         assert self.stack is not None
@@ -233,6 +287,8 @@ class StackHost:
             "run_urls": dict(self.stack.run_urls),
             "marker": self.stack.marker,
             "users": len(self.leases),
+            "remote_users": len(self.gate.users) if self.gate is not None else 0,
+            "listen": self.gate.public() if self.gate is not None else None,
             "user_pids": sorted(u.pid for u in self.leases.values()),
             "leases_total": self.leases_total,
             "model_calls": self.front.calls,
@@ -264,7 +320,9 @@ class StackHost:
                 # `stack up` on a running stack: keep it until down or the new idle timeout.
                 try:
                     timeout = lease.check_idle_timeout(message.get("idle_timeout"))
-                except StackError as e:
+                    if message.get("listen"):
+                        await self.listen(str(message["listen"]))
+                except NeMoGymError as e:
                     await send(writer, lease.refusal(str(e)))
                     return
                 self.spec = dataclasses.replace(self.spec, persistent=True, idle_timeout=timeout)
@@ -297,8 +355,7 @@ class StackHost:
             if user is not None:
                 self.leases.pop(writer, None)
                 self.front.remove(user)
-                if not self.leases:
-                    self.idle_since = time.monotonic()
+                self._users_changed()
                 logger.info("user pid %d left (%d users)", user.pid, len(self.leases))
             if not writer.is_closing():
                 writer.close()
@@ -313,6 +370,9 @@ class StackHost:
             with contextlib.suppress(OSError, ConnectionError):
                 await send(writer, lease.down_event(reason))
             writer.close()
+        if self.gate is not None:
+            await self.gate.broadcast(lease.down_event(reason))
+            await self.gate.stop()
         try:
             if self.stack is not None:
                 await self.stack.stop()

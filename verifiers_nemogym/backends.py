@@ -41,6 +41,7 @@ from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo.attach import Lease, attach_or_start
 from verifiers_nemogym.nemo.remote import (
+    CONNECT_TIMEOUT,
     GateLink,
     GateTarget,
     RemoteStack,
@@ -220,7 +221,7 @@ class RemoteSharedStack(Stack):
         await self.link.close()
 
     def client_session(self) -> aiohttp.ClientSession:
-        return self.link.target.client_session(timeout=aiohttp.ClientTimeout(total=None))
+        return self.link.target.client_session(timeout=CONNECT_TIMEOUT)
 
     def describe(self) -> tuple[str, str]:
         pid = self.link.target.description.get("pid")

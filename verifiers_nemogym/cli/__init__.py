@@ -198,6 +198,8 @@ def _stack(args: argparse.Namespace) -> int:
     """`stack up|status|down`: print what happened; exit 1 if `down` found nothing to stop."""
     from verifiers_nemogym.nemo import attach
 
+    if args.stack_command == "up" and args.listen is not None:
+        tls.check_bindable(*tls.parse_listen(args.listen))  # before anything starts
     runtime = ensure_venv(args.nemo_gym_version, args.python)
     catalog = Catalog(runtime)
 
@@ -205,8 +207,6 @@ def _stack(args: argparse.Namespace) -> int:
         return [p for name in envs for p in catalog.env(name).config_paths]
 
     judge = _judge(args) if args.stack_command in ("up", "down") else None
-    if args.stack_command == "up" and args.listen is not None:
-        tls.check_bindable(*tls.parse_listen(args.listen))  # before anything starts
     if args.stack_command == "up":
         info = asyncio.run(
             attach.bring_up(

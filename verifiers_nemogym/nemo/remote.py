@@ -242,6 +242,8 @@ async def describe_gate(url: str, pin: str, token_file: Path | None) -> GateTarg
             if response.status != 200:
                 raise StackError(f"the stack host at {url} answered {response.status}")
             description = await response.json()
+    except (ConfigError, StackError):
+        raise
     except aiohttp.ServerFingerprintMismatch as e:
         raise ConfigError(
             f"the stack host at {url} presented the certificate sha256:{e.got.hex()}, not "
@@ -252,6 +254,11 @@ async def describe_gate(url: str, pin: str, token_file: Path | None) -> GateTarg
     if not isinstance(description, dict) or not description.get("agents"):
         raise StackError(f"the stack host at {url} describes no agent")
     return GateTarget(url, pin, token, description)
+
+
+CONNECT_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10)
+"""A connection to a gate is made in 10 s or fails (a request then waits as long as it takes:
+a lost link fails it through `tls.keepalive_socket`)."""
 
 
 class GateLink:
@@ -284,7 +291,7 @@ class GateLink:
         self._calls: set[asyncio.Task[None]] = set()
 
     async def open(self) -> None:
-        self._http = self.target.client_session(timeout=aiohttp.ClientTimeout(total=None))
+        self._http = self.target.client_session(timeout=CONNECT_TIMEOUT)
         self._local = aiohttp.ClientSession(
             cookie_jar=aiohttp.DummyCookieJar(),
             connector=aiohttp.TCPConnector(limit=0),

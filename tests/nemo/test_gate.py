@@ -1,0 +1,252 @@
+"""The pieces of a stack used across hosts, on loopback and without NeMo Gym (the two-host
+test with a real stack is tests/stack/test_across_hosts.py): the certificate, pin and token
+files (`tls.py`), the gate's refusals (`nemo/gate.py`), the one-line errors of a client with a
+wrong pin, a wrong or missing token or a bad `--listen`, and model calls riding a lease back
+to the env process's real proxy (the model is the scripted policy)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from verifiers_nemogym import tls
+from verifiers_nemogym.bridge.front import FrontForwarder
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.bridge.wire import route_metadata
+from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.gate import StackGate
+from verifiers_nemogym.nemo.remote import GateLink, describe_gate
+from verifiers_nemogym.net import free_port
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+COMMAND = str(Path(sys.executable).with_name("nemo-gym-env"))
+
+
+def test_certificate_and_token_files(tmp_path: Path) -> None:
+    pin = tls.make_certificate(tmp_path, "127.0.0.1")
+    der = ssl.PEM_cert_to_DER_cert((tmp_path / tls.CERT_FILE).read_text())
+    assert (
+        pin == tls.format_pin(der)
+        and tls.parse_pin(pin) == __import__("hashlib").sha256(der).digest()
+    )
+    assert stat.S_IMODE((tmp_path / tls.KEY_FILE).stat().st_mode) == 0o600
+    token = tls.write_token(tmp_path / tls.TOKEN_FILE)
+    assert stat.S_IMODE((tmp_path / tls.TOKEN_FILE).stat().st_mode) == 0o600
+    assert len(token) >= 40 and tls.read_token(tmp_path / tls.TOKEN_FILE) == token
+    # A second start makes another certificate: the old pin no longer matches.
+    assert tls.make_certificate(tmp_path, "127.0.0.1") != pin
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [tls.CERT_FILE, tls.KEY_FILE, tls.TOKEN_FILE]
+    )  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    "text", ["8443", "localhost:8443", "10.0.0.5", "10.0.0.5:0", "10.0.0.5:99999", "[::1]:x"]
+)
+def test_bad_listen_is_one_line(text: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        tls.parse_listen(text)
+    assert "\n" not in str(e.value) and "HOST:PORT" in str(e.value)
+
+
+def test_listen_forms() -> None:
+    assert tls.parse_listen("10.0.0.5:8443") == ("10.0.0.5", 8443)
+    assert tls.parse_listen("[::1]:8443") == ("::1", 8443)
+
+
+@pytest.mark.parametrize("pin", ["", "sha256:abc", "md5:" + "0" * 64, "0" * 64])
+def test_bad_pin_is_one_line(pin: str) -> None:
+    with pytest.raises(ConfigError, match="sha256:<64 hex digits>"):
+        tls.parse_pin(pin)
+
+
+def test_token_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(tls.TOKEN_ENV_VAR, raising=False)
+    with pytest.raises(ConfigError, match="stack-token-file FILE or set VF_NEMOGYM_STACK_TOKEN"):
+        tls.read_token(None)
+    with pytest.raises(ConfigError, match="cannot read it"):
+        tls.read_token(tmp_path / "missing")
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        tls.read_token(tmp_path / "empty")
+    monkeypatch.setenv(tls.TOKEN_ENV_VAR, "t" * 43)
+    assert tls.read_token(None) == "t" * 43
+
+
+def test_stack_up_with_a_bad_listen_is_one_line_and_starts_nothing() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for listen, expected in (
+            ("gpu-node:8443", "is not HOST:PORT with HOST an IP address"),
+            (f"127.0.0.1:{port}", f"--listen 127.0.0.1:{port}: cannot listen"),
+            ("192.0.2.1:8443", "cannot listen (Cannot assign requested address)"),
+        ):
+            run = subprocess.run(
+                [COMMAND, "stack", "up", "example_single_tool_call", "--listen", listen],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert run.returncode == 2 and run.stdout == "", run
+            (line,) = run.stderr.strip().splitlines()
+            assert expected in line, line
+
+
+class Gate:
+    """A gate on loopback in front of a real front forwarder; its only "agent" is the
+    scripted policy (an HTTP server to forward to)."""
+
+    def __init__(self, directory: Path, policy: ScriptedPolicy) -> None:
+        self.front = FrontForwarder()
+        self.changes = 0
+
+        def changed() -> None:
+            self.changes += 1
+
+        self.gate = StackGate(
+            "127.0.0.1", 0, directory=directory, front=self.front,
+            run_urls={"agent": policy.url}, on_users=changed,
+            describe=lambda: {"pid": 1, "agents": ["agent"], "judge": None},
+        )  # fmt: skip
+
+    @property
+    def token(self) -> str:
+        return self.gate.token_file.read_text().strip()
+
+
+@pytest.fixture
+async def gate(tmp_path: Path) -> AsyncIterator[tuple[Gate, ScriptedPolicy]]:
+    async with ScriptedPolicy() as policy:
+        made = Gate(tmp_path, policy)
+        await made.front.start()
+        await made.gate.start()
+        try:
+            yield made, policy
+        finally:
+            await made.gate.stop()
+            await made.front.stop()
+
+
+async def _one_line(coro: Any, kind: type[Exception]) -> str:
+    with pytest.raises(kind) as e:
+        await coro
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+async def test_describe_gate_errors(
+    gate: tuple[Gate, ScriptedPolicy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made, _ = gate
+    monkeypatch.delenv(tls.TOKEN_ENV_VAR, raising=False)
+    url, pin = made.gate.url, made.gate.pin
+    token_file = made.gate.token_file
+    target = await describe_gate(url, pin, token_file)
+    assert target.agents == ["agent"] and target.run_urls == {"agent": f"{url}/agents/agent"}
+    assert made.token not in repr(target)
+    other = "sha256:" + "ab" * 32
+    text = await _one_line(describe_gate(url, other, token_file), ConfigError)
+    assert f"presented the certificate {pin}, not the pinned {other}" in text
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("w" * 43)
+    text = await _one_line(describe_gate(url, pin, wrong), ConfigError)
+    assert "refused the access token" in text
+    text = await _one_line(describe_gate(url, pin, None), ConfigError)
+    assert "needs its access token" in text
+    monkeypatch.setenv(tls.TOKEN_ENV_VAR, made.token)
+    assert (await describe_gate(url, pin, None)).agents == ["agent"]
+    text = await _one_line(describe_gate(f"https://127.0.0.1:{free_port()}", pin, None), StackError)
+    assert "is unreachable" in text
+    for bad in (url.replace("https", "http"), f"{url}/path", "https://u:p@127.0.0.1:1"):
+        text = await _one_line(describe_gate(bad, pin, None), ConfigError)
+        assert "u:p" not in text and made.token not in text
+
+
+async def test_no_token_no_answer_and_no_body_read(gate: tuple[Gate, ScriptedPolicy]) -> None:
+    """Every path, every method, a wrong token: 401 and nothing about the stack; a huge body
+    announced without a token is refused before a byte of it is sent."""
+    made, _ = gate
+    pinned = tls.client_ssl(made.gate.pin)
+    async with aiohttp.ClientSession() as http:
+        for method, path, headers in (
+            ("GET", "/stack", {}),
+            ("GET", "/lease", {}),
+            ("POST", "/agents/agent/run", {}),
+            ("GET", "/nothing", {}),
+            ("GET", "/stack", {"Authorization": "Bearer " + "x" * 43}),
+            ("GET", "/stack", {"Authorization": "Bearer " + made.token[:-1]}),
+        ):
+            async with http.request(
+                method, made.gate.url + path, headers=headers, ssl=pinned
+            ) as response:
+                body = await response.text()
+            assert response.status == 401 and "agent" not in body, (path, body)
+    host, port = "127.0.0.1", made.gate.port
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    reader, writer = await asyncio.open_connection(host, port, ssl=context)
+    writer.write(
+        b"POST /agents/agent/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000000000\r\n\r\n"
+    )
+    await writer.drain()
+    status = await asyncio.wait_for(reader.readline(), 10)  # no body sent at all
+    assert status.startswith(b"HTTP/1.1 401"), status
+    writer.close()
+
+
+async def test_model_calls_ride_the_lease_back_to_the_proxy(
+    gate: tuple[Gate, ScriptedPolicy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call NeMo Gym's agent makes to the front reaches the env process's loopback proxy
+    over the lease and is answered; `/agents/...` reaches the stack's server; once the lease
+    is closed, the front no longer knows the secret."""
+    made, policy = gate
+    monkeypatch.setenv(tls.TOKEN_ENV_VAR, made.token)
+    target = await describe_gate(made.gate.url, made.gate.pin, None)
+    async with NeMoGymModelProxy() as proxy:
+        link = GateLink(target, proxy.url, proxy.secret)
+        await link.open()
+        try:
+            assert len(made.gate.users) == 1 and len(made.front.users) == 1
+            route = proxy.open_route(policy.base_url, "bearer")
+            body = {
+                "model": "m",
+                "input": [{"role": "user", "content": "hi"}],
+                "metadata": route_metadata(route.id, proxy.secret),
+            }
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{made.front.url}/v1/responses", json=body) as response:
+                    assert response.status == 200, await response.text()
+                assert route.calls == 1 and len(policy.calls) == 1
+                # The rollout's own path credential works the same way.
+                rollout = f"{made.front.url}/ng-rollout/{route.rollout_id}/v1/responses"
+                async with http.post(rollout, json={**body, "metadata": {}}) as response:
+                    assert response.status == 200, await response.text()
+                assert route.calls == 2
+            async with target.client_session() as gate_http:
+                forwarded = {"model": "m", "input": [{"role": "user", "content": "hello"}]}
+                async with gate_http.post(
+                    target.run_urls["agent"] + "/v1/responses", json=forwarded
+                ) as response:
+                    assert response.status == 200
+                assert len(policy.calls) == 3  # through the gate to the stack's server
+        finally:
+            await link.close()
+        await asyncio.sleep(0.2)
+        assert made.gate.users == {} and made.front.users == {}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{made.front.url}/v1/responses", json=body) as response,
+        ):
+            assert response.status == 401

@@ -24,6 +24,7 @@ from verifiers_nemogym.bridge.front import FrontForwarder
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.wire import route_metadata
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo.gate import StackGate
 from verifiers_nemogym.nemo.remote import GateLink, describe_gate
 from verifiers_nemogym.net import free_port
@@ -250,3 +251,30 @@ async def test_model_calls_ride_the_lease_back_to_the_proxy(
             http.post(f"{made.front.url}/v1/responses", json=body) as response,
         ):
             assert response.status == 401
+
+
+async def test_a_link_is_lost_only_when_the_host_goes_down_or_stops_listening(
+    gate: tuple[Gate, ScriptedPolicy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made, _ = gate
+    monkeypatch.setenv(tls.TOKEN_ENV_VAR, made.token)
+    target = await describe_gate(made.gate.url, made.gate.pin, None)
+    async with NeMoGymModelProxy() as proxy:
+        told = GateLink(target, proxy.url, proxy.secret)
+        await told.open()
+        try:
+            await made.gate.broadcast(lease.down_event("stack down requested"))
+            await asyncio.wait_for(told.lost.wait(), 10)
+            assert told.reason == "the shared NeMo Gym stack went down: stack down requested"
+        finally:
+            await told.close()
+        left = GateLink(target, proxy.url, proxy.secret)
+        await left.open()
+        try:
+            await made.gate.stop()  # the lease closes; nothing listens any more
+            await asyncio.sleep(0.5)
+            assert not left.lost.is_set() and not left.connected.is_set()  # it tries again
+            await asyncio.wait_for(left.lost.wait(), 30)
+            assert left.reason.endswith("stopped listening") and left.links == 1
+        finally:
+            await left.close()

@@ -432,6 +432,9 @@ async def test_stack_on_one_host_env_servers_on_another(
         assert all(r["rewards"] == [1.0] for r in before["results"])
         info = await host_status(nemo_venv)
         assert info is not None and info["remote_users"] == 2 and info["users"] == 0, info
+        code, shown = await run_command([cli, "stack", "status"], env, 120)
+        assert code == 0 and f"at {url}" in shown and pin.group(1) in shown, shown
+        assert token_path.group(1) in shown and token not in shown
         leases = info["remote_users"]
         marker = f"{MARKER_ENV_VAR}={info['marker']}"
 

@@ -373,6 +373,7 @@ class GateLink:
                     event = json.loads(message.data)
                     if event.get("event") == lease.EVENT_DOWN:
                         down = str(event.get("reason"))
+                        break  # its last word: the host closes next
                     elif event.get("event") == lease.EVENT_JUDGE_FAILED and self.judge is not None:
                         self.judge.failed(lease.judge_failure_of(event))
         except (ValueError, KeyError, aiohttp.ClientError) as e:

@@ -381,6 +381,7 @@ async def test_stack_on_one_host_env_servers_on_another(
     assert capture.stdout is not None and capture.stdout.readline().strip() == b"capturing"
     driver: Driver | None = None
     up = False
+    began = time.monotonic()
     try:
         # --- host A: the stack, listening with TLS -----------------------------------------
         code, output = await run_command(
@@ -390,6 +391,7 @@ async def test_stack_on_one_host_env_servers_on_another(
         )  # fmt: skip
         assert code == 0, output[-3000:]
         up = True
+        print(f"\nstack up --listen in host A: {time.monotonic() - began:.0f} s")
         url = f"https://{A}:{PORT}"
         pin = re.search(r"--env\.taskset\.stack-pin (sha256:[0-9a-f]{64})", output)
         token_path = re.search(r"access token: the file (\S+) \(mode 0600", output)
@@ -427,7 +429,9 @@ async def test_stack_on_one_host_env_servers_on_another(
         )  # fmt: skip
         normal_rows = list(range(hang, hang + normal))
         driver.send({"id": "before", "run": normal_rows})
+        began = time.monotonic()
         before = await driver.answer("id", "before", 600)
+        print(f"pool in host B up and {normal} rollouts scored: {time.monotonic() - began:.0f} s")
         assert [r["ok"] for r in before["results"]] == [True] * normal, before
         assert all(r["rewards"] == [1.0] for r in before["results"])
         info = await host_status(nemo_venv)

@@ -15,9 +15,10 @@ proves the client to the host. Contracts:
   the handshake, before a byte of the request is sent (so a token never reaches an impostor).
   Neither chain nor host name is checked: the pin is the whole trust.
 - `write_token(path)` writes a fresh random token readable by its owner alone (0600) and returns
-  it; `read_token(file)` reads the token from `file`, else from `TOKEN_ENV_VAR`, else a
-  one-line ConfigError. The token is never an argument of any command line, and callers
-  register it with `redact.protect`, so no log, error or trace quotes it.
+  it; `read_token(file)` reads the token from `file` (which no other user may read or write),
+  else from `TOKEN_ENV_VAR`, else a one-line ConfigError. The token is never an argument of
+  any command line, and callers register it with `redact.protect`, so no log, error or trace
+  quotes it.
 - `keepalive_socket`: an aiohttp `socket_factory` whose connections fail within `LINK_TIMEOUT`
   s once the peer stops acknowledging (TCP keepalive + `TCP_USER_TIMEOUT`), however long the
   answer they wait for legitimately takes (a rollout's `/run`).
@@ -33,6 +34,7 @@ import re
 import secrets
 import socket
 import ssl
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +174,13 @@ def read_token(file: Path | None) -> str:
     quoting a token) if neither gives one."""
     if file is not None:
         try:
+            mode = stat.S_IMODE(file.expanduser().stat().st_mode)
+            if mode & 0o077:
+                # As ssh refuses a private key others can read: the token is as good as theirs.
+                raise ConfigError(
+                    f"--env.taskset.stack-token-file {file} is readable or writable by other "
+                    f"users (mode {mode:o}): `chmod 600` it"
+                )
             token = file.expanduser().read_text().strip()
         except OSError as e:
             raise ConfigError(

@@ -77,7 +77,12 @@ def test_token_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         tls.read_token(None)
     with pytest.raises(ConfigError, match="cannot read it"):
         tls.read_token(tmp_path / "missing")
+    (tmp_path / "shared").write_text("t" * 43)
+    (tmp_path / "shared").chmod(0o644)
+    with pytest.raises(ConfigError, match=r"readable or writable by other users \(mode 644\)"):
+        tls.read_token(tmp_path / "shared")
     (tmp_path / "empty").write_text("\n")
+    (tmp_path / "empty").chmod(0o600)
     with pytest.raises(ConfigError, match="is empty"):
         tls.read_token(tmp_path / "empty")
     monkeypatch.setenv(tls.TOKEN_ENV_VAR, "t" * 43)
@@ -160,6 +165,7 @@ async def test_describe_gate_errors(
     assert f"presented the certificate {pin}, not the pinned {other}" in text
     wrong = tmp_path / "wrong-token"
     wrong.write_text("w" * 43)
+    wrong.chmod(0o600)
     text = await _one_line(describe_gate(url, pin, wrong), ConfigError)
     assert "refused the access token" in text
     text = await _one_line(describe_gate(url, pin, None), ConfigError)

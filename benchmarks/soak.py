@@ -79,13 +79,17 @@ def _rss(pid: int) -> float:
         return 0.0
 
 
+Run = tuple[list[dict[str, Any]], int, str | None]
+"""A soak's samples, its error count and its first error's text."""
+
+
 async def drive(
     total: int,
     in_flight: int,
     window: int,
     one: Callable[[int], Awaitable[None]],
     measure: Callable[[], dict[str, Any]],
-) -> tuple[list[dict[str, Any]], int, str | None]:
+) -> Run:
     """Run `one(i)` for i < total with `in_flight` workers; every `window` finished rollouts
     append `measure()` plus the window's rate. Returns the samples, the error count and the
     first error's text."""
@@ -129,73 +133,55 @@ async def run_side(side: str, total: int, in_flight: int, window: int) -> dict[s
     import nemo_gym_env
     from benchmarks.native import native_stack
     from verifiers_nemogym.backends import PrivateStack
+    from verifiers_nemogym.nemo.stack import NeMoGymStack
     from verifiers_nemogym.nemo.supervisor import processes_with_marker
 
     os.environ.setdefault("SCRIPTED_KEY", "unused")
     async with await spawn_policy() as policy:
         env: Any = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=False)
         tasks = list(env.taskset)
-        http = aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=600),
-        )
-        try:
-            if side == "ours":
-                client = EvalClientConfig(
-                    base_url=policy.info["base_url"], api_key_var="SCRIPTED_KEY"
-                )
-                ctx = vf.ModelContext(model="scripted", client=client)
-                async with env.serving():
-                    assert isinstance(env.stack, PrivateStack)
-                    stack = env.stack.process
 
-                    async def ours(i: int) -> None:
-                        episode = await env.run_episode(tasks[i % len(tasks)], ctx)
-                        if not episode.ok:
-                            raise RuntimeError(f"rollout failed: {episode.errors}")
+        def soak(stack: NeMoGymStack, one: Callable[[int], Awaitable[None]]) -> Awaitable[Run]:
+            def measure() -> dict[str, Any]:
+                stack_pids = processes_with_marker(stack.marker)
+                return sample(os.getpid(), stack_pids, policy.pid, stack.workdir)
 
-                    def measure() -> dict[str, Any]:
-                        return sample(
-                            os.getpid(),
-                            processes_with_marker(stack.marker),
-                            policy.pid,
-                            stack.workdir,
-                        )
+            return drive(total, in_flight, window, one, measure)
 
-                    samples, errors, first = await drive(total, in_flight, window, ours, measure)
-            else:
-                taskset = env.taskset
-                stack = native_stack(
-                    taskset.nemo_venv, taskset.config_paths(), int(policy.info["port"])
-                )
+        if side == "ours":
+            client = EvalClientConfig(base_url=policy.info["base_url"], api_key_var="SCRIPTED_KEY")
+            ctx = vf.ModelContext(model="scripted", client=client)
+
+            async def ours(i: int) -> None:
+                episode = await env.run_episode(tasks[i % len(tasks)], ctx)
+                if not episode.ok:
+                    raise RuntimeError(f"rollout failed: {episode.errors}")
+
+            async with env.serving():
+                assert isinstance(env.stack, PrivateStack)
+                samples, errors, first = await soak(env.stack.process, ours)
+        else:
+            port = int(policy.info["port"])
+            stack = native_stack(env.taskset.nemo_venv, env.taskset.config_paths(), port)
+            http = aiohttp.ClientSession(
+                cookie_jar=aiohttp.DummyCookieJar(),
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=600),
+            )
+
+            async def native(i: int) -> None:
+                data = tasks[i % len(tasks)].data
+                async with http.post(f"{stack.agents[data.agent]}/run", json=data.row) as reply:
+                    body = await reply.json()
+                    if reply.status != 200 or body.get("reward") != 1.0:
+                        raise RuntimeError(f"/run answered {reply.status}: {str(body)[:300]}")
+
+            try:
                 await stack.start()
-                try:
-
-                    async def native(i: int) -> None:
-                        data = tasks[i % len(tasks)].data
-                        async with http.post(
-                            f"{stack.agents[data.agent]}/run", json=data.row
-                        ) as reply:
-                            body = await reply.json()
-                            if reply.status != 200 or body.get("reward") != 1.0:
-                                raise RuntimeError(
-                                    f"/run answered {reply.status}: {str(body)[:300]}"
-                                )
-
-                    def measure() -> dict[str, Any]:
-                        return sample(
-                            os.getpid(),
-                            processes_with_marker(stack.marker),
-                            policy.pid,
-                            stack.workdir,
-                        )
-
-                    samples, errors, first = await drive(total, in_flight, window, native, measure)
-                finally:
-                    await stack.stop()
-        finally:
-            await http.close()
+                samples, errors, first = await soak(stack, native)
+            finally:
+                await stack.stop()
+                await http.close()
     return {"samples": samples, "errors": errors, "first_error": first}
 
 

@@ -45,6 +45,7 @@ is a provider hiccup; only the model proxy's upstream, verifiers' interception, 
 a finished rollout). A `Retry-After` over 30 s is waited for 30 s, then tried anyway: the
 rollout has already run and waits on its `/verify`, and giving up would make it an error."""
 _MESSAGE_LIMIT = 500
+NO_TOKEN = "judge relay: missing or wrong token"
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -96,6 +97,7 @@ class JudgeRelay(AppServer):
         self.status = JudgeStatus(judge.public())
         self._on_failure = on_failure
         self._retry = retry
+        self._bodies = wire.BodyReader()
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=wire.MAX_BODY_BYTES)
@@ -155,19 +157,26 @@ class JudgeRelay(AppServer):
     def _authorised(self, request: web.Request) -> bool:
         auth = request.headers.get("Authorization", "")
         claimed = auth[7:] if auth.startswith("Bearer ") else ""
-        return hmac.compare_digest(claimed.encode("utf-8", "surrogateescape"), self.token.encode())
+        return self._is_token(claimed.encode("utf-8", "surrogateescape"))
+
+    def _is_token(self, claimed: bytes) -> bool:
+        return hmac.compare_digest(claimed, self.token.encode())
 
     async def _models(self, request: web.Request) -> web.Response:
         if not self._authorised(request):
-            return wire.json_error(401, "judge relay: missing or wrong token", "unauthorized")
+            return wire.json_error(401, NO_TOKEN, "unauthorized")
         return web.json_response(
             {"object": "list", "data": [{"id": self.judge.model, "object": "model"}]}
         )
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorised(request):
-            return wire.json_error(401, "judge relay: missing or wrong token", "unauthorized")
-        body = await request.read()
+        # The token is a header: a call without it is refused before its body is read.
+        read = await self._bodies.read(
+            request, self._is_token, in_body=False, unauthorized=NO_TOKEN
+        )
+        if read.refusal is not None:
+            return read.refusal
+        body = read.raw
         path = request.path[len("/v1") :]
         self.stats.calls += 1
         attempt = 0

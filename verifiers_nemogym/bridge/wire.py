@@ -30,6 +30,7 @@ import math
 import re
 import tempfile
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import IO, Any
@@ -126,8 +127,8 @@ _SECRETS_LOOKED_AT = 4
 """How many secret-shaped entries of one body are tried (a body may quote an earlier turn)."""
 
 UNAUTHENTICATED_BUDGET = 16 * 1024 * 1024
-"""Bytes of request bodies one listener holds in memory for all its callers not (yet)
-authenticated together, whatever their number and sizes (`BodyReader`)."""
+"""Bytes of request bodies a process's listeners hold in memory for all their callers not (yet)
+authenticated together, whatever their number and sizes (`BodyReader`, `shared_budget`)."""
 READ_CHUNK = 64 * 1024
 """Bytes read from a body at a time (what one reader takes from the budget per read)."""
 KEPT_IN_MEMORY = 1024 * 1024
@@ -184,6 +185,21 @@ class ByteBudget:
         self.peak = max(self.peak, self.used)
 
 
+_SHARED_BUDGETS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ByteBudget] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_budget() -> ByteBudget:
+    """The `UNAUTHENTICATED_BUDGET` all listeners on the running event loop share: a process
+    serves its listeners (the stack host: the front and the judge relay) on one loop, so
+    callers without a credential hold that much of its memory at most, all listeners together."""
+    loop = asyncio.get_running_loop()
+    if (budget := _SHARED_BUDGETS.get(loop)) is None:
+        budget = _SHARED_BUDGETS[loop] = ByteBudget(UNAUTHENTICATED_BUDGET)
+    return budget
+
+
 @dataclass(frozen=True)
 class Body:
     """What `BodyReader.read` made of a request: its bytes and the credential that admitted
@@ -233,7 +249,8 @@ class _Scan:
 class BodyReader:
     """Reads the request bodies of one listener, admitting only callers with a credential, in
     bounded memory: what callers not yet authenticated hold in memory, all together, is at most
-    `budget.limit` bytes.
+    `budget.limit` bytes (by default the process's `shared_budget()`, 16 MiB); admitted callers
+    get up to `max_bytes` per body.
 
     The credential is looked for where the wire puts it, cheapest first: the path (the caller
     checks it, `accepts=None`), the bearer header, then the body's secret entries
@@ -248,11 +265,15 @@ class BodyReader:
     URL-safe tokens, so a body is never parsed to find one.
     """
 
-    def __init__(
-        self, max_bytes: int = MAX_BODY_BYTES, budget_bytes: int = UNAUTHENTICATED_BUDGET
-    ) -> None:
+    def __init__(self, max_bytes: int = MAX_BODY_BYTES, budget: ByteBudget | None = None) -> None:
         self.max_bytes = max_bytes
-        self.budget = ByteBudget(budget_bytes)
+        self._budget = budget
+
+    @property
+    def budget(self) -> ByteBudget:
+        """The given budget, else the one all listeners of the running event loop share
+        (`shared_budget`)."""
+        return self._budget or shared_budget()
 
     async def read(
         self,
@@ -286,15 +307,15 @@ class BodyReader:
         unauthorized: str,
         route: str | None,
     ) -> Body:
-        scan = _Scan()
+        scan, budget = _Scan(), self.budget
         with tempfile.SpooledTemporaryFile(KEPT_IN_MEMORY) as spool:
-            held = _Unadmitted(self.budget, spool)
+            held = _Unadmitted(budget, spool)
             try:
                 while True:
-                    if not self.budget.try_take(READ_CHUNK):
+                    if not budget.try_take(READ_CHUNK):
                         held.spill()  # never wait holding budget: others may wait on ours
                         async with asyncio.timeout(UNAUTHENTICATED_READ_TIMEOUT):
-                            await self.budget.take(READ_CHUNK)
+                            await budget.take(READ_CHUNK)
                     async with held.reading(READ_CHUNK):
                         async with asyncio.timeout(UNAUTHENTICATED_READ_TIMEOUT):
                             piece = await request.content.read(READ_CHUNK)

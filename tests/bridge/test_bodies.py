@@ -166,6 +166,18 @@ async def test_the_relay_takes_a_large_body_with_its_token():
         assert status == 200 and judge.calls[-1].prompt == content
 
 
+async def test_temporary_files_are_bounded_too():
+    """Past its memory share a body goes to a temporary file; a process keeps at most
+    `spooled.limit` bytes there: a caller beyond is 503 (retried by NeMo Gym), never the disk."""
+    async with NeMoGymModelProxy() as proxy:
+        proxy._bodies = wire.BodyReader(spooled=ByteBudget(4 * MB))
+        async with aiohttp.ClientSession() as http:
+            url = f"{proxy.url}/v1/responses"
+            assert await _status(http, url, _unauthenticated(2 * MB)) == 401  # fits
+            assert await _status(http, url, _unauthenticated(8 * MB)) == 503
+        assert proxy._bodies.spooled.used == 0 and proxy._bodies.spooled.peak <= 4 * MB
+
+
 async def test_a_caller_too_slow_before_its_secret_is_408(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(wire, "UNAUTHENTICATED_READ_TIMEOUT", 0.3)
     async with NeMoGymModelProxy() as proxy:

@@ -128,11 +128,14 @@ _SECRETS_LOOKED_AT = 4
 
 UNAUTHENTICATED_BUDGET = 16 * 1024 * 1024
 """Bytes of request bodies a process's listeners hold in memory for all their callers not (yet)
-authenticated together, whatever their number and sizes (`BodyReader`, `shared_budget`)."""
+authenticated together, whatever their number and sizes (`BodyReader`, `shared_budgets`)."""
 READ_CHUNK = 64 * 1024
 """Bytes read from a body at a time (what one reader takes from the budget per read)."""
 KEPT_IN_MEMORY = 1024 * 1024
 """Bytes of one unauthenticated body kept in memory before it goes to a temporary file."""
+SPOOLED_BUDGET = 4 * 1024**3
+"""Bytes of bodies not (yet) authenticated a process keeps in temporary files at once; a caller
+that would pass it is answered 503 (NeMo Gym's client tries again): no caller fills the disk."""
 UNAUTHENTICATED_READ_TIMEOUT = 30.0
 """Seconds a caller not yet authenticated may take per `READ_CHUNK` (waiting for the budget
 included): a trickling caller cannot hold a share of the budget for long (408)."""
@@ -185,19 +188,21 @@ class ByteBudget:
         self.peak = max(self.peak, self.used)
 
 
-_SHARED_BUDGETS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ByteBudget] = (
-    weakref.WeakKeyDictionary()
-)
+_SHARED_BUDGETS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[ByteBudget, ByteBudget]
+] = weakref.WeakKeyDictionary()
 
 
-def shared_budget() -> ByteBudget:
-    """The `UNAUTHENTICATED_BUDGET` all listeners on the running event loop share: a process
-    serves its listeners (the stack host: the front and the judge relay) on one loop, so
-    callers without a credential hold that much of its memory at most, all listeners together."""
+def shared_budgets() -> tuple[ByteBudget, ByteBudget]:
+    """The `UNAUTHENTICATED_BUDGET` (memory) and `SPOOLED_BUDGET` (temporary files) all
+    listeners on the running event loop share: a process serves its listeners (the stack host:
+    the front and the judge relay) on one loop, so callers without a credential hold that much
+    of it at most, all listeners together."""
     loop = asyncio.get_running_loop()
-    if (budget := _SHARED_BUDGETS.get(loop)) is None:
-        budget = _SHARED_BUDGETS[loop] = ByteBudget(UNAUTHENTICATED_BUDGET)
-    return budget
+    if (budgets := _SHARED_BUDGETS.get(loop)) is None:
+        budgets = (ByteBudget(UNAUTHENTICATED_BUDGET), ByteBudget(SPOOLED_BUDGET))
+        _SHARED_BUDGETS[loop] = budgets
+    return budgets
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,8 @@ class Body:
     """The secret (bearer header, else body entry) the listener accepted; None when the call
     was admitted before its body was read (its path)."""
     refusal: web.Response | None = None
-    """401 (no accepted credential), 408 (too slow before authenticating), 413 (too large)."""
+    """401 (no accepted credential), 408 (too slow before authenticating), 413 (too large),
+    503 (`SPOOLED_BUDGET` spent)."""
     route: str | None = None
     """The route id the call names (`ROUTE_HEADER`, else the first body entry read), also on a
     refusal: the proxy charges a refused call to the open route it names."""
@@ -249,7 +255,7 @@ class _Scan:
 class BodyReader:
     """Reads the request bodies of one listener, admitting only callers with a credential, in
     bounded memory: what callers not yet authenticated hold in memory, all together, is at most
-    `budget.limit` bytes (by default the process's `shared_budget()`, 16 MiB); admitted callers
+    `budget.limit` bytes (by default the process's, `shared_budgets()`, 16 MiB); admitted callers
     get up to `max_bytes` per body.
 
     The credential is looked for where the wire puts it, cheapest first: the path (the caller
@@ -260,20 +266,33 @@ class BodyReader:
     stops reading (aiohttp then stops reading the socket, and TCP makes the sender wait). A body
     past `KEPT_IN_MEMORY` bytes goes on to an unlinked temporary file, so a large body with its
     secret at the end is admitted without holding memory before it is; a reader that must wait
-    for the budget first moves what it holds there (nobody waits while holding budget). Once
-    admitted, the rest is read as it comes, up to `max_bytes`. Secrets this package makes are
+    for the budget first moves what it holds there (nobody waits while holding budget). Those
+    files hold at most `spooled.limit` bytes at once (by default the process's, 4 GiB; a caller
+    beyond is answered 503), and go when the body is admitted or refused. Once admitted, the
+    rest is read as it comes, up to `max_bytes`. Secrets this package makes are
     URL-safe tokens, so a body is never parsed to find one.
     """
 
-    def __init__(self, max_bytes: int = MAX_BODY_BYTES, budget: ByteBudget | None = None) -> None:
+    def __init__(
+        self,
+        max_bytes: int = MAX_BODY_BYTES,
+        budget: ByteBudget | None = None,
+        spooled: ByteBudget | None = None,
+    ) -> None:
         self.max_bytes = max_bytes
         self._budget = budget
+        self._spooled = spooled
 
     @property
     def budget(self) -> ByteBudget:
-        """The given budget, else the one all listeners of the running event loop share
-        (`shared_budget`)."""
-        return self._budget or shared_budget()
+        """The memory budget given, else the one all listeners of the running event loop share
+        (`shared_budgets`)."""
+        return self._budget or shared_budgets()[0]
+
+    @property
+    def spooled(self) -> ByteBudget:
+        """The budget of temporary files given, else the shared one (`shared_budgets`)."""
+        return self._spooled or shared_budgets()[1]
 
     async def read(
         self,
@@ -309,7 +328,7 @@ class BodyReader:
     ) -> Body:
         scan, budget = _Scan(), self.budget
         with tempfile.SpooledTemporaryFile(KEPT_IN_MEMORY) as spool:
-            held = _Unadmitted(budget, spool)
+            held = _Unadmitted(budget, self.spooled, spool)
             try:
                 while True:
                     if not budget.try_take(READ_CHUNK):
@@ -334,6 +353,11 @@ class BodyReader:
             except TimeoutError:
                 message = f"no credential within {UNAUTHENTICATED_READ_TIMEOUT:g} s per read"
                 return Body(refusal=json_error(408, message, "request_timeout"), route=route)
+            except _SpoolFull:
+                message = "too many bytes of calls without a known credential in flight"
+                refusal = json_error(503, message, "overloaded")
+                refusal.headers["Retry-After"] = "1"
+                return Body(refusal=refusal, route=route)
             finally:
                 held.close()
 
@@ -353,12 +377,20 @@ class BodyReader:
         return json_error(413, f"body exceeds {self.max_bytes} bytes", "request_too_large")
 
 
+class _SpoolFull(Exception):
+    """The process's `SPOOLED_BUDGET` has no room for more of this body."""
+
+
 class _Unadmitted:
     """The bytes of a body read before its caller is admitted, in `spool`: in memory, taken
-    from `budget`, up to `KEPT_IN_MEMORY`; beyond, or once `spill()`ed, in its file."""
+    from `budget`, up to `KEPT_IN_MEMORY`; beyond, or once `spill()`ed, in its file, taken from
+    `disk` (`_SpoolFull` when it has no room)."""
 
-    def __init__(self, budget: ByteBudget, spool: tempfile.SpooledTemporaryFile[bytes]) -> None:
+    def __init__(
+        self, budget: ByteBudget, disk: ByteBudget, spool: tempfile.SpooledTemporaryFile[bytes]
+    ) -> None:
         self._budget = budget
+        self._disk = disk
         self._spool = spool
         self._on_disk = False
         self._taken = 0
@@ -381,12 +413,16 @@ class _Unadmitted:
     def add(self, piece: bytes) -> None:
         if self.size + len(piece) > KEPT_IN_MEMORY:
             self.spill()
+        if self._on_disk and not self._disk.try_take(len(piece)):
+            raise _SpoolFull
         self._spool.write(piece)
         self.size += len(piece)
 
     def spill(self) -> None:
         """Move the bytes in memory to the file (and their budget back)."""
         if self.size and not self._on_disk:
+            if not self._disk.try_take(self.size):
+                raise _SpoolFull
             self._spool.rollover()
             self._on_disk = True
             self._settle()
@@ -397,9 +433,7 @@ class _Unadmitted:
             raw = await asyncio.to_thread(_read_back, self._spool)
         else:
             raw = _read_back(self._spool)
-        self._spool.truncate(0)
-        self.size = 0
-        self._settle()
+        self.close()
         return raw
 
     def _settle(self) -> None:
@@ -408,8 +442,12 @@ class _Unadmitted:
         self._taken = self._in_memory
 
     def close(self) -> None:
-        """Give back all budget (the spool's owner closes it)."""
+        """Forget the bytes and give back all budget (the spool's owner closes it)."""
+        if self._on_disk:
+            self._disk.give(self.size)
+        self._spool.truncate(0)
         self.size = 0
+        self._on_disk = False
         self._settle()
 
 

@@ -27,6 +27,7 @@ from verifiers_nemogym.bridge.wire import (
 )
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.judge.relay import JudgeRelay
+from verifiers_nemogym.net import LINGERING_TIME
 from verifiers_nemogym.policies.judge import ScriptedJudge
 
 MB = 1024 * 1024
@@ -68,11 +69,11 @@ async def listeners() -> AsyncIterator[dict[str, str]]:
 
 
 async def test_unauthenticated_load_on_every_listener_holds_at_most_the_budget(listeners):
-    """12 concurrent 8 MB bodies without a credential to each listener (288 MB in all): each
+    """12 concurrent 4 MB bodies without a credential to each listener (144 MB in all): each
     answered 401, and this process's Python memory (servers and clients together) peaks under
     the 16 MiB budget plus `PER_CONNECTION` for each connection (aiohttp's own buffer, up to
     its high-water mark and one socket read, before it stops reading; the clients' buffers).
-    Reading bodies whole, as before, peaked at hundreds of MB."""
+    Reading bodies whole, as before, peaked at over 100 MB."""
     tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
@@ -80,7 +81,7 @@ async def test_unauthenticated_load_on_every_listener_holds_at_most_the_budget(l
         async with aiohttp.ClientSession() as http:
             statuses = await asyncio.gather(
                 *(
-                    _status(http, url, _unauthenticated(8 * MB))
+                    _status(http, url, _unauthenticated(4 * MB))
                     for url in listeners.values()
                     for _ in range(12)
                 )
@@ -124,7 +125,7 @@ async def test_readers_beyond_the_budget_wait_and_tcp_pushes_back():
 
 
 async def test_a_large_body_with_its_secret_at_the_end_goes_through_front_and_proxy():
-    """NeMo Gym puts `metadata` after `input`: a 40 MB call whose secret comes last passes the
+    """NeMo Gym puts `metadata` after `input`: a 24 MB call whose secret comes last passes the
     front and the proxy unchanged (spilled past the memory it may hold before its secret)."""
     seen: list[int] = []
 
@@ -142,7 +143,7 @@ async def test_a_large_body_with_its_secret_at_the_end_goes_through_front_and_pr
         async with NeMoGymModelProxy() as proxy, FrontForwarder() as front:
             front.add(FrontUser(1, proxy.url, secret_digest(proxy.secret)))
             route = proxy.open_route(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "b")
-            big = "y" * (40 * MB)
+            big = "y" * (24 * MB)
             data = json.dumps({"input": big, "metadata": route_metadata(route.id, proxy.secret)})
             async with aiohttp.ClientSession() as http:
                 assert await _status(http, f"{front.url}/v1/responses", data.encode()) == 200
@@ -154,7 +155,7 @@ async def test_a_large_body_with_its_secret_at_the_end_goes_through_front_and_pr
 
 async def test_the_relay_takes_a_large_body_with_its_token():
     async with ScriptedJudge() as judge, JudgeRelay(Judge(judge.base_url, "m")) as relay:
-        content = "z" * (20 * MB)
+        content = "z" * (12 * MB)
         body = {"model": "m", "messages": [{"role": "user", "content": content}]}
         async with aiohttp.ClientSession() as http:
             status = await _status(
@@ -178,7 +179,9 @@ async def test_temporary_files_are_bounded_too():
         assert proxy._bodies.spooled.used == 0 and proxy._bodies.spooled.peak <= 4 * MB
 
 
-async def test_a_caller_too_slow_before_its_secret_is_408(monkeypatch: pytest.MonkeyPatch):
+async def test_a_caller_too_slow_before_its_secret_is_408_then_hung_up_on(
+    monkeypatch: pytest.MonkeyPatch,
+):
     monkeypatch.setattr(wire, "UNAUTHENTICATED_READ_TIMEOUT", 0.3)
     async with NeMoGymModelProxy() as proxy:
         reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
@@ -186,8 +189,12 @@ async def test_a_caller_too_slow_before_its_secret_is_408(monkeypatch: pytest.Mo
         await writer.drain()
         answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         assert answer.startswith(b"HTTP/1.1 408"), answer
-        writer.close()
         assert proxy._bodies.budget.used == 0
+        # The rest of the announced body is waited for `LINGERING_TIME`, then the server hangs up.
+        began = asyncio.get_running_loop().time()
+        await asyncio.wait_for(reader.read(), 10)
+        assert asyncio.get_running_loop().time() - began < LINGERING_TIME + 1
+        writer.close()
 
 
 @pytest.mark.parametrize("listener", ["front", "proxy", "relay"])

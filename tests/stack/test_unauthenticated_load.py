@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,18 +107,20 @@ async def test_unauthenticated_large_bodies_to_every_listener_hold_bounded_memor
             for pid in pids.values():  # VmHWM from now on (Linux: clear_refs 5)
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
             before = {name: _status_kb(pid, "VmRSS") for name, pid in pids.items()}
+            began = time.monotonic()
             load = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", LOAD, json.dumps(urls), str(CALLERS), str(BODY_MB * MB),
                 stdout=subprocess.PIPE,
             )  # fmt: skip
             out, _ = await asyncio.wait_for(load.communicate(), 900)
+            took = time.monotonic() - began
             peak = {name: _status_kb(pid, "VmHWM") for name, pid in pids.items()}
             calls = env._proxy.calls
             host_alive = env.stack.lease.lost.is_set() is False
         assert await gone(tag) == []
     statuses = json.loads(out)
     growth = {name: (peak[name] - before[name]) / 1024 for name in pids}
-    print(f"peak RSS growth (MB): {growth}; statuses {sorted(set(map(str, statuses)))}")
+    print(f"peak RSS growth (MB): {growth}; load {took:.0f} s; {sorted(set(map(str, statuses)))}")
     assert statuses == [401] * 3 * CALLERS, statuses
     assert calls == 0 and judge.calls == [] and host_alive
     # The host serves two of the listeners, the env process one.

@@ -6,7 +6,9 @@ registered proxy whose secret the call carries, or, on a rollout's `/ng-rollout/
 whose secret made the id's credential (checked before the body is read; `bridge.wire` defines
 both). Contract: an unknown or missing secret or credential is 401; a registered proxy that
 stopped answering is 410
-(never a status NeMo Gym's client retries forever); nothing else is read from the body.
+(never a status NeMo Gym's client retries forever); nothing else is read from the body. Bodies
+are read by `wire.BodyReader`: until a call's secret is found, it holds at most the process's
+unauthenticated budget (16 MiB, all such callers together).
 """
 
 from __future__ import annotations

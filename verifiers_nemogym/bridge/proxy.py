@@ -3,11 +3,12 @@
 Each call names its route and proves it may: by its `/ng-rollout/<rollout id>/` path (the
 route's `rollout_id`, checked before the body is read; all a coding-agent CLI carries), or by
 the proxy's secret and a route id inside the body's `metadata` (which NeMo Gym forwards on every
-turn) or as headers (`bridge.wire`). Any dialect (Responses, Chat Completions, Anthropic
-Messages), streamed or not, is forwarded to that route's upstream endpoint with that route's
-bearer secret, and always answered with an HTTP status:
-NeMo Gym's client retries dropped connections forever. The proxy knows no NeMo Gym or verifiers
-internals beyond the two wire disagreements it bridges (see `_reply_ok`, `_reply_error`).
+turn) or as headers (`bridge.wire`); until it has, its body is read within the process's
+unauthenticated budget (`wire.BodyReader`) and never parsed. Any dialect (Responses, Chat
+Completions, Anthropic Messages), streamed or not, is forwarded to that route's upstream
+endpoint with that route's bearer secret, and always answered with an HTTP status: NeMo Gym's
+client retries dropped connections forever. The proxy knows no NeMo Gym or verifiers internals
+beyond the two wire disagreements it bridges (see `_reply_ok`, `_reply_error`).
 
 A route (`Route`, from `route()`) records the first provider error its calls got, so the rollout
 can fail with the provider's own status instead of whatever NeMo Gym's agent makes of it. Only

@@ -160,6 +160,8 @@ class ByteBudget:
         return True
 
     async def take(self, n: int) -> None:
+        if n > self.limit:
+            raise ValueError(f"{n} bytes can never fit a budget of {self.limit}")
         if self.try_take(n):
             return
         waiter = asyncio.get_running_loop().create_future()

@@ -13,9 +13,10 @@ Contract: a model call is either
   `Authorization: Bearer` and `ROUTE_HEADER` headers.
 `<tail>` is `responses`, `chat/completions` or `messages` (Anthropic), streaming or not.
 `GET /` answers NeMo Gym's readiness poll without credentials. Every refusal is a JSON error body
-with a status NeMo Gym does not retry forever. Every listener of ours reads a body through a
-`BodyReader`: callers without a credential hold at most `UNAUTHENTICATED_BUDGET` bytes of a
-listener's memory together; admitted ones get `MAX_BODY_BYTES` per body.
+with a status NeMo Gym does not retry forever. Every listener of ours (these two, the judge
+relay) reads a body through a `BodyReader`: callers without a credential hold at most
+`UNAUTHENTICATED_BUDGET` bytes of a process's memory, all listeners and callers together;
+admitted ones get `MAX_BODY_BYTES` per body.
 """
 
 from __future__ import annotations
@@ -271,8 +272,8 @@ class BodyReader:
     for the budget first moves what it holds there (nobody waits while holding budget). Those
     files hold at most `spooled.limit` bytes at once (by default the process's, 4 GiB; a caller
     beyond is answered 503), and go when the body is admitted or refused. Once admitted, the
-    rest is read as it comes, up to `max_bytes`. Secrets this package makes are
-    URL-safe tokens, so a body is never parsed to find one.
+    rest is read as it comes, up to `max_bytes`. Secrets this package makes are URL-safe
+    tokens, so a body is never parsed to find one.
     """
 
     def __init__(

@@ -5,7 +5,8 @@ A real shared stack with a judge (the stack host serves the front forwarder, NeM
 concurrent large bodies without a credential, sent by another process that streams them from a
 generator, to each of the three listeners. Each is answered 4xx, and the peak RSS growth of the
 host process and of this (the env) process, read from /proc (VmHWM, reset first), stays under the
-unauthenticated budget plus aiohttp's own buffer of each connection.
+unauthenticated budget plus aiohttp's own buffer of each connection. Then a 48 MB call with the
+proxy's secret at its end (where NeMo Gym puts `metadata`) still goes through the front.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
+import yaml
 from helpers import gone, run_tag
 
 import nemo_gym_env
 from verifiers_nemogym.backends import SharedStack
-from verifiers_nemogym.bridge.wire import UNAUTHENTICATED_BUDGET
+from verifiers_nemogym.bridge.wire import UNAUTHENTICATED_BUDGET, route_metadata
 from verifiers_nemogym.policies.judge import ScriptedJudge
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 CALLERS = 24
 """Concurrent callers per listener."""
@@ -71,6 +75,14 @@ def _status_kb(pid: int, field: str) -> int:
     raise AssertionError(f"no {field} for pid {pid}")
 
 
+def _ports(config: object) -> list[int]:
+    """Every `port` value anywhere in a parsed config."""
+    if isinstance(config, dict):
+        found = [config["port"]] if isinstance(config.get("port"), int) else []
+        return found + [p for v in config.values() for p in _ports(v)]
+    return [p for v in config for p in _ports(v)] if isinstance(config, list) else []
+
+
 def _listening_ports(pid: int) -> set[int]:
     """The TCP ports process `pid` listens on (its sockets' inodes in /proc/net/tcp)."""
     inodes = set()
@@ -91,7 +103,7 @@ async def test_unauthenticated_large_bodies_to_every_listener_hold_bounded_memor
 ) -> None:
     tag, _ = run_tag()
     monkeypatch.setenv(*tag.split("=", 1))  # the host and the stack inherit it
-    async with ScriptedJudge() as judge:
+    async with ScriptedJudge() as judge, ScriptedPolicy() as policy:
         env = nemo_gym_env.load_environment(
             nemo_env="equivalence_llm_judge",
             judge={"base_url": judge.base_url, "model": "scripted-judge", "api_key_var": ""},
@@ -116,6 +128,19 @@ async def test_unauthenticated_large_bodies_to_every_listener_hold_bounded_memor
             took = time.monotonic() - began
             peak = {name: _status_kb(pid, "VmHWM") for name, pid in pids.items()}
             calls = env._proxy.calls
+            # A caller with the secret: 48 MB through the front (NeMo Gym's `policy_model`).
+            async with aiohttp.ClientSession() as http:
+                url = f"{env.stack.lease.head_url}/global_config_dict_yaml"
+                async with http.get(url) as response:
+                    served = yaml.safe_load(json.loads(await response.text()))
+                (front,) = set(_ports(served["policy_model"])) & ports
+                route = env._proxy.open_route(policy.base_url, "bearer")
+                big = "x" * (BODY_MB * MB)
+                call = {"model": "m", "input": [{"role": "user", "content": big}],
+                        "metadata": route_metadata(route.id, env._proxy.secret)}  # fmt: skip
+                url = f"http://127.0.0.1:{front}/v1/responses"
+                async with http.post(url, data=json.dumps(call).encode()) as response:
+                    admitted = response.status
             host_alive = env.stack.lease.lost.is_set() is False
         assert await gone(tag) == []
     statuses = json.loads(out)
@@ -123,6 +148,7 @@ async def test_unauthenticated_large_bodies_to_every_listener_hold_bounded_memor
     print(f"peak RSS growth (MB): {growth}; load {took:.0f} s; {sorted(set(map(str, statuses)))}")
     assert statuses == [401] * 3 * CALLERS, statuses
     assert calls == 0 and judge.calls == [] and host_alive
+    assert admitted == 200 and len(policy.calls) == 1
     # The host serves two of the listeners, the env process one.
     connections = {"host": 2 * CALLERS, "env": CALLERS}
     for name, mb in growth.items():

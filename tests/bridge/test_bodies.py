@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,6 +28,7 @@ from verifiers_nemogym.bridge.wire import (
 )
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.judge.relay import JudgeRelay
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import LINGERING_TIME
 from verifiers_nemogym.policies.judge import ScriptedJudge
 
@@ -248,3 +250,43 @@ async def test_the_budget_is_first_come_first_served_and_a_cancelled_wait_leaks_
     assert order == ["first"] and budget.used == 5 and budget.peak == 8
     budget.give(5)
     assert budget.used == 0 and budget.try_take(10)
+
+
+NEMO_GYM_BODY = r"""
+import json, sys
+import orjson
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming as Params
+
+row = json.loads(sys.stdin.read())
+body = Params.model_validate(row["responses_create_params"])
+# What NeMo Gym's simple_agent sends each turn: the body with the turn's input, dumped in field
+# order (`ServerClient.request`: `model_dump(exclude_unset=True)`, then orjson).
+turn = body.model_copy(update={"input": body.input + []})
+sys.stdout.buffer.write(orjson.dumps(turn.model_dump(exclude_unset=True)))
+"""
+
+
+def test_nemo_gym_sends_the_secret_after_the_input(nemo_venv_07: NeMoGymVenv):
+    """Why a body is read past its first KiBs before it is refused: NeMo Gym 0.7 sends a call's
+    fields in its model's order, `metadata` (the secret) after `input`, whatever order the row
+    has (one NeMo Gym import: the newest release only)."""
+    big = "q" * 200_000
+    row = wire.tag_row(
+        {"responses_create_params": {"input": [{"role": "user", "content": big}]}},
+        "route-1",
+        "s3cret",
+    )
+    row["responses_create_params"] = {  # metadata first in the row
+        "metadata": row["responses_create_params"]["metadata"],
+        "input": row["responses_create_params"]["input"],
+    }
+    sent = subprocess.run(
+        [str(nemo_venv_07.bin("python")), "-c", NEMO_GYM_BODY],
+        input=json.dumps(row).encode(),
+        capture_output=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert sent.index(f'"{SECRET_KEY}"'.encode()) > sent.index(big.encode()) + len(big)
+    scan = wire._Scan()
+    assert scan.feed(sent) == [b"s3cret"]

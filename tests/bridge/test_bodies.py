@@ -94,6 +94,7 @@ async def test_unauthenticated_load_on_every_listener_holds_at_most_the_budget(l
     assert set(statuses) == {401}, statuses
     growth = (peak - base) / MB
     bound = UNAUTHENTICATED_BUDGET / MB + len(statuses) * PER_CONNECTION
+    print(f"peak Python memory growth {growth:.1f} MB, bound {bound:.1f} MB")
     assert growth < bound, f"peak Python memory grew {growth:.1f} MB (bound {bound:.1f})"
 
 

@@ -17,6 +17,8 @@ import aiohttp
 from aiohttp import web
 
 LOOPBACK = "127.0.0.1"
+LINGERING_TIME = 2.0
+"""Seconds a server goes on reading (and dropping) a body it answered before reading it whole."""
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -44,7 +46,14 @@ async def serve_app(
     Raises OSError if the port cannot be bound (nothing is left running then).
     """
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=shutdown_timeout,
+        # A body answered before it was read whole (a refusal) is read on and dropped this
+        # long, so its sender gets the answer rather than a reset; aiohttp's 10 s would let
+        # each refused caller keep a connection busy for that long.
+        lingering_time=LINGERING_TIME,
     )
     await runner.setup()
     try:

@@ -9,7 +9,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
 from helpers import gone, model_context, read_episodes, run_command, run_tag, script
 
 from verifiers_nemogym.backends import PrivateStack, SharedStack
@@ -39,7 +38,6 @@ def runtime_flags(runtime: NeMoGymVenv) -> list[str]:
     return flags
 
 
-@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
 async def test_vf_eval_runs_rollouts_on_a_real_stack(
     policy: ScriptedPolicy, tmp_path: Path, any_nemo_venv: NeMoGymVenv
 ):

@@ -111,7 +111,6 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
     assert any(r.getMessage().startswith(summary) for r in caplog.records), caplog.text[-2000:]
 
 
-@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
 async def test_the_judge_key_reaches_no_process_config_log_or_trace(
     policy: ScriptedPolicy, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -195,7 +195,6 @@ def load_tasks(rows: Path) -> list[Any]:
     return list(nemo_gym_env.load_environment(nemo_env=ENV, jsonl_path=str(rows)).taskset)
 
 
-@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
 async def test_env_server_pools_share_one_stack(
     nemo_venv: NeMoGymVenv,
     policy: ScriptedPolicy,

@@ -261,7 +261,6 @@ def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> No
     )
 
 
-@pytest.mark.verifiers_dev  # also run on the verifiers pre-release (tests/run.sh)
 async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path: Path) -> None:
     """docs/training.md's command: `vf-eval nemo-gym-env --client.type train ...` against a
     vLLM-compatible server (the token server). With `--env.agent.max-turns 1` verifiers refuses

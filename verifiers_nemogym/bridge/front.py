@@ -6,7 +6,9 @@ registered proxy whose secret the call carries, or, on a rollout's `/ng-rollout/
 whose secret made the id's credential (checked before the body is read; `bridge.wire` defines
 both). Contract: an unknown or missing secret or credential is 401; a registered proxy that
 stopped answering is 410
-(never a status NeMo Gym's client retries forever); nothing else is read from the body.
+(never a status NeMo Gym's client retries forever); nothing else is read from the body. Bodies
+are read by `wire.BodyReader`: until a call's secret is found, it holds at most the process's
+unauthenticated budget (16 MiB, all such callers together).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.bridge.wire import secret_digest
 from verifiers_nemogym.net import LOOPBACK, AppServer
 
+UNKNOWN_SECRET = "missing or unknown proxy secret"
 FRONT_CALL_TIMEOUT = 3700.0
 """Seconds the front waits for a proxy's answer: the proxy bounds each call itself
 (`ProxyLimits.call_timeout`, one hour); this only caps a proxy that stopped answering without
@@ -47,6 +50,8 @@ class FrontForwarder(AppServer):
         self.users: dict[bytes, FrontUser] = {}
         self.calls = 0
         self._http: aiohttp.ClientSession | None = None
+        self._bodies = wire.BodyReader()
+        """Reads call bodies in bounded memory until their secret is known (`wire.BodyReader`)."""
 
     def _app(self) -> web.Application:
         return wire.model_call_app(self._forward)
@@ -82,6 +87,9 @@ class FrontForwarder(AppServer):
             return None
         return user
 
+    def _knows(self, secret: bytes) -> bool:
+        return self._user_for(secret) is not None
+
     def _user_of_rollout(self, path_id: str) -> FrontUser | None:
         """The user whose proxy gave this rollout id its credential (`wire.rollout_id`)."""
         return next(
@@ -94,12 +102,18 @@ class FrontForwarder(AppServer):
         user = self._user_of_rollout(path_id) if path_id is not None else None
         if path_id is not None and user is None:
             return wire.json_error(401, "missing or unknown rollout credential", "unauthorized")
-        raw = await request.read()
+        # Otherwise the user is picked by the secret the call carries (never by parsing it);
+        # until one is found, its body is read within the unauthenticated budget.
+        accepts = None if user is not None else self._knows
+        body = await self._bodies.read(request, accepts, unauthorized=UNKNOWN_SECRET)
+        if body.refusal is not None:
+            return body.refusal
         if user is None:
-            # The body is never parsed: the user is picked by the secret its bytes carry.
-            user = next(filter(None, map(self._user_for, wire.claimed_secrets(request, raw))), None)
-            if user is None:
-                return wire.json_error(401, "missing or unknown proxy secret", "unauthorized")
+            assert body.secret is not None
+            user = self._user_for(body.secret)
+            if user is None:  # its lease ended while the body was read
+                return wire.json_error(401, UNKNOWN_SECRET, "unauthorized")
+        raw = body.raw
         self.calls += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() in wire.FORWARDED_HEADERS}
         assert self._http is not None

@@ -3,11 +3,12 @@
 Each call names its route and proves it may: by its `/ng-rollout/<rollout id>/` path (the
 route's `rollout_id`, checked before the body is read; all a coding-agent CLI carries), or by
 the proxy's secret and a route id inside the body's `metadata` (which NeMo Gym forwards on every
-turn) or as headers (`bridge.wire`). Any dialect (Responses, Chat Completions, Anthropic
-Messages), streamed or not, is forwarded to that route's upstream endpoint with that route's
-bearer secret, and always answered with an HTTP status:
-NeMo Gym's client retries dropped connections forever. The proxy knows no NeMo Gym or verifiers
-internals beyond the two wire disagreements it bridges (see `_reply_ok`, `_reply_error`).
+turn) or as headers (`bridge.wire`); until it has, its body is read within the process's
+unauthenticated budget (`wire.BodyReader`) and never parsed. Any dialect (Responses, Chat
+Completions, Anthropic Messages), streamed or not, is forwarded to that route's upstream
+endpoint with that route's bearer secret, and always answered with an HTTP status: NeMo Gym's
+client retries dropped connections forever. The proxy knows no NeMo Gym or verifiers internals
+beyond the two wire disagreements it bridges (see `_reply_ok`, `_reply_error`).
 
 A route (`Route`, from `route()`) records the first provider error its calls got, so the rollout
 can fail with the provider's own status instead of whatever NeMo Gym's agent makes of it. Only
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hmac
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -65,6 +67,8 @@ from verifiers_nemogym.net import AppServer
 from verifiers_nemogym.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
+
+WRONG_SECRET = "missing or wrong proxy secret"
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,8 @@ class NeMoGymModelProxy(AppServer):
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._protected = False
         self._connector: aiohttp.TCPConnector | None = None
+        self._bodies = wire.BodyReader(self.limits.max_body_bytes)
+        """Reads call bodies in bounded memory until their secret is known (`wire.BodyReader`)."""
 
     def _app(self) -> web.Application:
         return wire.model_call_app(self._forward, max_body_bytes=self.limits.max_body_bytes)
@@ -293,6 +299,9 @@ class NeMoGymModelProxy(AppServer):
 
     # --- handlers -------------------------------------------------------------------------
 
+    def _is_secret(self, claimed: bytes) -> bool:
+        return hmac.compare_digest(claimed, self._secret_bytes)
+
     def _rollout_route(self, path_id: str) -> Route | web.Response:
         """The open route a `/ng-rollout/<id>/` path names with a valid credential, or the
         refusal, decided before the body is read (`wire.rollout_id`)."""
@@ -319,24 +328,19 @@ class NeMoGymModelProxy(AppServer):
         by_path = self._rollout_route(path_id) if path_id is not None else None
         if isinstance(by_path, web.Response):
             return by_path
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return json_error(
-                413, f"body exceeds {self.limits.max_body_bytes} bytes", "request_too_large"
-            )
-        # Authenticate before parsing: an unauthenticated body is never parsed.
-        if by_path is None and not wire.is_secret(
-            wire.claimed_secrets(request, raw), self._secret_bytes
-        ):
-            message = "missing or wrong proxy secret"
-            # Charged to the rollout it names, if open: an agent that swallows the refusal and
-            # lets NeMo Gym verify the truncated work must not turn it into a reward.
-            if (named := self._routes.get(wire.claimed_route(request, raw) or "")) is not None:
+        # Authenticated before parsing: an unauthenticated body is never parsed, and is read
+        # within the unauthenticated budget until its secret is found (`wire.BodyReader`).
+        accepts = None if by_path is not None else self._is_secret
+        read = await self._bodies.read(request, accepts, unauthorized=WRONG_SECRET)
+        if read.refusal is not None:
+            if read.refusal.status == 401 and (named := self._routes.get(read.route or "")):
+                # Charged to the rollout it names, if open: an agent that swallows the refusal
+                # and lets NeMo Gym verify the truncated work must not turn it into a reward.
                 named.fail(
-                    ProviderFailure(401, f"a model call was refused by the proxy: {message}")
+                    ProviderFailure(401, f"a model call was refused by the proxy: {WRONG_SECRET}")
                 )
-            return json_error(401, message, "unauthorized")
+            return read.refusal
+        raw = read.raw
         try:
             # Large bodies (long multi-turn prompts) are parsed off the event loop, which
             # serves every other rollout of this process meanwhile.

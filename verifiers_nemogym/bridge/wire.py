@@ -13,20 +13,28 @@ Contract: a model call is either
   `Authorization: Bearer` and `ROUTE_HEADER` headers.
 `<tail>` is `responses`, `chat/completions` or `messages` (Anthropic), streaming or not.
 `GET /` answers NeMo Gym's readiness poll without credentials. Every refusal is a JSON error body
-with a status NeMo Gym does not retry forever.
+with a status NeMo Gym does not retry forever. Every listener of ours (these two, the judge
+relay) reads a body through a `BodyReader`: callers without a credential hold at most
+`UNAUTHENTICATED_BUDGET` bytes of a process's memory, all listeners and callers together;
+admitted ones get `MAX_BODY_BYTES` per body.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import email.utils
 import hashlib
 import hmac
 import math
 import re
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import IO, Any
 
 from aiohttp import web
 
@@ -107,45 +115,348 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-_SECRET_IN_BODY = re.compile(rb'"' + SECRET_KEY.encode() + rb'"\s*:\s*"([A-Za-z0-9_-]{1,128})"')
+_SECRET_IN_BODY = re.compile(
+    rb'"' + SECRET_KEY.encode() + rb'"\s{0,16}:\s{0,16}"([A-Za-z0-9_-]{1,128})"'
+)
+_ROUTE_IN_BODY = re.compile(
+    rb'"' + ROUTE_KEY.encode() + rb'"\s{0,16}:\s{0,16}"([A-Za-z0-9._-]{1,128})"'
+)
+_ENTRY_MAX = 256
+"""Longest entry the two patterns match (so the last this many bytes of a body read so far hold
+any entry cut between two reads)."""
 _SECRETS_LOOKED_AT = 4
 """How many secret-shaped entries of one body are tried (a body may quote an earlier turn)."""
 
-
-def claimed_secrets(request: web.Request, raw: bytes) -> list[bytes]:
-    """The secrets a call claims, found WITHOUT parsing its body: the first few
-    `"vf_nemogym_secret": "<token>"` entries of the raw bytes (the form NeMo Gym forwards the
-    row's metadata in), then the bearer token if there is one (NeMo Gym's own clients may send
-    a bearer of their own, so the body's entries come first). Secrets this package makes are
-    URL-safe tokens, so nothing else (no escapes, no non-ASCII) is a secret. An unauthenticated
-    caller therefore costs one bounded scan of bytes already read: no JSON parse, no objects
-    per element, and no 500 for a malformed secret (it simply matches nothing)."""
-    found = []
-    for match in _SECRET_IN_BODY.finditer(raw):
-        found.append(match.group(1))
-        if len(found) == _SECRETS_LOOKED_AT:
-            break
-    auth = request.headers.get("Authorization", "")
-    if auth.startswith("Bearer "):
-        found.append(auth[7:].encode("utf-8", "surrogateescape"))
-    return found
+UNAUTHENTICATED_BUDGET = 16 * 1024 * 1024
+"""Bytes of request bodies a process's listeners hold in memory for all their callers not (yet)
+authenticated together, whatever their number and sizes (`BodyReader`, `shared_budgets`)."""
+READ_CHUNK = 64 * 1024
+"""Bytes read from a body at a time (what one reader takes from the budget per read)."""
+KEPT_IN_MEMORY = 1024 * 1024
+"""Bytes of one unauthenticated body kept in memory before it goes to a temporary file."""
+SPOOLED_BUDGET = 4 * 1024**3
+"""Bytes of bodies not (yet) authenticated a process keeps in temporary files at once; a caller
+that would pass it is answered 503 (NeMo Gym's client tries again): no caller fills the disk."""
+UNAUTHENTICATED_READ_TIMEOUT = 30.0
+"""Seconds a caller not yet authenticated may take per `READ_CHUNK` (waiting for the budget
+included): a trickling caller cannot hold a share of the budget for long (408)."""
 
 
-_ROUTE_IN_BODY = re.compile(rb'"' + ROUTE_KEY.encode() + rb'"\s*:\s*"([A-Za-z0-9._-]{1,128})"')
+class ByteBudget:
+    """At most `limit` bytes taken at once: `take(n)` waits (first come, first served) until
+    `n` are free, `give(n)` returns them. Not bound to an event loop until first waited on."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        """Most bytes ever taken at once (what tests read)."""
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def try_take(self, n: int) -> bool:
+        """Take `n` now if free and nobody waits before us."""
+        if self._waiters or self.used + n > self.limit:
+            return False
+        self._grant(n)
+        return True
+
+    async def take(self, n: int) -> None:
+        if n > self.limit:
+            raise ValueError(f"{n} bytes can never fit a budget of {self.limit}")
+        if self.try_take(n):
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, waiter))
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give(n)  # granted as we were cancelled: not ours to keep
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove((n, waiter))
+                self.give(0)  # those queued behind us may fit now
+            raise
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
+            wanted, waiter = self._waiters.popleft()
+            if not waiter.done():  # cancelled, its `take` not yet resumed: skipped
+                self._grant(wanted)
+                waiter.set_result(None)
+
+    def _grant(self, n: int) -> None:
+        self.used += n
+        self.peak = max(self.peak, self.used)
 
 
-def claimed_route(request: web.Request, raw: bytes) -> str | None:
-    """The route id a call names, found without parsing its body: the route header, the
-    `/ng-rollout/<id>/` path segment, else the first `"vf_nemogym_route": "<id>"` entry."""
-    if found := request.headers.get(ROUTE_HEADER) or request.match_info.get("rollout_id"):
+_SHARED_BUDGETS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[ByteBudget, ByteBudget]
+] = weakref.WeakKeyDictionary()
+
+
+def shared_budgets() -> tuple[ByteBudget, ByteBudget]:
+    """The `UNAUTHENTICATED_BUDGET` (memory) and `SPOOLED_BUDGET` (temporary files) all
+    listeners on the running event loop share: a process serves its listeners (the stack host:
+    the front and the judge relay) on one loop, so callers without a credential hold that much
+    of it at most, all listeners together."""
+    loop = asyncio.get_running_loop()
+    if (budgets := _SHARED_BUDGETS.get(loop)) is None:
+        budgets = (ByteBudget(UNAUTHENTICATED_BUDGET), ByteBudget(SPOOLED_BUDGET))
+        _SHARED_BUDGETS[loop] = budgets
+    return budgets
+
+
+@dataclass(frozen=True)
+class Body:
+    """What `BodyReader.read` made of a request: its bytes and the credential that admitted
+    them, or the refusal to answer."""
+
+    raw: bytes = b""
+    secret: bytes | None = None
+    """The secret (bearer header, else body entry) the listener accepted; None when the call
+    was admitted before its body was read (its path)."""
+    refusal: web.Response | None = None
+    """401 (no accepted credential), 408 (too slow before authenticating), 413 (too large),
+    503 (`SPOOLED_BUDGET` spent)."""
+    route: str | None = None
+    """The route id the call names (`ROUTE_HEADER`, else the first body entry read), also on a
+    refusal: the proxy charges a refused call to the open route it names."""
+
+
+class _Scan:
+    """Finds secret and route entries in a body fed piece by piece, without parsing it."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self.secrets: list[bytes] = []
+        self.route: str | None = None
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        """The secret entries ending in `piece` (up to `_SECRETS_LOOKED_AT` in all)."""
+        window = self._tail + piece
+        seen = len(self._tail)  # entries ending in the tail were found with the previous piece
+        found = []
+        for match in _SECRET_IN_BODY.finditer(window):
+            if match.end() > seen and len(self.secrets) < _SECRETS_LOOKED_AT:
+                self.secrets.append(match.group(1))
+                found.append(match.group(1))
+        if self.route is None:
+            for match in _ROUTE_IN_BODY.finditer(window):
+                if match.end() > seen:
+                    self.route = match.group(1).decode()
+                    break
+        self._tail = window[-_ENTRY_MAX:]
         return found
-    match = _ROUTE_IN_BODY.search(raw)
-    return match.group(1).decode() if match else None
+
+    @property
+    def exhausted(self) -> bool:
+        return len(self.secrets) >= _SECRETS_LOOKED_AT
 
 
-def is_secret(claimed: list[bytes], secret: bytes) -> bool:
-    """Whether one of `claimed` is `secret` (compared in constant time)."""
-    return any(hmac.compare_digest(c, secret) for c in claimed)
+class BodyReader:
+    """Reads the request bodies of one listener, admitting only callers with a credential, in
+    bounded memory: what callers not yet authenticated hold in memory, all together, is at most
+    `budget.limit` bytes (by default the process's, `shared_budgets()`, 16 MiB); admitted callers
+    get up to `max_bytes` per body.
+
+    The credential is looked for where the wire puts it, cheapest first: the path (the caller
+    checks it, `accepts=None`), the bearer header, then the body's secret entries
+    (`"vf_nemogym_secret": "<token>"`, the form NeMo Gym forwards a row's metadata in; its
+    bodies put `metadata` after `input`, so the entry comes last). Until one is accepted, each
+    read of `READ_CHUNK` bytes takes them from the budget first: when it is spent the reader
+    stops reading (aiohttp then stops reading the socket, and TCP makes the sender wait). A body
+    past `KEPT_IN_MEMORY` bytes goes on to an unlinked temporary file, so a large body with its
+    secret at the end is admitted without holding memory before it is; a reader that must wait
+    for the budget first moves what it holds there (nobody waits while holding budget). Those
+    files hold at most `spooled.limit` bytes at once (by default the process's, 4 GiB; a caller
+    beyond is answered 503), and go when the body is admitted or refused. Once admitted, the
+    rest is read as it comes, up to `max_bytes`. Secrets this package makes are URL-safe
+    tokens, so a body is never parsed to find one.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int = MAX_BODY_BYTES,
+        budget: ByteBudget | None = None,
+        spooled: ByteBudget | None = None,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self._budget = budget
+        self._spooled = spooled
+
+    @property
+    def budget(self) -> ByteBudget:
+        """The memory budget given, else the one all listeners of the running event loop share
+        (`shared_budgets`)."""
+        return self._budget or shared_budgets()[0]
+
+    @property
+    def spooled(self) -> ByteBudget:
+        """The budget of temporary files given, else the shared one (`shared_budgets`)."""
+        return self._spooled or shared_budgets()[1]
+
+    async def read(
+        self,
+        request: web.Request,
+        accepts: Callable[[bytes], bool] | None,
+        *,
+        in_body: bool = True,
+        unauthorized: str = "missing or unknown credential",
+    ) -> Body:
+        """The body of `request` if `accepts` one of its secrets (`accepts=None`: the caller
+        authenticated it already, e.g. by its path), else `Body.refusal`. `in_body=False`: the
+        listener's credential is the bearer header only, so nothing is read without it."""
+        route = request.headers.get(ROUTE_HEADER)
+        if (request.content_length or 0) > self.max_bytes:
+            return Body(refusal=self._too_large(), route=route)
+        if accepts is None:
+            return await self._rest(request, b"", None, route)
+        auth = request.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            bearer = auth[7:].encode("utf-8", "surrogateescape")
+            if accepts(bearer):
+                return await self._rest(request, b"", bearer, route)
+        if not in_body:
+            return Body(refusal=json_error(401, unauthorized, "unauthorized"), route=route)
+        return await self._scan(request, accepts, unauthorized, route)
+
+    async def _scan(
+        self,
+        request: web.Request,
+        accepts: Callable[[bytes], bool],
+        unauthorized: str,
+        route: str | None,
+    ) -> Body:
+        scan, budget = _Scan(), self.budget
+        with tempfile.SpooledTemporaryFile(KEPT_IN_MEMORY) as spool:
+            held = _Unadmitted(budget, self.spooled, spool)
+            try:
+                while True:
+                    if not budget.try_take(READ_CHUNK):
+                        held.spill()  # never wait holding budget: others may wait on ours
+                        async with asyncio.timeout(UNAUTHENTICATED_READ_TIMEOUT):
+                            await budget.take(READ_CHUNK)
+                    async with held.reading(READ_CHUNK):
+                        async with asyncio.timeout(UNAUTHENTICATED_READ_TIMEOUT):
+                            piece = await request.content.read(READ_CHUNK)
+                        held.add(piece)
+                    if held.size > self.max_bytes:
+                        return Body(refusal=self._too_large(), route=route or scan.route)
+                    found = scan.feed(piece) if piece else []
+                    secret = next(filter(accepts, found), None)
+                    if secret is not None:
+                        # Admitted: what was read is now the authenticated caller's.
+                        raw = await held.release()
+                        return await self._rest(request, raw, secret, route or scan.route)
+                    if not piece or scan.exhausted:
+                        refusal = json_error(401, unauthorized, "unauthorized")
+                        return Body(refusal=refusal, route=route or scan.route)
+            except TimeoutError:
+                message = f"no credential within {UNAUTHENTICATED_READ_TIMEOUT:g} s per read"
+                return Body(refusal=json_error(408, message, "request_timeout"), route=route)
+            except _SpoolFull:
+                message = "too many bytes of calls without a known credential in flight"
+                refusal = json_error(503, message, "overloaded")
+                refusal.headers["Retry-After"] = "1"
+                return Body(refusal=refusal, route=route)
+            finally:
+                held.close()
+
+    async def _rest(
+        self, request: web.Request, read: bytes, secret: bytes | None, route: str | None
+    ) -> Body:
+        """`read` and the rest of the body of an admitted call, up to `max_bytes`."""
+        pieces, size = [read], len(read)
+        while piece := await request.content.readany():
+            pieces.append(piece)
+            size += len(piece)
+            if size > self.max_bytes:
+                return Body(refusal=self._too_large(), secret=secret, route=route)
+        return Body(raw=b"".join(pieces), secret=secret, route=route)
+
+    def _too_large(self) -> web.Response:
+        return json_error(413, f"body exceeds {self.max_bytes} bytes", "request_too_large")
+
+
+class _SpoolFull(Exception):
+    """The process's `SPOOLED_BUDGET` has no room for more of this body."""
+
+
+class _Unadmitted:
+    """The bytes of a body read before its caller is admitted, in `spool`: in memory, taken
+    from `budget`, up to `KEPT_IN_MEMORY`; beyond, or once `spill()`ed, in its file, taken from
+    `disk` (`_SpoolFull` when it has no room)."""
+
+    def __init__(
+        self, budget: ByteBudget, disk: ByteBudget, spool: tempfile.SpooledTemporaryFile[bytes]
+    ) -> None:
+        self._budget = budget
+        self._disk = disk
+        self._spool = spool
+        self._on_disk = False
+        self._taken = 0
+        """Budget this body holds: its bytes in memory and the read under way."""
+        self.size = 0
+
+    @property
+    def _in_memory(self) -> int:
+        return 0 if self._on_disk else self.size
+
+    @contextlib.asynccontextmanager
+    async def reading(self, n: int) -> AsyncIterator[None]:
+        """Around a read of at most `n` bytes whose budget the caller has just taken."""
+        self._taken += n
+        try:
+            yield
+        finally:
+            self._settle()
+
+    def add(self, piece: bytes) -> None:
+        if self.size + len(piece) > KEPT_IN_MEMORY:
+            self.spill()
+        if self._on_disk and not self._disk.try_take(len(piece)):
+            raise _SpoolFull
+        self._spool.write(piece)
+        self.size += len(piece)
+
+    def spill(self) -> None:
+        """Move the bytes in memory to the file (and their budget back)."""
+        if self.size and not self._on_disk:
+            if not self._disk.try_take(self.size):
+                raise _SpoolFull
+            self._spool.rollover()
+            self._on_disk = True
+            self._settle()
+
+    async def release(self) -> bytes:
+        """All the bytes, off the budget (the caller is admitted)."""
+        if self._on_disk:  # up to `max_bytes` from a file: not on the event loop
+            raw = await asyncio.to_thread(_read_back, self._spool)
+        else:
+            raw = _read_back(self._spool)
+        self.close()
+        return raw
+
+    def _settle(self) -> None:
+        """Give back the budget beyond the bytes now in memory."""
+        self._budget.give(self._taken - self._in_memory)
+        self._taken = self._in_memory
+
+    def close(self) -> None:
+        """Forget the bytes and give back all budget (the spool's owner closes it)."""
+        if self._on_disk:
+            self._disk.give(self.size)
+        self._spool.truncate(0)
+        self.size = 0
+        self._on_disk = False
+        self._settle()
+
+
+def _read_back(file: IO[bytes] | tempfile.SpooledTemporaryFile[bytes]) -> bytes:
+    file.seek(0)
+    return file.read()
 
 
 def json_error(status: int, message: str, kind: str) -> web.Response:

@@ -3,14 +3,14 @@
 Contract: `JudgeRelay(judge)` is a loopback aiohttp server with a random per-stack bearer
 `token`. It answers NeMo Gym's readiness poll (`GET /`), lists the judge's model and forwards
 `POST /v1/responses` and `/v1/chat/completions` to the judge with its key (`Judge.key`), which
-so never enters NeMo Gym's config, command lines or environment. A call without the token is
-401 before its body is read. Transient failures (no answer, a status `JUDGE_RETRY` retries, a
-200 that is not JSON) are retried as `JUDGE_RETRY` says; a judge that still fails, or any other
-4xx, is answered 424 with the judge's (redacted) message: NeMo Gym's client does not retry it
-(it retries 429 and 5xx without end), so the rollout whose `/verify` asked becomes an error in
-bounded time. `stats` counts calls, failures and tokens per stack; each failed call becomes a
-`JudgeFailure`, kept in `status` and handed to `on_failure`; `preflight()` checks at start that
-the judge answers and takes the key.
+so never enters NeMo Gym's config, command lines or environment. A call without the token is 401
+before its body is read (`wire.BodyReader`; a body over `wire.MAX_BODY_BYTES` is 413). Transient
+failures (no answer, a status `JUDGE_RETRY` retries, a 200 that is not JSON) are retried as
+`JUDGE_RETRY` says; a judge that still fails, or any other 4xx, is answered 424 with the judge's
+(redacted) message: NeMo Gym's client does not retry it (it retries 429 and 5xx without end), so
+the rollout whose `/verify` asked becomes an error in bounded time. `stats` counts calls,
+failures and tokens per stack; each failed call becomes a `JudgeFailure`, kept in `status` and
+handed to `on_failure`; `preflight()` checks at start that the judge answers and takes the key.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ is a provider hiccup; only the model proxy's upstream, verifiers' interception, 
 a finished rollout). A `Retry-After` over 30 s is waited for 30 s, then tried anyway: the
 rollout has already run and waits on its `/verify`, and giving up would make it an error."""
 _MESSAGE_LIMIT = 500
+NO_TOKEN = "judge relay: missing or wrong token"
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -96,6 +97,7 @@ class JudgeRelay(AppServer):
         self.status = JudgeStatus(judge.public())
         self._on_failure = on_failure
         self._retry = retry
+        self._bodies = wire.BodyReader()
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=wire.MAX_BODY_BYTES)
@@ -155,19 +157,26 @@ class JudgeRelay(AppServer):
     def _authorised(self, request: web.Request) -> bool:
         auth = request.headers.get("Authorization", "")
         claimed = auth[7:] if auth.startswith("Bearer ") else ""
-        return hmac.compare_digest(claimed.encode("utf-8", "surrogateescape"), self.token.encode())
+        return self._is_token(claimed.encode("utf-8", "surrogateescape"))
+
+    def _is_token(self, claimed: bytes) -> bool:
+        return hmac.compare_digest(claimed, self.token.encode())
 
     async def _models(self, request: web.Request) -> web.Response:
         if not self._authorised(request):
-            return wire.json_error(401, "judge relay: missing or wrong token", "unauthorized")
+            return wire.json_error(401, NO_TOKEN, "unauthorized")
         return web.json_response(
             {"object": "list", "data": [{"id": self.judge.model, "object": "model"}]}
         )
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorised(request):
-            return wire.json_error(401, "judge relay: missing or wrong token", "unauthorized")
-        body = await request.read()
+        # The token is a header: a call without it is refused before its body is read.
+        read = await self._bodies.read(
+            request, self._is_token, in_body=False, unauthorized=NO_TOKEN
+        )
+        if read.refusal is not None:
+            return read.refusal
+        body = read.raw
         path = request.path[len("/v1") :]
         self.stats.calls += 1
         attempt = 0

@@ -1,0 +1,266 @@
+"""Long runs, ours and native side by side: `uv run python -m benchmarks.soak [--rollouts N]
+[--in-flight K] [--window W] [--side ours|native ...]`
+
+Each side runs `--rollouts` rollouts of example_single_tool_call against the scripted policy
+(its own process) with `--in-flight` at a time, in a fresh Python process of its own, so that
+"the driver" is measured alone:
+- `ours`: `env.run_episode` (verifiers' rollout machinery, our harness and model proxy) on a
+  private stack `env.serving()` starts; the driver process is the env process.
+- `native`: an aiohttp driver posting the rows to the agent's `/run` on a stack whose
+  `policy_model` is the policy itself (NeMo Gym alone, as `steady_state`'s `raw_direct`).
+Every `--window` finished rollouts a sample is taken: rollouts/s over the window, resident
+memory (MiB) and open file descriptors of the driver, of every process of the stack (NeMo Gym's
+servers, Ray, the supervisor: summed, and the largest one) and of the policy, and the bytes of
+the stack's working folder (logs included). Growth per 10,000 rollouts is the least-squares
+slope over the samples after the first fifth of the run (warm-up: imports, connection pools,
+Ray workers). Errors are counted (and the first quoted), never retried.
+
+Writes `benchmarks/results/<date>-soak.json` (or `--out`) and prints one line per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ENV, rss_mb, spawn_policy
+
+RESULTS = Path(__file__).with_name("results")
+SIDES = ("ours", "native")
+
+
+def fds(pid: int) -> int:
+    """Open file descriptors of `pid` (0 if it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def folder_bytes(path: Path | None) -> int:
+    """Bytes of the regular files below `path` (sockets and vanished files skipped)."""
+    total = 0
+    for root, _, files in os.walk(path) if path else ():
+        for name in files:
+            with contextlib.suppress(OSError):  # a file removed while walking
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def sample(driver: int, stack: list[int], policy: int, workdir: Path | None) -> dict[str, Any]:
+    """Memory, descriptors and folder size of the run's processes now (see the module doc)."""
+    stack_rss = {pid: _rss(pid) for pid in stack}
+    return {
+        "driver_rss_mb": _rss(driver),
+        "driver_fds": fds(driver),
+        "stack_rss_mb": sum(stack_rss.values()),
+        "stack_max_rss_mb": max(stack_rss.values(), default=0.0),
+        "stack_processes": len(stack),
+        "stack_fds": sum(fds(pid) for pid in stack),
+        "policy_rss_mb": _rss(policy),
+        "policy_fds": fds(policy),
+        "workdir_mb": folder_bytes(workdir) / 2**20,
+    }
+
+
+def _rss(pid: int) -> float:
+    try:
+        return rss_mb(pid)
+    except RuntimeError:
+        return 0.0
+
+
+Run = tuple[list[dict[str, Any]], int, str | None]
+"""A soak's samples, its error count and its first error's text."""
+
+
+async def drive(
+    total: int,
+    in_flight: int,
+    window: int,
+    one: Callable[[int], Awaitable[None]],
+    measure: Callable[[], dict[str, Any]],
+) -> Run:
+    """Run `one(i)` for i < total with `in_flight` workers; every `window` finished rollouts
+    append `measure()` plus the window's rate. Returns the samples, the error count and the
+    first error's text."""
+    samples: list[dict[str, Any]] = []
+    errors = 0
+    first_error: str | None = None
+    done = 0
+    issued = 0
+    window_began = began = time.monotonic()
+
+    async def worker() -> None:
+        nonlocal done, issued, errors, first_error, window_began
+        while issued < total:
+            i = issued
+            issued += 1
+            try:
+                await one(i)
+            except Exception as exc:  # counted, reported; a soak does not stop at one error
+                errors += 1
+                first_error = first_error or f"{type(exc).__name__}: {exc}"[:500]
+            done += 1
+            if done % window == 0:
+                now = time.monotonic()
+                point = {"done": done, "seconds": now - began, "rps": window / (now - window_began)}
+                point |= measure()
+                point["errors"] = errors
+                samples.append(point)
+                window_began = now
+                print(json.dumps(point), file=sys.stderr, flush=True)
+
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return samples, errors, first_error
+
+
+async def run_side(side: str, total: int, in_flight: int, window: int) -> dict[str, Any]:
+    """One side's soak in this process (see the module doc)."""
+    import aiohttp
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import EvalClientConfig
+
+    import nemo_gym_env
+    from benchmarks.native import native_stack
+    from verifiers_nemogym.backends import PrivateStack
+    from verifiers_nemogym.nemo.stack import NeMoGymStack
+    from verifiers_nemogym.nemo.supervisor import processes_with_marker
+
+    os.environ.setdefault("SCRIPTED_KEY", "unused")
+    async with await spawn_policy() as policy:
+        env: Any = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=False)
+        tasks = list(env.taskset)
+
+        def soak(stack: NeMoGymStack, one: Callable[[int], Awaitable[None]]) -> Awaitable[Run]:
+            def measure() -> dict[str, Any]:
+                stack_pids = processes_with_marker(stack.marker)
+                return sample(os.getpid(), stack_pids, policy.pid, stack.workdir)
+
+            return drive(total, in_flight, window, one, measure)
+
+        if side == "ours":
+            client = EvalClientConfig(base_url=policy.info["base_url"], api_key_var="SCRIPTED_KEY")
+            ctx = vf.ModelContext(model="scripted", client=client)
+
+            async def ours(i: int) -> None:
+                episode = await env.run_episode(tasks[i % len(tasks)], ctx)
+                if not episode.ok:
+                    raise RuntimeError(f"rollout failed: {episode.errors}")
+
+            async with env.serving():
+                assert isinstance(env.stack, PrivateStack)
+                samples, errors, first = await soak(env.stack.process, ours)
+        else:
+            port = int(policy.info["port"])
+            stack = native_stack(env.taskset.nemo_venv, env.taskset.config_paths(), port)
+            http = aiohttp.ClientSession(
+                cookie_jar=aiohttp.DummyCookieJar(),
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=600),
+            )
+
+            async def native(i: int) -> None:
+                data = tasks[i % len(tasks)].data
+                async with http.post(f"{stack.agents[data.agent]}/run", json=data.row) as reply:
+                    body = await reply.json()
+                    if reply.status != 200 or body.get("reward") != 1.0:
+                        raise RuntimeError(f"/run answered {reply.status}: {str(body)[:300]}")
+
+            try:
+                await stack.start()
+                samples, errors, first = await soak(stack, native)
+            finally:
+                await stack.stop()
+                await http.close()
+    return {"samples": samples, "errors": errors, "first_error": first}
+
+
+GROWTH_KEYS = ("driver_rss_mb", "stack_rss_mb", "stack_max_rss_mb", "policy_rss_mb",
+               "driver_fds", "stack_fds", "policy_fds", "workdir_mb", "rps")  # fmt: skip
+
+
+def growth_per_10k(samples: list[dict[str, Any]], key: str) -> float | None:
+    """Least-squares slope of `key` against finished rollouts, per 10,000 rollouts, over the
+    samples after the first fifth of the run; None with fewer than 3 such samples."""
+    points = samples[len(samples) // 5 :]
+    if len(points) < 3:
+        return None
+    xs = [float(p["done"]) for p in points]
+    ys = [float(p[key]) for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var * 10_000
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """`result` plus `growth_per_10k` per key and the first/last sample's figures."""
+    samples = result["samples"]
+    result["growth_per_10k"] = {key: growth_per_10k(samples, key) for key in GROWTH_KEYS}
+    if samples:
+        result["first"] = {k: samples[0][k] for k in GROWTH_KEYS}
+        result["last"] = {k: samples[-1][k] for k in GROWTH_KEYS}
+    return result
+
+
+async def run_child(side: str, total: int, in_flight: int, window: int) -> dict[str, Any]:
+    """Run one side in a fresh `python -m benchmarks.soak --child SIDE` process; its samples
+    stream to this process's stderr, its result is the one JSON line it prints."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.soak", "--child", side, "--rollouts", str(total),
+        "--in-flight", str(in_flight), "--window", str(window),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {side} soak exited with status {proc.returncode}")
+    return summarize(json.loads(out.decode().strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=100_000)
+    parser.add_argument("--in-flight", type=int, default=256)
+    parser.add_argument("--window", type=int, default=2_000)
+    parser.add_argument("--side", action="append", choices=SIDES)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        side_result = asyncio.run(run_side(args.child, args.rollouts, args.in_flight, args.window))
+        print(json.dumps(side_result), flush=True)
+        return
+    sides = args.side or list(SIDES)
+    day = datetime.date.today().isoformat()
+    result: dict[str, Any] = {
+        "date": day,
+        "command": "python -m benchmarks.soak " + " ".join(sys.argv[1:]),
+        "environment": ENV,
+        "rollouts": args.rollouts,
+        "in_flight": args.in_flight,
+        "window": args.window,
+        "load_average_start": os.getloadavg(),
+    }
+    for side in sides:
+        began = time.monotonic()
+        result[side] = asyncio.run(run_child(side, args.rollouts, args.in_flight, args.window))
+        result[side]["wall_s"] = time.monotonic() - began
+    result["load_average_end"] = os.getloadavg()
+    path = args.out or RESULTS / f"{day}-soak.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    for side in sides:
+        print(side, json.dumps(result[side]["growth_per_10k"]))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -376,7 +376,8 @@ class GateLink:
                         break  # its last word: the host closes next
                     elif event.get("event") == lease.EVENT_JUDGE_FAILED and self.judge is not None:
                         self.judge.failed(lease.judge_failure_of(event))
-        except (ValueError, KeyError, aiohttp.ClientError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, aiohttp.ClientError) as e:
+            # A malformed message ends this lease, never the link's upkeep: it connects again.
             logger.warning("bad message from the stack host: %s", type(e).__name__)
         finally:
             await ws.close()

@@ -112,6 +112,11 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
         return ProgramResult(exit_code=0, stdout="", stderr="")
 
 
+LOST_RUN_HINT = "the NeMo Gym agent, or the network path to its stack, is gone"
+"""What a `/run` that fails at the connection says: the agent died, or (a stack on another
+host) the link to the stack went down."""
+
+
 async def _run_stopping_leftovers(
     live: RolloutContext, data: NeMoGymData, url: str, route: Route
 ) -> dict[str, Any]:
@@ -164,9 +169,7 @@ async def _post_run(
         try:
             status, text = request.result()
         except aiohttp.ClientError as e:
-            raise AgentRunError(
-                redact(f"{where} failed: {e!r} (did the NeMo Gym agent die?)")
-            ) from None
+            raise AgentRunError(redact(f"{where} failed: {e!r} ({LOST_RUN_HINT})")) from None
     elif died in done:
         raise AgentRunError(f"{where} lost its NeMo Gym stack: {live.failure}")
     else:

@@ -34,6 +34,7 @@ from helpers import run_command, run_tag, script
 
 from verifiers_nemogym import tls
 from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.harness import LOST_RUN_HINT
 from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, count_stack_programs
@@ -473,6 +474,8 @@ async def test_stack_on_one_host_env_servers_on_another(
         assert [r["ok"] for r in cut["results"]] == [False] * hang, cut
         late = max(r["done_at"] for r in cut["results"]) - cut_at
         assert late < CUT_BOUND_S, f"rollouts ended {late:.1f} s after the cut"
+        for result in cut["results"]:  # the error says what may have gone: not "the agent died"
+            assert LOST_RUN_HINT in result["errors"][0], result["errors"]
         print(f"\nrollouts in flight were errors {late:.1f} s after the link was cut:")
         print("  " + cut["results"][0]["errors"][0][:300])
         info = await host_status(nemo_venv)

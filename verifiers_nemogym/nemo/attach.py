@@ -141,7 +141,7 @@ async def check_ray(venv: NeMoGymVenv, ray: RayCluster | None) -> None:
         return
     folder = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))  # 0700: a token file may go here
     try:
-        await check_cluster(venv.python, ray, venv.env(folder), folder)
+        await check_cluster(venv.bin("python"), ray, venv.env(folder), folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -183,7 +183,7 @@ class RayCluster:
 async def check_cluster(
     python: Path, cluster: RayCluster, base_env: dict[str, str], folder: Path
 ) -> None:
-    """See the module contract. `python` runs Ray (the NeMo Gym runtime's interpreter);
+    """See the module contract. `python` runs Ray (the NeMo Gym runtime venv's `bin/python`);
     `base_env` and `folder` are as for `RayCluster.env`, so the check authenticates exactly as
     NeMo Gym's processes will."""
     where = f"the Ray cluster at {cluster.address}"
@@ -197,17 +197,19 @@ async def check_cluster(
         raise StackError(
             f"{where} does not answer (no TCP connection in {CONNECT_TIMEOUT:g} s)"
         ) from None
+    except ConnectionRefusedError:
+        raise StackError(f"{where} does not answer (connection refused)") from None
     except OSError as e:
         raise StackError(f"{where} does not answer ({e.strerror or e})") from None
     env = cluster.env(base_env, folder)
     proc = await asyncio.create_subprocess_exec(
         str(python), "-I", str(_PROBE), cluster.address,
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,
     )  # fmt: skip
     try:
         async with asyncio.timeout(CHECK_TIMEOUT - CONNECT_TIMEOUT):
-            out, _ = await proc.communicate()
+            out, err = await proc.communicate()
     except TimeoutError:
         raise StackError(f"{where} accepts connections but is no Ray cluster head") from None
     finally:
@@ -217,7 +219,8 @@ async def check_cluster(
     try:
         answer = json.loads(out.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise StackError(f"{where} could not be checked (the Ray probe said nothing)") from None
+        last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1][:200]
+        raise StackError(f"{where} could not be checked (Ray's client failed: {last})") from None
     if answer.get("ok"):
         return
     kind, detail = answer.get("kind"), str(answer.get("detail") or "")

@@ -256,7 +256,7 @@ class NeMoGymStack:
         if self.ray is not None:
             # First: an address that does not answer, or a cluster that refuses us, is one
             # line before anything of the stack exists.
-            await check_cluster(self.venv.python, self.ray, base_env, self._ray_tmpdir)
+            await check_cluster(self.venv.bin("python"), self.ray, base_env, self._ray_tmpdir)
             ray_env = self.ray.env(base_env, self._ray_tmpdir)
         else:
             ray_env = base_env | private_ray_auth(self._ray_tmpdir)

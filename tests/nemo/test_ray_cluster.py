@@ -5,12 +5,16 @@ A stack joining a real cluster is tests/stack/test_ray_cluster.py."""
 from __future__ import annotations
 
 import json
+import socket
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import PLACEHOLDER_CONFIG, unstarted_stack
 from pydantic import ValidationError
 
+from verifiers_nemogym.cli import main
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.attach import host_spec, stack_key
 from verifiers_nemogym.nemo.catalog import Catalog
@@ -107,3 +111,40 @@ def test_a_token_file_is_handed_on_and_a_loopback_cluster_stays_loopback(tmp_pat
 def test_parse_ray_address_is_the_configs_check() -> None:
     with pytest.raises(ConfigError, match="is not host:port"):
         parse_ray_address("6379")
+
+
+@pytest.mark.parametrize("release", ["0.4.0", "0.7.0"])
+def test_nemo_gym_gets_the_address_in_its_own_key(
+    release: str, nemo_venv: NeMoGymVenv, nemo_venv_07: NeMoGymVenv
+) -> None:
+    venv = nemo_venv if release == "0.4.0" else nemo_venv_07
+    configs = Catalog(venv).env("example_single_tool_call").config_paths
+    stack = unstarted_stack(venv, configs)
+    private = stack.command([PLACEHOLDER_CONFIG], 11000, warm=True, deadline=1e12)
+    assert not any("ray_head_node_address" in a for a in private)  # NeMo Gym starts its own
+    stack.ray = RayCluster("[::1]:6379")
+    joined = stack.command([PLACEHOLDER_CONFIG], 11000, warm=True, deadline=1e12)
+    assert "+ray_head_node_address='[::1]:6379'" in joined  # quoted: one hydra string
+    # The key the release itself reads (its `initialize_ray` passes it to `ray.init`).
+    out = subprocess.run(
+        [str(venv.bin("python")), "-c",
+         "from nemo_gym.global_config import RAY_HEAD_NODE_ADDRESS_KEY_NAME as k; print(k)"],
+        capture_output=True, text=True, timeout=120, env=venv.env(),
+    )  # fmt: skip
+    assert out.stdout.strip() == "ray_head_node_address", out.stderr[-2000:]
+
+
+def test_stack_up_at_an_address_nothing_answers_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        code = main(
+            ["stack", "up", "example_single_tool_call", "--ray-address", f"127.0.0.1:{port}"]
+        )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1] == (
+        f"nemo-gym-env: the Ray cluster at 127.0.0.1:{port} does not answer (connection refused)"
+    )

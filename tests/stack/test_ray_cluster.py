@@ -128,12 +128,12 @@ async def ray_head(runtime: NeMoGymVenv) -> AsyncIterator[Cluster]:
 
         async def up() -> bool:
             assert head.poll() is None, (folder / "ray-start.log").read_text()[-3000:]
-            try:
-                return await asyncio.to_thread(cluster.state) is not None
+            try:  # the GCS answers before the head's raylet has registered its node
+                return (await asyncio.to_thread(cluster.state))["nodes"] == ["127.0.0.1"]
             except AssertionError:
                 return False
 
-        await until(up, 120, "the test's Ray head answers")
+        await until(up, 120, "the test's Ray head answers with its node alive")
         yield cluster
     finally:
         try:
@@ -186,12 +186,9 @@ async def test_a_stack_joins_the_users_ray_cluster_and_leaves_nothing_in_it(
             config = await fetch_merged_config(env.stack.lease.head_url)
             assert config["ray_head_node_address"] == cluster.address
             assert cluster.token not in json.dumps(config)
-            host = [
-                p
-                for p in processes_with_env(
-                    f"{lease.HOST_ENV_VAR}={env.stack.lease.directory.name}"
-                )
-            ]
+            folder = env.stack.lease.directory  # the shared stack's: its host's log
+            host = processes_with_env(f"{lease.HOST_ENV_VAR}={folder.name}")
+            assert host
             for pid in ours | set(host):
                 assert not _holds(pid, cluster.token), pid
             eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
@@ -199,7 +196,7 @@ async def test_a_stack_joins_the_users_ray_cluster_and_leaves_nothing_in_it(
         assert [t.reward for e in eps for t in e.traces] == [1.0] * len(tasks)
         # The stack stops after its idle grace: nothing of ours is left, here or in the cluster.
         assert await gone(marker) == []
-        assert cluster.token not in (env.stack.lease.directory / lease.LOG).read_text()
+        assert cluster.token not in (folder / lease.LOG).read_text()
         state = cluster.state()
         assert state["nodes"] == ["127.0.0.1"]  # the cluster is still up
         assert {j["pid"] for j in state["jobs"]} == drivers  # the jobs were ours...

@@ -144,7 +144,7 @@ def test_stack_up_at_an_address_nothing_answers_is_one_line(
             ["stack", "up", "example_single_tool_call", "--ray-address", f"127.0.0.1:{port}"]
         )
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1
+    assert code == 2  # the CLI's status for an error it names
     assert err[-1] == (
         f"nemo-gym-env: the Ray cluster at 127.0.0.1:{port} does not answer (connection refused)"
     )

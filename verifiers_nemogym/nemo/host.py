@@ -243,7 +243,7 @@ class StackHost:
             "log": str(self.directory / lease.LOG),
             "judge": relay.judge.public() if relay is not None else None,
             "judge_stats": relay.stats.summary() if relay is not None else None,
-            "ray_address": self.stack.ray.address if self.stack.ray is not None else None,
+            "ray_address": self.spec.ray["address"] if self.spec.ray is not None else None,
         }
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -110,39 +110,51 @@ async def ray_head(runtime: NeMoGymVenv) -> AsyncIterator[Cluster]:
         # The cluster's choice: no idle workers prestarted for drivers (a 2-core machine).
         "RAY_prestart_worker_first_driver": "0",
     }  # fmt: skip
-    port = free_port()
-    cluster = Cluster(
-        f"127.0.0.1:{port}", token, marker, env, runtime.bin("python"), folder / "state.py"
-    )
-    command = [
-        str(runtime.bin("ray")), "start", "--head", "--block", "--port", str(port),
-        "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats",
-        "--ray-client-server-port", str(free_port()),
-        "--dashboard-agent-listen-port", str(free_port()),
-    ]  # fmt: skip
-    with open(folder / "ray-start.log", "wb") as log:
-        head = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    head: subprocess.Popen[bytes] | None = None
     try:
+        # Ray gives its raylet 30 s to register, which a loaded 2-core machine can miss: the
+        # head exits, and is started again (on fresh ports), at most three times.
+        for _ in range(3):
+            port = free_port()
+            cluster = Cluster(
+                f"127.0.0.1:{port}", token, marker, env, runtime.bin("python"), folder / "state.py"
+            )
+            command = [
+                str(runtime.bin("ray")), "start", "--head", "--block", "--port", str(port),
+                "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats",
+                "--dashboard-port", str(free_port()),
+                "--ray-client-server-port", str(free_port()),
+                "--dashboard-agent-listen-port", str(free_port()),
+            ]  # fmt: skip
+            with open(folder / "ray-start.log", "wb") as log:
+                head = subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
 
-        async def up() -> bool:
-            assert head.poll() is None, (folder / "ray-start.log").read_text()[-3000:]
-            try:  # the GCS answers before the head's raylet has registered its node
-                return (await asyncio.to_thread(cluster.state))["nodes"] == ["127.0.0.1"]
-            except AssertionError:
-                return False
+            async def up(head: subprocess.Popen[bytes] = head, cluster: Cluster = cluster) -> bool:
+                if head.poll() is not None:
+                    return True  # exited: no use waiting
+                try:  # the GCS answers before the head's raylet has registered its node
+                    return (await asyncio.to_thread(cluster.state))["nodes"] == ["127.0.0.1"]
+                except AssertionError:
+                    return False
 
-        await until(up, 120, "the test's Ray head answers with its node alive")
+            await until(up, 120, "the test's Ray head answers with its node alive")
+            if head.poll() is None:
+                break
+            signal_with_env(cluster.processes(), marker, signal.SIGKILL)
+            assert await gone(marker, 30) == []
+        assert head.poll() is None, (folder / "ray-start.log").read_text()[-3000:]
         yield cluster
     finally:
         try:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(head.wait, 45)  # Ray drains for up to 30 s first
-            signal_with_env(cluster.processes(), marker, signal.SIGKILL)  # whatever was left
-            if head.poll() is None:
+            if head is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its own
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(head.wait, 45)  # Ray drains for up to 30 s first
+            signal_with_env(processes_with_env(marker), marker, signal.SIGKILL)  # what is left
+            if head is not None and head.poll() is None:
                 head.kill()
                 head.wait()
             assert await gone(marker, 30) == []

@@ -189,3 +189,15 @@ def test_an_unset_key_variable_is_refused_by_name(load_fails, monkeypatch) -> No
     judge = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_var": "NO_SUCH_JUDGE_KEY"}
     message = load_fails(ConfigError, "NO_SUCH_JUDGE_KEY", nemo_env="simpleqa", judge=judge)
     assert "the judge's key variable $NO_SUCH_JUDGE_KEY is not set" in message
+
+
+async def test_a_ray_address_nothing_answers_at_fails_every_rollout_in_one_line(start_fails):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        message = await start_fails(
+            f"did not start: the Ray cluster at 127.0.0.1:{port} does not answer",
+            nemo_env=ENV,
+            ray_address=f"127.0.0.1:{port}",
+        )
+    assert "\n" not in message.strip(), message

@@ -40,6 +40,7 @@ from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo.attach import Lease, attach_or_start
+from verifiers_nemogym.nemo.ray_cluster import RayCluster
 from verifiers_nemogym.nemo.remote import (
     CONNECT_TIMEOUT,
     GateLink,
@@ -239,12 +240,14 @@ async def open_stack(
     idle_timeout: float,
     start_timeout: float,
     judge: Judge | None = None,
+    ray: RayCluster | None = None,
 ) -> Stack:
     """The stack the taskset config asks for (see the module contract); `remote` is the
     `stack_url` stack (`describe_stack_url`), if one was named. The proxy must be serving
     already: the stack's `policy_model` is its address (or, shared, the host's front
     forwarder's). A `judge` (carrying its key, held by the process that runs the stack) serves
-    the stack's judge references; it is part of a shared stack's identity."""
+    the stack's judge references; it is part of a shared stack's identity, as is `ray`, the
+    user's Ray cluster a stack started here joins (`nemo/ray_cluster.py`)."""
     if isinstance(remote, GateTarget):
         link = GateLink(remote, proxy.url, proxy.secret)
         await link.open()
@@ -255,12 +258,13 @@ async def open_stack(
         return SharedStack(
             await attach_or_start(
                 runtime, config_paths, proxy_url=proxy.url, proxy_secret=proxy.secret,
-                idle_timeout=idle_timeout, start_timeout=start_timeout, judge=judge, log=logger,
+                idle_timeout=idle_timeout, start_timeout=start_timeout, judge=judge, ray=ray,
+                log=logger,
             )
         )  # fmt: skip
     process = NeMoGymStack(
         runtime, config_paths, policy_host=proxy.host, policy_port=proxy.port,
-        start_timeout=start_timeout, judge=judge,
+        start_timeout=start_timeout, judge=judge, ray=ray,
     )  # fmt: skip
     try:
         await process.start()

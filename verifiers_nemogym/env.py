@@ -24,6 +24,7 @@ from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
+from verifiers_nemogym.nemo.ray_cluster import RayCluster
 from verifiers_nemogym.taskset import NeMoGymTaskset
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         )  # fmt: skip
         proxy_port = remote.policy_address[1] if remote is not None else config.proxy_port
         judge = config.judge.endpoint() if config.judge is not None else None
+        ray = RayCluster.from_environ(config.ray_address) if config.ray_address else None
         self._proxy = NeMoGymModelProxy(host=config.proxy_host, port=proxy_port)
         try:
             await self._proxy.start()
@@ -125,6 +127,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             idle_timeout=config.stack_idle_grace,
             start_timeout=config.start_timeout,
             judge=judge,
+            ray=ray,
         )
         what, where = self._stack.describe()
         logger.info(

@@ -25,6 +25,7 @@ from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
 from verifiers_nemogym.nemo.catalog import Catalog, load_config
 from verifiers_nemogym.nemo.judges import JudgeRef, active, judge_refs
+from verifiers_nemogym.nemo.ray_cluster import parse_ray_address
 from verifiers_nemogym.nemo.release import ReleaseFiles, check_release, release_files
 from verifiers_nemogym.nemo.venv import (
     NeMoGymVenv,
@@ -101,6 +102,13 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """File holding the access token of the stack host named by `stack_url` and `stack_pin`
     (default: the token in `$VF_NEMOGYM_STACK_TOKEN`). Never pass the token itself as an
     option: command lines are visible to every user of a machine."""
+    ray_address: str | None = None
+    """`host:port` of a running Ray cluster's head (its GCS port) for the NeMo Gym stack
+    started here to join instead of a private, token-protected Ray of its own; this machine
+    must be a node of the cluster. A token-protected cluster's token comes from
+    `RAY_AUTH_TOKEN_PATH` (a file), `RAY_AUTH_TOKEN` or `~/.ray/auth_token`, as Ray reads them,
+    and reaches no command line, log or NeMo Gym config. Part of a shared stack's identity
+    (docs/runtime.md, "Using your Ray cluster")."""
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised."""
     keep_ng_trajectory: bool = False
@@ -130,6 +138,11 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
         if not isinstance(items, list):
             return value
         return [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, value: str | None) -> str | None:
+        return None if value is None else parse_ray_address(value)
 
     @field_validator("nemo_gym_version")
     @classmethod
@@ -169,6 +182,11 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
             raise ValueError(
                 "--env.taskset.judge is for stacks this machine starts; a stack named by "
                 "--env.taskset.stack-url grades with the judge its own config names"
+            )
+        if self.ray_address is not None and self.stack_url is not None:
+            raise ValueError(
+                "--env.taskset.ray-address is for stacks this machine starts; a stack named by "
+                "--env.taskset.stack-url runs on the Ray its starter gave it"
             )
         if self.stack_pin is not None:
             try:

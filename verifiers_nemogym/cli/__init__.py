@@ -12,6 +12,7 @@ nemo-gym-env serve tokens [--port P] [--max-model-len N]   the scripted token se
 nemo-gym-env serve answers (--env ENV | --rows F)... [--wrong I,...]  answers rows' questions
 nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared NeMo Gym stack
     [--listen HOST:PORT]                                  (also for env hosts elsewhere, TLS)
+    [--ray-address HOST:PORT]                             (its servers in your Ray cluster)
 nemo-gym-env stack status [--json]                        the shared stacks running here
 nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
 nemo-gym-env metrics PATH [--json] [--judge.*]            NeMo Gym's aggregate metrics of traces
@@ -42,6 +43,7 @@ from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, ensure_venv
 
 if TYPE_CHECKING:
     from verifiers_nemogym.judge.endpoint import Judge
+    from verifiers_nemogym.nemo.ray_cluster import RayCluster
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,11 +147,13 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/shared-stacks.md#across-hosts); default: loopback only",
     )
     _judge_arguments(up)
+    _ray_argument(up)
     status = stack_commands.add_parser("status", help="list the shared stacks running here")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     down = stack_commands.add_parser("down", help="stop shared stacks and wait for them")
     down.add_argument("envs", nargs="*", metavar="ENV", help="default: every shared stack")
     _judge_arguments(down)
+    _ray_argument(down)
     metrics_parser = add_metrics_parser(commands)
     _judge_arguments(metrics_parser)
     options = commands.add_parser("options", help="the --env.taskset.* options and their meaning")
@@ -166,6 +170,23 @@ def _judge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--judge.enable-optional", dest="judge_enable_optional", action="store_true"
     )
+
+
+def _ray_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="join this Ray cluster (its head's GCS port) instead of a private Ray; its token "
+        "from RAY_AUTH_TOKEN_PATH, RAY_AUTH_TOKEN or ~/.ray/auth_token",
+    )
+
+
+def _ray(args: argparse.Namespace) -> RayCluster | None:
+    """The Ray cluster `--ray-address` names (its token as Ray reads it), or None."""
+    from verifiers_nemogym.nemo.ray_cluster import RayCluster
+
+    return RayCluster.from_environ(args.ray_address) if args.ray_address else None
 
 
 def _judge(args: argparse.Namespace) -> Judge | None:
@@ -207,6 +228,7 @@ def _stack(args: argparse.Namespace) -> int:
         return [p for name in envs for p in catalog.env(name).config_paths]
 
     judge = _judge(args) if args.stack_command in ("up", "down") else None
+    ray = _ray(args) if args.stack_command in ("up", "down") else None
     if args.stack_command == "up":
         info = asyncio.run(
             attach.bring_up(
@@ -216,6 +238,7 @@ def _stack(args: argparse.Namespace) -> int:
                 start_timeout=args.start_timeout,
                 judge=judge,
                 listen=args.listen,
+                ray=ray,
             )
         )
         print(_describe(info))
@@ -234,7 +257,7 @@ def _stack(args: argparse.Namespace) -> int:
             if host.status and (listen := host.status.get("listen")):
                 print(_describe_listen(listen))
         return 0
-    wanted = attach.stack_key(runtime, config_paths(args.envs), judge) if args.envs else None
+    wanted = attach.stack_key(runtime, config_paths(args.envs), judge, ray) if args.envs else None
     stopped = 0
     for host in hosts:
         if wanted is not None and host.directory.name != wanted:
@@ -264,6 +287,7 @@ def _describe(info: dict[str, Any]) -> str:
             if (judge := info.get("judge"))
             else ""
         )
+        + (f"Ray cluster {ray}, " if (ray := info.get("ray_address")) else "")
         + f"log {info['log']}"
     )
 

@@ -23,10 +23,12 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo import supervisor as procs
 from verifiers_nemogym.nemo.lease import HOST_ENV_VAR, HostSpec, check_idle_timeout, request
+from verifiers_nemogym.nemo.ray_cluster import TOKEN_VAR, RayCluster, check_cluster
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.util import (
     acquire_flock,
@@ -66,11 +69,17 @@ def stacks_root() -> Path:
     return cache_root() / "stacks"
 
 
-def stack_key(venv: NeMoGymVenv, config_paths: list[Path], judge: Judge | None = None) -> str:
+def stack_key(
+    venv: NeMoGymVenv,
+    config_paths: list[Path],
+    judge: Judge | None = None,
+    ray: RayCluster | None = None,
+) -> str:
     """The identity of a stack: same runtime, same set of config files with the same contents,
-    and the same judge (`Judge.identity`: endpoint and a digest of its key) = same stack (an
-    edited config starts a stack of its own instead of attaching to one that runs the old file).
-    Files a config includes are not followed."""
+    the same judge (`Judge.identity`: endpoint and a digest of its key) and the same Ray (the
+    stack's private one, or the cluster at one address) = same stack (an edited config starts a
+    stack of its own instead of attaching to one that runs the old file). Files a config
+    includes are not followed."""
     files = sorted({Path(p).absolute() for p in config_paths})
     ident: dict[str, Any] = {
         "nemo_gym_version": venv.nemo_gym_version,
@@ -81,6 +90,8 @@ def stack_key(venv: NeMoGymVenv, config_paths: list[Path], judge: Judge | None =
     }
     if judge is not None:
         ident["judge"] = judge.identity()
+    if ray is not None:
+        ident["ray_address"] = ray.address  # absent for a private Ray: existing keys stay
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -111,7 +122,7 @@ def check_stack_dir(directory: Path) -> None:
 
 
 def spawn_if_no_host(
-    directory: Path, spec: HostSpec, judge: Judge | None = None
+    directory: Path, spec: HostSpec, judge: Judge | None = None, ray: RayCluster | None = None
 ) -> subprocess.Popen[bytes] | None:
     """Under the stack lock: a new host for `directory` if none runs (None if one does). The
     new host inherits our flock on `host.lock` (the same open file), so there is no moment in
@@ -120,7 +131,19 @@ def spawn_if_no_host(
     if handle is None:
         return None
     with handle:
-        return spawn_host(directory, spec, handle, judge)
+        return spawn_host(directory, spec, handle, judge, ray)
+
+
+async def check_ray(venv: NeMoGymVenv, ray: RayCluster | None) -> None:
+    """Before a host is asked or spawned: the Ray cluster a stack is to join answers and takes
+    us (`ray_cluster.check_cluster`: a one-line StackError in bounded time otherwise)."""
+    if ray is None:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))  # 0700: a token file may go here
+    try:
+        await check_cluster(venv.bin("python"), ray, venv.env(folder), folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager
@@ -245,6 +268,7 @@ def host_spec(
     *,
     persistent: bool = False,
     judge: Judge | None = None,
+    ray: RayCluster | None = None,
 ) -> HostSpec:
     """The spec of a host serving `config_paths` on `venv`'s release and Python."""
     return HostSpec(
@@ -256,21 +280,28 @@ def host_spec(
         persistent=persistent,
         below_floor=venv.below_floor,
         judge=judge.to_dict() if judge is not None else None,
+        ray=ray.to_dict() if ray is not None else None,
     )
 
 
 def spawn_host(
-    directory: Path, spec: HostSpec, host_lock: IO[str], judge: Judge | None = None
+    directory: Path,
+    spec: HostSpec,
+    host_lock: IO[str],
+    judge: Judge | None = None,
+    ray: RayCluster | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a detached stack host for `directory` (its output goes to `host.log`; the previous
     host's log is kept as `host.log.1`, so logs do not grow forever). The caller holds the stack
     lock and `host_lock` (`host.lock`, flocked), which the host inherits and keeps for its life;
     the host itself removes a dead host's socket. The judge's secrets (`lease.host_secrets`) go
-    to the host on its stdin (one JSON line), never in its arguments or environment."""
+    to the host on its stdin (one JSON line), never in its arguments or environment; so does a
+    Ray cluster's token given by value (`RAY_AUTH_TOKEN`)."""
     log_path = directory / lease.LOG
     with contextlib.suppress(FileNotFoundError):
         os.replace(log_path, directory / lease.PREVIOUS_LOG)
     env = {**os.environ, HOST_ENV_VAR: directory.name}
+    env.pop(TOKEN_VAR, None)
     if judge is not None:
         env = judge.scrubbed(env)
     with open_nofollow(log_path, binary=True) as log:
@@ -297,7 +328,7 @@ def spawn_host(
         )
     assert proc.stdin is not None
     with contextlib.suppress(OSError):  # a host that died at once says why in its log
-        proc.stdin.write(json.dumps(lease.host_secrets(judge)).encode() + b"\n")
+        proc.stdin.write(json.dumps(lease.host_secrets(judge, ray)).encode() + b"\n")
         proc.stdin.close()
     return proc
 
@@ -317,6 +348,7 @@ async def _host_or_start(
     ready: Callable[[], Awaitable[T | None]],
     log: logging.Logger,
     judge: Judge | None = None,
+    ray: RayCluster | None = None,
 ) -> tuple[T, bool]:
     """Under the stack lock: poll `ready()` until the stack's host gives a value (any truthy
     one); returns it and whether this call spawned the host.
@@ -337,7 +369,7 @@ async def _host_or_start(
                 f"the shared NeMo Gym stack host exited with status {code} before it was ready; "
                 f"log tail ({directory / lease.LOG}):\n{_log_tail(directory)}"
             )
-        if proc is None and (proc := spawn_if_no_host(directory, spec, judge)) is not None:
+        if proc is None and (proc := spawn_if_no_host(directory, spec, judge, ray)) is not None:
             log.info(
                 "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
                 proc.pid,
@@ -371,6 +403,7 @@ async def attach_or_start(
     idle_timeout: float = DEFAULT_IDLE_GRACE,
     start_timeout: float = 900,
     judge: Judge | None = None,
+    ray: RayCluster | None = None,
     log: logging.Logger = logger,
 ) -> Lease:
     """A lease on the shared stack for `config_paths` on `venv`, started if none runs.
@@ -378,11 +411,14 @@ async def attach_or_start(
     The proxy at `proxy_url` (loopback) receives every model call NeMo Gym makes that carries
     `proxy_secret`. Starts are serialised by the stack's flock and a host's `host.lock`:
     at most one host runs per stack, whoever is cancelled or killed when. The stack folder is
-    checked before anything is sent (`check_stack_dir`: ConfigError or StackError).
+    checked before anything is sent (`check_stack_dir`: ConfigError or StackError), and so is
+    `ray`, the user's Ray cluster the stack joins (`check_ray`).
     """
     deadline = time.monotonic() + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths, judge))
-    spec = host_spec(venv, config_paths, idle_timeout, start_timeout, judge=judge)
+    directory = stack_dir(stack_key(venv, config_paths, judge, ray))
+    spec = host_spec(venv, config_paths, idle_timeout, start_timeout, judge=judge, ray=ray)
+    check_stack_dir(directory)
+    await check_ray(venv, ray)
     async with stack_lock(directory, deadline, "attach or start"):
         held, started = await _host_or_start(
             directory,
@@ -391,6 +427,7 @@ async def attach_or_start(
             lambda: _try_lease(directory, proxy_url, proxy_secret),
             log,
             judge,
+            ray,
         )
         held.started = started
     held.begin_watch()
@@ -464,23 +501,28 @@ async def bring_up(
     start_timeout: float = 900,
     judge: Judge | None = None,
     listen: str | None = None,
+    ray: RayCluster | None = None,
 ) -> dict[str, Any]:
     """`stack up`: a persistent stack for `config_paths` (started, or an automatic one made
     persistent) that stays until `stack down` or `idle_timeout` seconds without users
-    (None: no limit; else finite and >= 0, or StackError). `listen` (`HOST:PORT`): the host
-    also serves env processes on other hosts there, with TLS (`nemo/gate.py`); StackError if
-    it cannot. Returns its status (with `listen`: the URL, the certificate's pin, the token's
-    file)."""
+    (None: no limit; else finite and >= 0, or StackError), its servers in the Ray cluster `ray`
+    when given (`check_ray` first). `listen` (`HOST:PORT`): the host also serves env processes
+    on other hosts there, with TLS (`nemo/gate.py`); StackError if it cannot. Returns its
+    status (with `listen`: the URL, the certificate's pin, the token's file)."""
     check_idle_timeout(idle_timeout)
     deadline = time.monotonic() + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths, judge))
-    spec = host_spec(venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge)
+    directory = stack_dir(stack_key(venv, config_paths, judge, ray))
+    spec = host_spec(
+        venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge, ray=ray
+    )
+    check_stack_dir(directory)
+    await check_ray(venv, ray)
     async with stack_lock(directory, deadline, "stack up"):
 
         async def answering() -> bool | None:
             return await _host_answers(directory) or None
 
-        await _host_or_start(directory, spec, deadline, answering, logger, judge)
+        await _host_or_start(directory, spec, deadline, answering, logger, judge, ray)
         message = {"op": lease.OP_PERSIST, "idle_timeout": idle_timeout, "listen": listen}
         answer = await request(directory, message)
         if not answer.get("ok"):

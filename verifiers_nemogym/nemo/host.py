@@ -135,6 +135,7 @@ class StackHost:
                 start_timeout=self.spec.start_timeout,
                 judge=self.spec.judge_with(self.secrets),
                 on_judge_failure=self._tell_judge_failure,
+                ray=self.spec.ray_with(self.secrets),
             )
             await self.stack.start()
             # Listening last: a user that can connect finds a ready stack.
@@ -298,6 +299,7 @@ class StackHost:
             "log": str(self.directory / lease.LOG),
             "judge": relay.judge.public() if relay is not None else None,
             "judge_stats": relay.stats.summary() if relay is not None else None,
+            "ray_address": self.spec.ray["address"] if self.spec.ray is not None else None,
         }
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -454,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for secret in judge.secret_values() if judge is not None else []:
         redact_module.protect(secret)
+    if (ray := spec.ray_with(secrets)) is not None and ray.token:
+        redact_module.protect(ray.token)
     try:
         # Taken over at once: the spawner's flock on host.lock stays held by this open file.
         host_lock = None

@@ -31,6 +31,7 @@ from typing import Any
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.nemo.ray_cluster import RayCluster
 
 HOST_MODULE = "verifiers_nemogym.nemo.host"
 """The host program, run as `python -m` (a client never imports it)."""
@@ -74,6 +75,9 @@ class HostSpec:
     judge: dict[str, Any] | None = None
     """The stack's judge (`Judge.to_dict`: no secrets; those reach the host on its stdin,
     `host_secrets`)."""
+    ray: dict[str, Any] | None = None
+    """The user's Ray cluster the stack joins (`RayCluster.to_dict`: no token; a token given
+    by value reaches the host on its stdin, `host_secrets`), or None for a private Ray."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -88,10 +92,21 @@ class HostSpec:
             return None
         return Judge.from_dict(self.judge, secrets.get("judge"))
 
+    def ray_with(self, secrets: dict[str, Any]) -> RayCluster | None:
+        """The spec's Ray cluster with the token the host got on its stdin, if any."""
+        if self.ray is None:
+            return None
+        token = secrets.get("ray_token")
+        return RayCluster.from_dict(self.ray, str(token) if token is not None else None)
 
-def host_secrets(judge: Judge | None) -> dict[str, Any]:
-    """What a host gets on its stdin: the judge's secrets (`Judge.secrets`)."""
-    return {"judge": judge.secrets() if judge is not None else None}
+
+def host_secrets(judge: Judge | None, ray: RayCluster | None = None) -> dict[str, Any]:
+    """What a host gets on its stdin: the judge's secrets (`Judge.secrets`) and the Ray
+    cluster's token when it was given by value (`RayCluster.secrets`)."""
+    return {
+        "judge": judge.secrets() if judge is not None else None,
+        "ray_token": ray.secrets() if ray is not None else None,
+    }
 
 
 def check_idle_timeout(value: object) -> float | None:

@@ -59,6 +59,7 @@ from verifiers_nemogym.nemo.harnesses import (
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
 from verifiers_nemogym.nemo.ng_log import NgRunLog, also_down
+from verifiers_nemogym.nemo.ray_cluster import RayCluster, check_cluster
 from verifiers_nemogym.nemo.release import version_tuple
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
@@ -92,10 +93,14 @@ _WORKDIR_LOCK = ".in-use"
 STALE_WORKDIR_SECONDS = 24 * 3600.0
 
 
+def _hydra_quote(text: str) -> str:
+    """A quoted hydra string: one value whatever it holds (commas, brackets, colons)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _hydra_list(paths: list[Path]) -> str:
     """A hydra list literal; quoted so paths with commas or spaces stay one element."""
-    quoted = ["'" + str(p).replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths]
-    return "[" + ",".join(quoted) + "]"
+    return "[" + ",".join(_hydra_quote(str(p)) for p in paths) + "]"
 
 
 def prune_stale_workdirs(
@@ -147,7 +152,9 @@ class NeMoGymStack:
     """NeMo Gym servers for `config_paths`, with `policy_model` served by the proxy at
     `policy_host:policy_port` (which must answer `GET /` and `POST /v1/responses`). With a
     `judge`, every judge reference of the configs is served by that judge through a relay this
-    stack runs (`judge/relay.py`, checked at start; the judge's key never reaches NeMo Gym)."""
+    stack runs (`judge/relay.py`, checked at start; the judge's key never reaches NeMo Gym).
+    With `ray`, NeMo Gym's servers join that Ray cluster (`nemo/ray_cluster.py`, checked first,
+    before anything starts) instead of the stack's private Ray."""
 
     def __init__(
         self,
@@ -161,6 +168,7 @@ class NeMoGymStack:
         fast_start: bool = True,
         judge: Judge | None = None,
         on_judge_failure: Callable[[JudgeFailure], None] | None = None,
+        ray: RayCluster | None = None,
         log: logging.Logger = logger,
     ) -> None:
         if not config_paths:
@@ -176,6 +184,8 @@ class NeMoGymStack:
         machine needs for the servers' imports). False runs `ng_run` exactly as NeMo Gym does
         alone (the benchmarks compare the two)."""
         self.log = log
+        self.ray = ray
+        """The user's Ray cluster NeMo Gym's servers join (None: a private Ray)."""
         self.judge = judge
         self.relay: JudgeRelay | None = (
             JudgeRelay(judge, on_failure=on_judge_failure) if judge else None
@@ -238,6 +248,18 @@ class NeMoGymStack:
 
     async def _start(self, started: float) -> None:
         deadline = started + self.start_timeout
+        # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
+        # mkdtemp makes it 0700: Ray's sockets, session logs and the stack's Ray token
+        # (`private_ray_auth`, or a joined cluster's token given by value) are this user's alone.
+        self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
+        base_env = self.venv.env(self._ray_tmpdir)
+        if self.ray is not None:
+            # First: an address that does not answer, or a cluster that refuses us, is one
+            # line before anything of the stack exists.
+            await check_cluster(self.venv.bin("python"), self.ray, base_env, self._ray_tmpdir)
+            ray_env = self.ray.env(base_env, self._ray_tmpdir)
+        else:
+            ray_env = base_env | private_ray_auth(self._ray_tmpdir)
         if self.workdir is None:
             await asyncio.to_thread(prune_stale_workdirs, Path(tempfile.gettempdir()))
             self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
@@ -254,10 +276,6 @@ class NeMoGymStack:
         cli_folders, harness = await self._prepare_harnesses(deadline)
         if harness:
             extra.append(harness)
-        # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
-        # mkdtemp makes it 0700: Ray's sockets, session logs and the stack's Ray token
-        # (`private_ray_auth`) are this user's alone.
-        self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
         await self._acquire_build_lock_if_cold(deadline)
         # Cold (no start of this config set succeeded yet): let NeMo Gym build or repair every
         # per-server venv. With `skip_venv_if_present` it would start a server as soon as
@@ -276,7 +294,7 @@ class NeMoGymStack:
         command = await asyncio.to_thread(
             self.command, extra, head_port, warm=warm, deadline=deadline
         )
-        env = self.venv.env(self._ray_tmpdir) | private_ray_auth(self._ray_tmpdir)
+        env = ray_env
         if self.judge is not None:
             env = self.judge.scrubbed(env)  # the relay holds the key; NeMo Gym never does
         if cli_folders or harness:
@@ -393,6 +411,9 @@ class NeMoGymStack:
             f"+skip_venv_if_present={str(warm).lower()}",
             f"+uv_cache_dir={uv_cache_dir()}",
         ]
+        if self.ray is not None:
+            # NeMo Gym's head and every server then `ray.init` this address (0.4-0.7).
+            command.append(f"+ray_head_node_address={_hydra_quote(self.ray.address)}")
         if self.gym_07:
             command.extend(self._gym_07_overrides(deadline))
         return command

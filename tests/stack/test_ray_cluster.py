@@ -1,0 +1,230 @@
+"""A stack joins a Ray cluster the user runs (`ray_address`) instead of a private Ray.
+
+The test starts the cluster itself: `ray start --head` from the NeMo Gym runtime's Ray, on
+loopback (Ray's loopback-only mode), with token auth and a folder of its own, and stops it in
+a `finally`. What it shows: NeMo Gym's head and servers are the cluster's drivers while the
+stack runs (and no private Ray starts), rollouts score, the cluster's token given by value
+reaches no process's environment or command line, no log and no NeMo Gym config; after the
+stack stops the cluster is up with nothing of ours left in it (no live job or actor, no worker
+process) and no process of ours left; a wrong or missing token is one line, in seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import SESSION_VAR, gone, model_context, until
+
+import nemo_gym_env
+from verifiers_nemogym.backends import SharedStack
+from verifiers_nemogym.errors import StackError
+from verifiers_nemogym.nemo import lease
+from verifiers_nemogym.nemo.attach import check_ray
+from verifiers_nemogym.nemo.head import fetch_merged_config
+from verifiers_nemogym.nemo.ray_cluster import RayCluster
+from verifiers_nemogym.nemo.supervisor import (
+    MARKER_ENV_VAR,
+    count_stack_programs,
+    processes_with_env,
+    signal_with_env,
+)
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.net import free_port
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
+
+ENV = "example_single_tool_call"
+CLUSTER_VAR = "VF_NEMOGYM_TEST_RAY_CLUSTER"
+"""Marks every process of the test's cluster (Ray's children inherit it)."""
+
+# What the cluster's GCS knows, read the way `ray list` would, without joining as a driver.
+STATE = """
+import asyncio, json, sys
+from ray._raylet import GcsClient
+from ray.core.generated.gcs_pb2 import ActorTableData, GcsNodeInfo
+client = GcsClient(address=sys.argv[1])
+nodes = client.get_all_node_info(timeout=10).values()
+jobs = client.get_all_job_info(timeout=10).values()
+async def all_actors():
+    return await client.async_get_all_actor_info(timeout=10)
+actors = asyncio.run(all_actors()).values()
+print(json.dumps({
+    "nodes": [n.node_manager_address for n in nodes if n.state == GcsNodeInfo.ALIVE],
+    "jobs": [{"pid": j.driver_pid, "dead": j.is_dead} for j in jobs],
+    "actors": [ActorTableData.ActorState.Name(a.state) for a in actors],
+}))
+"""
+
+
+@dataclass
+class Cluster:
+    address: str
+    token: str
+    marker: str
+    env: dict[str, str]
+    """The environment of the cluster's processes (its token file, its folder)."""
+    python: Path
+    state_script: Path
+
+    def state(self) -> dict[str, Any]:
+        out = subprocess.run(
+            [str(self.python), "-I", str(self.state_script), self.address],
+            env=self.env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def processes(self) -> set[int]:
+        return set(processes_with_env(self.marker))
+
+
+@contextlib.asynccontextmanager
+async def ray_head(runtime: NeMoGymVenv) -> AsyncIterator[Cluster]:
+    """A one-node Ray cluster on loopback with token auth, stopped (every process of it) on
+    exit. Ray's loopback-only mode (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`) keeps every
+    listener on 127.0.0.1 (`--node-ip-address 127.0.0.1` alone is rewritten to the machine's
+    address); every port is chosen, none of Ray's fixed defaults."""
+    folder = Path(tempfile.mkdtemp(prefix="vfray-", dir="/tmp"))  # short: Ray's sockets
+    token = uuid.uuid4().hex * 2
+    (folder / "token").write_text(token)
+    (folder / "token").chmod(0o600)
+    (folder / "state.py").write_text(STATE)
+    marker = f"{CLUSTER_VAR}={uuid.uuid4().hex}"
+    env = {
+        "PATH": os.environ["PATH"], "HOME": str(folder), CLUSTER_VAR: marker.split("=")[1],
+        SESSION_VAR: os.environ[SESSION_VAR], "RAY_TMPDIR": str(folder),
+        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(folder / "token"),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+        # The cluster's choice: no idle workers prestarted for drivers (a 2-core machine).
+        "RAY_prestart_worker_first_driver": "0",
+    }  # fmt: skip
+    head: subprocess.Popen[bytes] | None = None
+    try:
+        # Ray gives its raylet 30 s to register, which a loaded 2-core machine can miss: the
+        # head exits, and is started again (on fresh ports), at most three times.
+        for _ in range(3):
+            port = free_port()
+            cluster = Cluster(
+                f"127.0.0.1:{port}", token, marker, env, runtime.bin("python"), folder / "state.py"
+            )
+            command = [
+                str(runtime.bin("ray")), "start", "--head", "--block", "--port", str(port),
+                "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats",
+                "--dashboard-port", str(free_port()),
+                "--ray-client-server-port", str(free_port()),
+                "--dashboard-agent-listen-port", str(free_port()),
+            ]  # fmt: skip
+            with open(folder / "ray-start.log", "wb") as log:
+                head = subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+
+            async def up(head: subprocess.Popen[bytes] = head, cluster: Cluster = cluster) -> bool:
+                if head.poll() is not None:
+                    return True  # exited: no use waiting
+                try:  # the GCS answers before the head's raylet has registered its node
+                    return (await asyncio.to_thread(cluster.state))["nodes"] == ["127.0.0.1"]
+                except AssertionError:
+                    return False
+
+            await until(up, 120, "the test's Ray head answers with its node alive")
+            if head.poll() is None:
+                break
+            signal_with_env(cluster.processes(), marker, signal.SIGKILL)
+            assert await gone(marker, 30) == []
+        assert head.poll() is None, (folder / "ray-start.log").read_text()[-3000:]
+        yield cluster
+    finally:
+        try:
+            if head is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its own
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(head.wait, 45)  # Ray drains for up to 30 s first
+            signal_with_env(processes_with_env(marker), marker, signal.SIGKILL)  # what is left
+            if head is not None and head.poll() is None:
+                head.kill()
+                head.wait()
+            assert await gone(marker, 30) == []
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _holds(pid: int, secret: str) -> bool:
+    """Whether `pid`'s environment or command line holds `secret`."""
+    for name in ("environ", "cmdline"):
+        with contextlib.suppress(OSError):
+            if secret.encode() in Path(f"/proc/{pid}/{name}").read_bytes():
+                return True
+    return False
+
+
+async def test_a_stack_joins_the_users_ray_cluster_and_leaves_nothing_in_it(
+    policy: ScriptedPolicy, nemo_venv: NeMoGymVenv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with ray_head(nemo_venv) as cluster:
+        cluster_processes = cluster.processes()
+        assert cluster.state()["jobs"] == []
+        # The hardest way to hand the token over: its value in the user's environment.
+        monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
+        monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+        env = nemo_gym_env.load_environment(
+            nemo_env=ENV, ray_address=cluster.address, stack_idle_grace=0,
+            nemo_gym_version=nemo_venv.nemo_gym_version, python=str(nemo_venv.python),
+        )  # fmt: skip
+        tasks = list(env.taskset)[:3]
+        async with env.serving():
+            assert isinstance(env.stack, SharedStack)
+            marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
+            ours = set(processes_with_env(marker))
+            # NeMo Gym started no Ray of its own: one ng_run, no GCS of ours.
+            assert count_stack_programs(marker) == {"ng_run": 1, "gcs_server": 0}
+            state = cluster.state()
+            drivers = {j["pid"] for j in state["jobs"] if not j["dead"]}
+            # ng_run and each server are drivers of the user's cluster, and nothing else is.
+            assert len(drivers) >= 3 and drivers <= ours, (drivers, ours)
+            config = await fetch_merged_config(env.stack.lease.head_url)
+            assert config["ray_head_node_address"] == cluster.address
+            assert cluster.token not in json.dumps(config)
+            folder = env.stack.lease.directory  # the shared stack's: its host's log
+            host = processes_with_env(f"{lease.HOST_ENV_VAR}={folder.name}")
+            assert host
+            for pid in ours | set(host):
+                assert not _holds(pid, cluster.token), pid
+            eps = await asyncio.gather(*(env.run_episode(t, model_context(policy)) for t in tasks))
+        assert [e.ok for e in eps] == [True] * len(tasks), [e.errors for e in eps if not e.ok][:2]
+        assert [t.reward for e in eps for t in e.traces] == [1.0] * len(tasks)
+        # The stack stops after its idle grace: nothing of ours is left, here or in the cluster.
+        assert await gone(marker) == []
+        assert cluster.token not in (folder / lease.LOG).read_text()
+        state = cluster.state()
+        assert state["nodes"] == ["127.0.0.1"]  # the cluster is still up
+        assert {j["pid"] for j in state["jobs"]} == drivers  # the jobs were ours...
+        assert all(j["dead"] for j in state["jobs"])  # ...and ended with our stack
+        assert [a for a in state["actors"] if a != "DEAD"] == []
+        # No worker the cluster ran for our jobs lingers; its own processes all still run.
+        await until(lambda: cluster.processes() == cluster_processes, 30, "the cluster as before")
+
+        # A wrong or missing token: one line, in seconds, before anything starts.
+        for environ in ({"RAY_AUTH_TOKEN": "0" * 64}, {"HOME": "/nonexistent"}):
+            began = time.monotonic()
+            with pytest.raises(StackError) as info:
+                await check_ray(nemo_venv, RayCluster.from_environ(cluster.address, environ))
+            assert str(info.value) == (
+                f"the Ray cluster at {cluster.address} refused our Ray token: give the "
+                "cluster's token with RAY_AUTH_TOKEN_PATH (a file) or RAY_AUTH_TOKEN"
+            )
+            assert time.monotonic() - began < 30
+        assert cluster.state()["jobs"] == state["jobs"]  # the checks joined nothing

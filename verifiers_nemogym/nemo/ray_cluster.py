@@ -1,0 +1,238 @@
+"""Joining a Ray cluster the user runs (`ray_address`) instead of a stack's private Ray.
+
+NeMo Gym runs its servers as Ray drivers: its head (`ng_run`) calls `ray.init()` and hands the
+cluster's address to every server through its `ray_head_node_address` config key (NeMo Gym
+0.4-0.7). Without an address it starts a Ray of its own; our stacks then give it a private,
+token-protected one (`venv.private_ray_auth`). With `ray_address` the stack passes the user's
+address in that key instead, and NeMo Gym's processes join that cluster as drivers (the node
+this stack runs on must be a node of the cluster: Ray drivers talk to a raylet on their own
+machine). NeMo Gym only shuts down a Ray it started itself, so stopping the stack ends our
+drivers (and with them their tasks and non-detached actors) and never the cluster.
+
+Contract:
+- `parse_ray_address(text)` returns `host:port` or raises a one-line ConfigError.
+- `RayCluster.from_environ(address)` reads the cluster's credentials the way Ray does:
+  `RAY_AUTH_TOKEN` (a value), else `RAY_AUTH_TOKEN_PATH` (a file), else Ray's default file
+  `~/.ray/auth_token` if it exists; `RAY_AUTH_MODE` as the user set it. A named token file
+  that cannot be read is a ConfigError.
+- `RayCluster.env(base, folder)` is the environment of NeMo Gym's processes joining it: a token
+  given as a value is written to `folder/auth_token` (0600; `folder` must be the stack's
+  private 0700 folder) and handed over as `RAY_AUTH_TOKEN_PATH`, so the token itself is in no
+  process's environment, command line, log or NeMo Gym config. `to_dict()` never holds it
+  (`secrets()` does, for the stack host's stdin).
+- `await check_cluster(python, cluster, base_env, folder)` answers within `CHECK_TIMEOUT` s:
+  None, or a one-line StackError when nothing answers at the address, the cluster refuses our
+  token, or this machine is no live node of it. It starts nothing (no driver, no job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verifiers_nemogym.errors import ConfigError, StackError
+
+TOKEN_VAR = "RAY_AUTH_TOKEN"
+TOKEN_PATH_VAR = "RAY_AUTH_TOKEN_PATH"
+AUTH_MODE_VAR = "RAY_AUTH_MODE"
+LOOPBACK_ONLY_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch whose "0" makes every Ray process use 127.0.0.1 as its node address."""
+TOKEN_FILE = "cluster_auth_token"
+CONNECT_TIMEOUT = 10.0
+"""Seconds the address may take to accept a TCP connection."""
+CHECK_TIMEOUT = 60.0
+"""Seconds the whole check may take (Ray's own client gives up on a silent GCS after 40 s)."""
+_PROBE = Path(__file__).with_name("ray_probe.py")
+_SCHEMES = ("ray://", "http://", "https://", "grpc://")
+
+
+def parse_ray_address(text: str) -> str:
+    """`host:port` of a Ray cluster's head (its GCS port, `ray start --head --port`), or a
+    one-line ConfigError saying what is wrong."""
+    value = text.strip()
+    hint = "give host:port of the cluster head's GCS (`ray start --head --port`): 10.0.0.5:6379"
+    if value.lower().startswith(_SCHEMES):
+        raise ConfigError(
+            f"ray_address {text!r}: a URL is not a Ray cluster address (Ray Client `ray://` and "
+            f"the dashboard's http:// are not supported); {hint}"
+        )
+    host, sep, port = value.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"ray_address {text!r} is not host:port; {hint}")
+    if ":" in host and not bracketed:
+        raise ConfigError(f"ray_address {text!r}: write an IPv6 address as [host]:port")
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(f"ray_address {text!r} is not host:port; {hint}") from None
+        return f"[{host}]:{int(port)}"
+    if any(c.isspace() or c in "/@?#'\"\\" for c in host):
+        raise ConfigError(f"ray_address {text!r} is not host:port; {hint}")
+    return f"{host}:{int(port)}"
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """A running Ray cluster a stack joins, and how its processes authenticate to it."""
+
+    address: str
+    """`host:port` of its GCS (`parse_ray_address`)."""
+    token_path: str | None = None
+    """The token file Ray reads (`RAY_AUTH_TOKEN_PATH`, or `~/.ray/auth_token`)."""
+    auth_mode: str | None = None
+    """`RAY_AUTH_MODE` as the user set it (None: token mode when there is a token)."""
+    token: str | None = field(default=None, repr=False, compare=False)
+    """The token, when the user gave its value (`RAY_AUTH_TOKEN`): a secret."""
+
+    @property
+    def host(self) -> str:
+        return _split(self.address)[0]
+
+    @property
+    def port(self) -> int:
+        return _split(self.address)[1]
+
+    @classmethod
+    def from_environ(cls, address: str, environ: dict[str, str] | None = None) -> RayCluster:
+        """The cluster at `address` with the credentials Ray would use here (module doc)."""
+        environ = dict(os.environ if environ is None else environ)
+        mode = environ.get(AUTH_MODE_VAR) or None
+        token = environ.get(TOKEN_VAR) or None
+        path: str | None = None
+        if token is None and (named := environ.get(TOKEN_PATH_VAR)):
+            path = str(Path(named).expanduser().absolute())
+            if not os.access(path, os.R_OK) or not Path(path).is_file():
+                raise ConfigError(f"{TOKEN_PATH_VAR}={named}: no readable token file there")
+        elif token is None and (mode or "").lower() != "disabled":
+            default = Path.home() / ".ray" / "auth_token"
+            path = str(default) if default.is_file() else None
+        return cls(parse_ray_address(address), path, mode, token)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the token (for a stack host's `--spec`)."""
+        return {"address": self.address, "token_path": self.token_path, "auth_mode": self.auth_mode}
+
+    def secrets(self) -> str | None:
+        return self.token
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], token: str | None) -> RayCluster:
+        return cls(
+            str(data["address"]),
+            data.get("token_path"),
+            data.get("auth_mode"),
+            token,
+        )
+
+    def env(self, base: dict[str, str], folder: Path) -> dict[str, str]:
+        """`base` (`NeMoGymVenv.env`: private-Ray settings and no Ray credentials) made into
+        the environment of processes joining this cluster (module doc)."""
+        env = dict(base)
+        if not is_loopback(self.host):
+            # Ray then finds this node's address as the cluster sees it; "0" would make our
+            # drivers look for a raylet on 127.0.0.1. A loopback address names a cluster
+            # started in that loopback-only mode (Ray rewrites 127.0.0.1 to the machine's
+            # address otherwise), so the setting stays.
+            env.pop(LOOPBACK_ONLY_VAR, None)
+        for key in (TOKEN_VAR, TOKEN_PATH_VAR, AUTH_MODE_VAR):
+            env.pop(key, None)
+        path = self.token_path
+        if self.token is not None:
+            path = str(self._write_token(folder))
+        if path is not None:
+            env[TOKEN_PATH_VAR] = path
+        mode = self.auth_mode or ("token" if path is not None else None)
+        if mode is not None:
+            env[AUTH_MODE_VAR] = mode
+        return env
+
+    def _write_token(self, folder: Path) -> Path:
+        path = folder / TOKEN_FILE
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(self.token or "")
+        return path
+
+
+async def check_cluster(
+    python: Path, cluster: RayCluster, base_env: dict[str, str], folder: Path
+) -> None:
+    """See the module contract. `python` runs Ray (the NeMo Gym runtime venv's `bin/python`);
+    `base_env` and `folder` are as for `RayCluster.env`, so the check authenticates exactly as
+    NeMo Gym's processes will."""
+    where = f"the Ray cluster at {cluster.address}"
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            _, writer = await asyncio.open_connection(cluster.host, cluster.port)
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    except TimeoutError:
+        raise StackError(
+            f"{where} does not answer (no TCP connection in {CONNECT_TIMEOUT:g} s)"
+        ) from None
+    except ConnectionRefusedError:
+        raise StackError(f"{where} does not answer (connection refused)") from None
+    except OSError as e:
+        raise StackError(f"{where} does not answer ({e.strerror or e})") from None
+    env = cluster.env(base_env, folder)
+    proc = await asyncio.create_subprocess_exec(
+        str(python), "-I", str(_PROBE), cluster.address,
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT - CONNECT_TIMEOUT):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        raise StackError(f"{where} accepts connections but is no Ray cluster head") from None
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    try:
+        answer = json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1][:200]
+        raise StackError(f"{where} could not be checked (Ray's client failed: {last})") from None
+    if answer.get("ok"):
+        return
+    kind, detail = answer.get("kind"), str(answer.get("detail") or "")
+    if kind == "auth":
+        raise StackError(
+            f"{where} refused our Ray token: give the cluster's token with {TOKEN_PATH_VAR} "
+            f"(a file) or {TOKEN_VAR}"
+        )
+    if kind == "no_node":
+        raise StackError(
+            f"{where} has no live node at this machine's address {answer.get('node_ip')} (its "
+            f"nodes: {', '.join(answer.get('nodes') or []) or 'none'}); join it first "
+            f"(`ray start --address={cluster.address}`)"
+        )
+    raise StackError(f"{where} is not a reachable Ray cluster head ({detail})")

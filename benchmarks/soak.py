@@ -15,7 +15,9 @@ the stack's working folder (logs included). Growth per 10,000 rollouts is the le
 slope over the samples after the first fifth of the run (warm-up: imports, connection pools,
 Ray workers). Errors are counted (and the first quoted), never retried.
 
-Writes `benchmarks/results/<date>-soak.json` (or `--out`) and prints one line per sample.
+Writes `benchmarks/results/<date>-soak.json` (or `--out`) and prints one line per sample. The
+sides inherit this process's environment: `MALLOC_ARENA_MAX=2 python -m benchmarks.soak` measures
+both with glibc's malloc arenas capped (recorded in the result).
 """
 
 from __future__ import annotations
@@ -249,6 +251,8 @@ def main() -> None:
         "in_flight": args.in_flight,
         "window": args.window,
         "load_average_start": os.getloadavg(),
+        # glibc's arenas: per-thread heaps a long-lived threaded process fragments (docs).
+        "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX"),
     }
     for side in sides:
         began = time.monotonic()

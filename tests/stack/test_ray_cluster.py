@@ -62,7 +62,7 @@ async def all_actors():
 actors = asyncio.run(all_actors()).values()
 print(json.dumps({
     "nodes": [n.node_manager_address for n in nodes if n.state == GcsNodeInfo.ALIVE],
-    "jobs": [{"pid": j.driver_pid, "dead": j.is_dead} for j in jobs],
+    "jobs": sorted(({"pid": j.driver_pid, "dead": j.is_dead} for j in jobs), key=str),
     "actors": [ActorTableData.ActorState.Name(a.state) for a in actors],
 }))
 """

@@ -27,6 +27,13 @@ with the judge output recorded for that rollout (`policies.replay_judge`); judge
 switched off (math_with_judge, polymath) stay off unless `enable_optional_judges`. A rollout
 whose recording keeps no judge output and that loses parity is reported as a judge replay gap.
 
+NeMo Gym's aggregate metrics are compared too, while the stack runs: for each agent, its
+`/aggregate_metrics` answer on the recorded rows (what NeMo Gym's eval writes for them: failed
+rows left out, results stripped as its collector strips them) next to its answer on the replayed
+traces as `verifiers_nemogym.metrics` reads them (what `nemo-gym-env metrics` gives a user). Both
+carry the recording's task and rollout indices, so the two differ only where the rollouts do
+(`MetricsComparison`).
+
 `run_in_stacks` runs many environments on successive stacks; `format_report` renders the
 per-environment table; `EnvReport.to_json` the `--json` form. Printing them and the exit status
 are the CLI's (`nemo-gym-env conformance`).
@@ -37,15 +44,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
+
+from verifiers_nemogym import metrics
 from verifiers_nemogym.bridge.redact import cut
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, Catalog, EnvSpec
@@ -172,6 +183,37 @@ class RowResult:
         return self.error is None and self.reward == self.recorded_reward
 
 
+METRIC_TOLERANCE = 1e-9
+"""Two aggregate figures agree when they differ by at most this much (sums in another order)."""
+
+
+@dataclass
+class MetricsComparison:
+    """NeMo Gym's aggregate metrics of one agent's rollouts: on the recorded rows and on the
+    replayed traces (module contract), compared figure by figure."""
+
+    agent: str
+    recorded: int = 0
+    """Recorded rollouts NeMo Gym aggregates (its failed or unrewarded recordings left out)."""
+    replayed: int = 0
+    """Replayed rollouts `verifiers_nemogym.metrics` hands it (failed replays left out)."""
+    figures: int = 0
+    """Figures compared: every number or string in either answer, by its dotted path, but the
+    model's (`model_figure`)."""
+    set_aside: int = 0
+    """The model's figures (token counts, timings), not compared."""
+    differing: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """Path -> (NeMo Gym's figure on the recordings, ours); a path one side lacks has None."""
+    error: str | None = None
+    """Why the comparison could not be made (an endpoint that failed, nothing to aggregate)."""
+    reason: str | None = None
+    """Why figures differ; None when all agree."""
+
+    @property
+    def equal(self) -> bool:
+        return self.error is None and not self.differing
+
+
 @dataclass
 class EnvReport:
     """The conformance figures of one environment."""
@@ -185,6 +227,8 @@ class EnvReport:
     judge_replies: int | None = None
     """Judge calls the replay judge answered from this environment's recordings; None when
     no judge graded it."""
+    metrics: list[MetricsComparison] = field(default_factory=list)
+    """Its agents' aggregate metrics, recorded next to replayed (`MetricsComparison`)."""
 
     @property
     def completed(self) -> int:
@@ -209,6 +253,7 @@ class EnvReport:
             "start_error": self.start_error,
             "judge_replies": self.judge_replies,
             "results": [asdict(r) | {"parity": r.parity} for r in self.rows],
+            "metrics": [asdict(m) | {"equal": m.equal} for m in self.metrics],
         }
 
 
@@ -356,6 +401,10 @@ class _Plan:
     """The runnable environments whose stack needs a judge (active judge references)."""
     unjudged: set[str] = field(default_factory=set)
     """Recordings of `judged` environments that keep no judge output."""
+    agents: dict[str, str] = field(default_factory=dict)
+    """Recording -> the agent its row runs on."""
+    episodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Recording -> its replayed episode, as traces.jsonl holds it."""
 
 
 def _plan(catalog: Catalog, envs: Sequence[str], enable_optional_judges: bool = False) -> _Plan:
@@ -375,6 +424,7 @@ def _plan(catalog: Catalog, envs: Sequence[str], enable_optional_judges: bool = 
             report.rows.append(result)
             plan.results[rec.id] = result
             plan.rows.append(row)
+            plan.agents[rec.id] = row["agent_ref"]["name"]
         plan.recordings += recordings
         plan.runnable.append(name)
         paths = catalog.env(name).config_paths
@@ -476,6 +526,8 @@ async def run_conformance(
                 await _replay_all(
                     env, tasks, ctx, plan, policy, concurrency, runtime.nemo_gym_version
                 )
+                assert env.stack is not None  # serving, and it started
+                await _compare_metrics(env.stack.run_urls, plan)
             if judge.misses:
                 logger.warning("conformance: %d judge call(s) had no recording", len(judge.misses))
             for name in plan.judged:
@@ -511,6 +563,7 @@ async def _replay_all(
             except Exception as e:  # the run must go on and report every row
                 result.error = f"{type(e).__name__}: {_error_line(str(e))}"
             else:
+                plan.episodes[rid] = episode.to_record()
                 trace = episode.traces[0] if episode.traces else None
                 if episode.ok and trace is not None and trace.ok:
                     result.reward = trace.reward
@@ -558,6 +611,166 @@ def _explain(
             result.reason += " (the environment answered differently than when recorded)"
 
 
+_COLLECTOR_STRIPS = (
+    "response",
+    "responses_create_params",
+    "ng_agent_observations",
+    "ng_model_call_capture",
+    "ng_trajectory",
+)
+"""What NeMo Gym's collector leaves out of the results it hands `/aggregate_metrics` (of the
+response it keeps `usage` and `incomplete_details`)."""
+
+
+def _indices(rec: Recording, position: int) -> tuple[int, int]:
+    """The task and rollout indices NeMo Gym gave the recording, else (`position`, 0): a
+    recording made before NeMo Gym numbered its rows is a task of its own."""
+    task, rollout = rec.row.get(metrics.TASK_INDEX), rec.row.get(metrics.ROLLOUT_INDEX)
+    if isinstance(task, int) and isinstance(rollout, int):
+        return task, rollout
+    return position, 0
+
+
+def recorded_results(
+    recordings: Sequence[Recording], agents: dict[str, str]
+) -> dict[str, list[dict[str, Any]]]:
+    """Agent -> what NeMo Gym's eval hands its `/aggregate_metrics` for these recorded rows:
+    the rows with a reward and no `_ng_failure_class` (its collector moves failures out), stripped
+    as it strips them, with their task and rollout indices (`_indices`), in index order."""
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for position, rec in enumerate(recordings):
+        row = rec.row
+        if rec.reward is None or row.get("_ng_failure_class") is not None:
+            continue
+        result = {k: v for k, v in row.items() if k not in _COLLECTOR_STRIPS}
+        response = row["response"] if isinstance(row.get("response"), dict) else {}
+        kept = {k: response[k] for k in ("usage", "incomplete_details") if response.get(k)}
+        if kept:
+            result["response"] = kept
+        result[metrics.TASK_INDEX], result[metrics.ROLLOUT_INDEX] = _indices(rec, position)
+        by_agent.setdefault(agents[rec.id], []).append(result)
+    for results in by_agent.values():
+        results.sort(key=lambda r: (r[metrics.TASK_INDEX], r[metrics.ROLLOUT_INDEX]))
+    return by_agent
+
+
+def replayed_results(
+    recordings: Sequence[Recording], episodes: dict[str, dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Agent -> what `verifiers_nemogym.metrics` hands `/aggregate_metrics` for the replayed
+    episodes (`metrics.collect`: failed rollouts left out), each with its recording's indices."""
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for position, rec in enumerate(recordings):
+        episode = episodes.get(rec.id)
+        if episode is None:
+            continue
+        for agent, results in metrics.collect([episode]).by_agent.items():
+            for result in results:
+                result[metrics.TASK_INDEX], result[metrics.ROLLOUT_INDEX] = _indices(rec, position)
+                by_agent.setdefault(agent, []).append(result)
+    for results in by_agent.values():
+        results.sort(key=lambda r: (r[metrics.TASK_INDEX], r[metrics.ROLLOUT_INDEX]))
+    return by_agent
+
+
+def _figures(value: Any, path: str = "") -> dict[str, Any]:
+    """Every leaf of an `/aggregate_metrics` answer by its dotted path (lists by index)."""
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return {path: value}
+    found: dict[str, Any] = {}
+    for key, item in items:
+        found |= _figures(item, f"{path}.{key}" if path else str(key))
+    return found
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Numbers within `METRIC_TOLERANCE` (NaN equals NaN: both sides had nothing to average);
+    anything else equal."""
+    if _number(a) and _number(b):
+        both_nan = math.isnan(a) and math.isnan(b)
+        return both_nan or a == b or abs(a - b) <= METRIC_TOLERANCE
+    return bool(a == b)
+
+
+def model_figure(path: str) -> bool:
+    """Whether a figure measures the model rather than the environment: token counts (from the
+    rollouts' `usage`: the replay policy reports none, the recordings the real model's) and
+    0.7's `perf_summary` (timings). The comparison sets these aside."""
+    return path.startswith("perf_summary") or path.rsplit("/", 1)[-1].endswith("tokens")
+
+
+def compare_answers(
+    recorded: dict[str, Any], replayed: dict[str, Any]
+) -> tuple[int, int, dict[str, tuple[Any, Any]]]:
+    """Two `/aggregate_metrics` answers (their `agent_ref` aside), figure by figure: how many
+    were compared, how many were set aside (`model_figure`), and those that differ: numbers by
+    more than `METRIC_TOLERANCE`, anything else by equality, a figure only one side has (the
+    other side None)."""
+    ours = _figures({k: v for k, v in replayed.items() if k != "agent_ref"})
+    theirs = _figures({k: v for k, v in recorded.items() if k != "agent_ref"})
+    paths = sorted(theirs.keys() | ours.keys())
+    compared = [p for p in paths if not model_figure(p)]
+    differing = {
+        p: (theirs.get(p), ours.get(p))
+        for p in compared
+        if p not in theirs or p not in ours or not _same(theirs[p], ours[p])
+    }
+    return len(compared), len(paths) - len(compared), differing
+
+
+def _metrics_reason(rows: Sequence[RowResult]) -> str:
+    """Why the aggregate figures of `rows`' agent differ: the rollouts the replay changed, else
+    that nothing in the rollouts explains it (a finding)."""
+    failed = sum(r.error is not None for r in rows)
+    rewards = sum(r.error is None and not r.parity for r in rows)
+    if failed or rewards:
+        parts = [f"{failed} replayed rollout(s) failed (left out)"] if failed else []
+        parts += [f"{rewards} reward(s) differ from the recording"] if rewards else []
+        return f"the replay differs from the recording: {', '.join(parts)} (see the mismatches)"
+    return "every reward matched: the rollouts' other fields differ (not explained)"
+
+
+async def _compare_metrics(run_urls: dict[str, str], plan: _Plan) -> None:
+    """Each agent's `MetricsComparison`, onto the report of the environment its rows came
+    from; an endpoint that fails costs only that agent's comparison."""
+    theirs = recorded_results(plan.recordings, plan.agents)
+    ours = replayed_results(plan.recordings, plan.episodes)
+    envs: dict[str, str] = {}
+    for rid, agent in plan.agents.items():
+        envs.setdefault(agent, rid.rsplit(":", 1)[0])
+    async with aiohttp.ClientSession() as http:
+        for agent in sorted(envs):
+            report = plan.reports[envs[agent]]
+            found = MetricsComparison(agent, len(theirs.get(agent, [])), len(ours.get(agent, [])))
+            report.metrics.append(found)
+            if not found.recorded or not found.replayed:
+                side = "recorded rows" if not found.recorded else "replayed rollouts"
+                found.error = f"no {side} to aggregate (failed or without a reward)"
+                continue
+            try:
+                (recorded,) = await metrics.aggregate(
+                    run_urls, http, metrics.Rollouts(by_agent={agent: theirs[agent]})
+                )
+                (replayed,) = await metrics.aggregate(
+                    run_urls, http, metrics.Rollouts(by_agent={agent: ours[agent]})
+                )
+            except StackError as e:
+                found.error = _error_line(str(e))
+                continue
+            found.figures, found.set_aside, found.differing = compare_answers(recorded, replayed)
+            if found.differing:
+                rows = [plan.results[r] for r, a in plan.agents.items() if a == agent]
+                found.reason = _metrics_reason(rows)
+
+
 def format_report(reports: Sequence[EnvReport]) -> str:
     """A Markdown table (one line per environment) and every mismatch with its reason."""
     lines = [
@@ -579,6 +792,7 @@ def format_report(reports: Sequence[EnvReport]) -> str:
     judged = [f"{r.env} {r.judge_replies}" for r in reports if r.judge_replies is not None]
     if judged:
         lines += ["", f"Judge calls answered from the recordings: {', '.join(judged)}."]
+    lines += _metrics_lines(reports)
     misses = [row for r in reports for row in r.rows if not row.parity]
     if misses:
         lines += ["", "Mismatches:", ""]
@@ -588,6 +802,42 @@ def format_report(reports: Sequence[EnvReport]) -> str:
                 f"- `{row.recording}` (recorded {row.recorded_reward!r}, got {got}): {row.reason}"
             )
     return "\n".join(lines)
+
+
+SHOWN_FIGURES = 4
+"""Differing figures the report names per agent (the JSON has them all)."""
+
+
+def _metrics_lines(reports: Sequence[EnvReport]) -> list[str]:
+    """The aggregate metrics table: per agent, figures compared and how many differ, why."""
+    compared = [(r.env, m) for r in reports for m in r.metrics]
+    if not compared:
+        return []
+    lines = [
+        "",
+        "NeMo Gym's aggregate metrics (its `/aggregate_metrics`) on the recorded rows and on the "
+        "replayed traces:",
+        "",
+        "| environment | agent | rollouts recorded / replayed | figures | differing | why |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for env, m in compared:
+        counts = f"{m.recorded} / {m.replayed}"
+        if m.error is not None:
+            lines.append(f"| {env} | {m.agent} | {counts} | - | - | not compared: {m.error} |")
+            continue
+        why = m.reason or "equal"
+        if m.differing:
+            shown = [
+                f"`{path}` {theirs!r} / {ours!r}"
+                for path, (theirs, ours) in list(m.differing.items())[:SHOWN_FIGURES]
+            ]
+            more = len(m.differing) - len(shown)
+            why += f"; e.g. {', '.join(shown)}" + (f" and {more} more" if more > 0 else "")
+        lines.append(f"| {env} | {m.agent} | {counts} | {m.figures} | {len(m.differing)} | {why} |")
+    equal = sum(m.equal for _, m in compared)
+    lines += ["", f"Aggregate metrics equal for {equal} of {len(compared)} agents."]
+    return lines
 
 
 async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:

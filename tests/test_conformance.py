@@ -9,6 +9,7 @@ import json
 import socket
 
 import pytest
+from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 import nemo_gym_env
 from verifiers_nemogym import conformance
@@ -21,16 +22,22 @@ from verifiers_nemogym.conformance import (
     RESCORED,
     STACK_ENVS,
     EnvReport,
+    MetricsComparison,
     RowResult,
     _error_line,
     _example_rows,
     _explain,
     _start_error_line,
+    compare_answers,
     format_report,
+    model_figure,
+    recorded_results,
     replay_row,
+    replayed_results,
     run_conformance,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.harness import record
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import load_recordings
 
@@ -229,3 +236,124 @@ def test_a_row_rebuilt_without_its_example_row_drops_what_verify_added(nemo_venv
         assert {"question", "expected_answer", "responses_create_params"} <= set(row)
         assert set(row) <= set().union(*examples)
         assert not {"verdict", "judge_output", "is_correct", "extracted_answer"} & set(row)
+
+
+def _replayed_episode(rec_row: dict, agent: str, ok: bool = True) -> dict:
+    """The episode a replay of `rec_row` leaves in traces.jsonl when `/run` answers exactly the
+    recording (the harness's own `record`), or a failed one."""
+    trace = Trace(task=TraceTask(type="NeMoGymTask", data={}), agent=AgentInfo(config={}))
+    if ok:
+        record(trace, rec_row)
+    data = {"name": "rows:1", "agent": agent, "row": {}}
+    as_json = {"task": {"type": "NeMoGymTask", "data": data}, "info": trace.info,
+               "errors": [] if ok else [{"type": "AgentRunError", "message": "x"}]}  # fmt: skip
+    return {"task": as_json["task"], "ok": ok, "traces": [as_json]}
+
+
+def test_metrics_inputs_of_a_faithful_replay_equal_the_recordings(nemo_venv):
+    # mcqa's recordings, replayed faithfully: NeMo Gym's aggregator gets the same rollouts from
+    # both sides, so any difference in its figures comes from the rollouts alone.
+    recordings = load_recordings(Catalog(nemo_venv).env("mcqa").example_rollouts, "mcqa")
+    agents = {r.id: "mcqa_simple_agent" for r in recordings}
+    episodes = {r.id: _replayed_episode(r.row, "mcqa_simple_agent") for r in recordings}
+    theirs = recorded_results(recordings, agents)
+    ours = replayed_results(recordings, episodes)
+    assert list(theirs) == list(ours) == ["mcqa_simple_agent"]
+    assert len(theirs["mcqa_simple_agent"]) == len(recordings) == 5
+    assert ours == theirs
+    for result in theirs["mcqa_simple_agent"]:
+        assert "responses_create_params" not in result
+        assert set(result["response"]) <= {"usage", "incomplete_details"}
+    # A failed replay is left out on our side, a failed recording on NeMo Gym's.
+    failed = recordings[1]
+    episodes[failed.id] = _replayed_episode(failed.row, "mcqa_simple_agent", ok=False)
+    assert len(replayed_results(recordings, episodes)["mcqa_simple_agent"]) == 4
+    failed.row["_ng_failure_class"] = "judge_failed"
+    assert len(recorded_results(recordings, agents)["mcqa_simple_agent"]) == 4
+
+
+def test_metrics_keep_the_recorded_task_and_rollout_indices(nemo_venv):
+    recordings = load_recordings(Catalog(nemo_venv).env("mcqa").example_rollouts, "mcqa")
+    numbers = [(1, 1), (0, 0), (1, 0), (0, 1), (2, 0)]
+    for rec, (task, rollout) in zip(recordings, numbers, strict=True):
+        rec.row["_ng_task_index"], rec.row["_ng_rollout_index"] = task, rollout
+    del recordings[4].row["_ng_task_index"]  # unnumbered: a task of its own, by position
+    agents = {r.id: "a" for r in recordings}
+    episodes = {r.id: _replayed_episode(r.row, "a") for r in recordings}
+    for side in (recorded_results(recordings, agents), replayed_results(recordings, episodes)):
+        indices = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in side["a"]]
+        assert indices == [(0, 0), (0, 1), (1, 0), (1, 1), (4, 0)]
+
+
+def test_aggregate_answers_compare_figure_by_figure_model_figures_aside():
+    recorded = {
+        "agent_ref": {"name": "a"},
+        "agent_metrics": {"mean/reward": 0.6, "pass@1/accuracy": 60.0, "mean/input_tokens": 88.0},
+        "key_metrics": {"mean/reward": 0.6},
+        "group_level_metrics": [{"mean/reward": 1.0}, {"mean/reward": 0.2}],
+        "perf_summary": {"seconds": 3.0},
+    }
+    same = json.loads(json.dumps(recorded)) | {"agent_ref": {"name": "b"}}
+    same["agent_metrics"]["mean/reward"] = 0.6 + 1e-12  # summed in another order
+    same["agent_metrics"]["mean/input_tokens"] = 0.0  # the replay reports no usage
+    same["perf_summary"] = {"seconds": 9.0}
+    assert compare_answers(recorded, same) == (5, 2, {})
+    other = json.loads(json.dumps(same))
+    other["key_metrics"]["mean/reward"] = 0.8
+    other["group_level_metrics"].pop()
+    other["agent_metrics"]["majority@1/accuracy"] = float("nan")
+    figures, aside, differing = compare_answers(recorded, other)
+    assert differing == {
+        "agent_metrics.majority@1/accuracy": (None, other["agent_metrics"]["majority@1/accuracy"]),
+        "group_level_metrics.1.mean/reward": (0.2, None),
+        "key_metrics.mean/reward": (0.6, 0.8),
+    }
+    assert (figures, aside) == (6, 2)
+    assert model_figure("agent_metrics.std/output_tokens") and not model_figure("key_metrics.x")
+
+
+def test_the_report_gives_each_agents_metrics_comparison_and_why():
+    rows = [RowResult("mcqa:1", 1.0, reward=1.0), RowResult("mcqa:2", 0.0, error="boom")]
+    equal = MetricsComparison("x_agent", recorded=5, replayed=5, figures=40, set_aside=12)
+    differs = MetricsComparison(
+        "mcqa_simple_agent", recorded=2, replayed=1, figures=30,
+        differing={"key_metrics.mean/reward": (0.5, 1.0)},
+        reason=conformance._metrics_reason(rows),
+    )  # fmt: skip
+    lost = MetricsComparison("y_agent", recorded=5, replayed=0, error="no replayed rollouts")
+    reports = [
+        EnvReport("mcqa", rows=rows, metrics=[differs]),
+        EnvReport("x", metrics=[equal]),
+        EnvReport("y", metrics=[lost]),
+    ]
+    text = format_report(reports)
+    assert "| x | x_agent | 5 / 5 | 40 | 0 | equal |" in text
+    assert (
+        "| mcqa | mcqa_simple_agent | 2 / 1 | 30 | 1 | the replay differs from the recording: "
+        "1 replayed rollout(s) failed (left out) (see the mismatches); e.g. "
+        "`key_metrics.mean/reward` 0.5 / 1.0 |"
+    ) in text
+    assert "| y | y_agent | 5 / 0 | - | - | not compared: no replayed rollouts |" in text
+    assert "Aggregate metrics equal for 1 of 3 agents." in text
+    assert [m["equal"] for r in reports for m in r.to_json()["metrics"]] == [False, True, False]
+    unexplained = conformance._metrics_reason([RowResult("x:1", 1.0, reward=1.0)])
+    assert unexplained.startswith("every reward matched")
+
+
+async def test_a_stack_whose_ray_node_timed_out_is_tried_once_more_whole(monkeypatch):
+    runs: list[list[str]] = []
+    ray = "ng_run exited with status 1: Exception: The current node timed out during startup."
+
+    async def fake(envs, **options):
+        runs.append(list(envs))
+        if len(runs) in (1, 3, 4):  # the first batch once; the second twice: then split
+            raise StackError(ray)
+        return [EnvReport(e) for e in envs]
+
+    monkeypatch.setattr(conformance, "run_conformance", fake)
+    first, second = ["a", "b"], ["c", "d"]
+    monkeypatch.setattr(conformance, "STACK_ENVS", 2)
+    reports = await conformance.run_in_stacks([*first, *second], concurrency=1)
+    assert runs == [first, first, second, second, ["c"], ["d"]]
+    assert [r.env for r in reports] == ["a", "b", "c", "d"]
+    assert not any(r.start_error for r in reports)

@@ -31,6 +31,7 @@ from verifiers_nemogym.conformance import (
     compare_answers,
     format_report,
     model_figure,
+    numbering,
     recorded_results,
     replay_row,
     replayed_results,
@@ -256,8 +257,9 @@ def test_metrics_inputs_of_a_faithful_replay_equal_the_recordings(nemo_venv):
     recordings = load_recordings(Catalog(nemo_venv).env("mcqa").example_rollouts, "mcqa")
     agents = {r.id: "mcqa_simple_agent" for r in recordings}
     episodes = {r.id: _replayed_episode(r.row, "mcqa_simple_agent") for r in recordings}
-    theirs = recorded_results(recordings, agents)
-    ours = replayed_results(recordings, episodes)
+    numbers = numbering(recordings, agents)
+    theirs = recorded_results(recordings, agents, numbers)
+    ours = replayed_results(recordings, episodes, numbers)
     assert list(theirs) == list(ours) == ["mcqa_simple_agent"]
     assert len(theirs["mcqa_simple_agent"]) == len(recordings) == 5
     assert ours == theirs
@@ -267,22 +269,35 @@ def test_metrics_inputs_of_a_faithful_replay_equal_the_recordings(nemo_venv):
     # A failed replay is left out on our side, a failed recording on NeMo Gym's.
     failed = recordings[1]
     episodes[failed.id] = _replayed_episode(failed.row, "mcqa_simple_agent", ok=False)
-    assert len(replayed_results(recordings, episodes)["mcqa_simple_agent"]) == 4
+    assert len(replayed_results(recordings, episodes, numbers)["mcqa_simple_agent"]) == 4
     failed.row["_ng_failure_class"] = "judge_failed"
-    assert len(recorded_results(recordings, agents)["mcqa_simple_agent"]) == 4
+    assert len(recorded_results(recordings, agents, numbers)["mcqa_simple_agent"]) == 4
 
 
-def test_metrics_keep_the_recorded_task_and_rollout_indices(nemo_venv):
+def test_metrics_keep_the_recorded_task_and_rollout_indices_unless_they_repeat(nemo_venv):
     recordings = load_recordings(Catalog(nemo_venv).env("mcqa").example_rollouts, "mcqa")
     numbers = [(1, 1), (0, 0), (1, 0), (0, 1), (2, 0)]
     for rec, (task, rollout) in zip(recordings, numbers, strict=True):
         rec.row["_ng_task_index"], rec.row["_ng_rollout_index"] = task, rollout
-    del recordings[4].row["_ng_task_index"]  # unnumbered: a task of its own, by position
     agents = {r.id: "a" for r in recordings}
     episodes = {r.id: _replayed_episode(r.row, "a") for r in recordings}
-    for side in (recorded_results(recordings, agents), replayed_results(recordings, episodes)):
-        indices = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in side["a"]]
-        assert indices == [(0, 0), (0, 1), (1, 0), (1, 1), (4, 0)]
+
+    def indices(side: dict) -> list[tuple[int, int]]:
+        return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in side["a"]]
+
+    given = numbering(recordings, agents)
+    for side in (recorded_results(recordings, agents, given),
+                 replayed_results(recordings, episodes, given)):  # fmt: skip
+        assert indices(side) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    # A repeated pair (NeMo Gym's aggregator refuses it) or a recording without indices:
+    # the agent's recordings are numbered by position, each its own task.
+    for change in ({"_ng_task_index": 1, "_ng_rollout_index": 1}, {"_ng_task_index": None}):
+        recordings[4].row.update(change)
+        by_position = numbering(recordings, agents)
+        assert [by_position[r.id] for r in recordings] == [(i, 0) for i in range(5)]
+        assert indices(recorded_results(recordings, agents, by_position)) == [
+            (i, 0) for i in range(5)
+        ]
 
 
 def test_aggregate_answers_compare_figure_by_figure_model_figures_aside():
@@ -318,7 +333,7 @@ def test_the_report_gives_each_agents_metrics_comparison_and_why():
     differs = MetricsComparison(
         "mcqa_simple_agent", recorded=2, replayed=1, figures=30,
         differing={"key_metrics.mean/reward": (0.5, 1.0)},
-        reason=conformance._metrics_reason(rows),
+        reason=conformance._metrics_reason(rows, {"key_metrics.mean/reward": (0.5, 1.0)}),
     )  # fmt: skip
     lost = MetricsComparison("y_agent", recorded=5, replayed=0, error="no replayed rollouts")
     reports = [
@@ -336,8 +351,22 @@ def test_the_report_gives_each_agents_metrics_comparison_and_why():
     assert "| y | y_agent | 5 / 0 | - | - | not compared: no replayed rollouts |" in text
     assert "Aggregate metrics equal for 1 of 3 agents." in text
     assert [m["equal"] for r in reports for m in r.to_json()["metrics"]] == [False, True, False]
-    unexplained = conformance._metrics_reason([RowResult("x:1", 1.0, reward=1.0)])
-    assert unexplained.startswith("every reward matched")
+    matched = [RowResult("x:1", 1.0, reward=1.0)]
+    new_fields = {"agent_metrics.mean/exact_match": (None, 1.0),
+                  "group_level_metrics.0.rollout_infos.0.exact_match": (None, 1.0),
+                  "agent_metrics.mean/old_score": (0.5, None)}  # fmt: skip
+    assert conformance._metrics_reason(matched, new_fields) == (
+        "every reward matched; the release's verifier returns fields the recordings lack "
+        "(exact_match); the recordings have fields it no longer returns (old_score)"
+    )
+    unexplained = {"agent_metrics.mean/accuracy": (50.0, 60.0)}
+    assert conformance._metrics_reason(matched, unexplained) == (
+        "every reward matched, yet figures of accuracy differ (not explained)"
+    )
+    # An agent two environments' rows ran on is named with both.
+    shared = MetricsComparison("cal_agent", 10, 10, figures=9, also=["environments/calendar"])
+    text = format_report([EnvReport("calendar_v2", metrics=[shared])])
+    assert "| calendar_v2, environments/calendar | cal_agent | 10 / 10 | 9 | 0 | equal |" in text
 
 
 async def test_a_stack_whose_ray_node_timed_out_is_tried_again_whole(monkeypatch):

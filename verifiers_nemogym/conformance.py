@@ -208,6 +208,9 @@ class MetricsComparison:
     """Why the comparison could not be made (an endpoint that failed, nothing to aggregate)."""
     reason: str | None = None
     """Why figures differ; None when all agree."""
+    also: list[str] = field(default_factory=list)
+    """Other environments of the stack whose rows ran on this agent (configs that name the same
+    agent): their rollouts are aggregated together, as NeMo Gym would."""
 
     @property
     def equal(self) -> bool:
@@ -622,23 +625,42 @@ _COLLECTOR_STRIPS = (
 response it keeps `usage` and `incomplete_details`)."""
 
 
-def _indices(rec: Recording, position: int) -> tuple[int, int]:
-    """The task and rollout indices NeMo Gym gave the recording, else (`position`, 0): a
-    recording made before NeMo Gym numbered its rows is a task of its own."""
-    task, rollout = rec.row.get(metrics.TASK_INDEX), rec.row.get(metrics.ROLLOUT_INDEX)
-    if isinstance(task, int) and isinstance(rollout, int):
-        return task, rollout
-    return position, 0
+Numbering = dict[str, tuple[int, int]]
+"""Recording -> the (task, rollout) indices both sides of the metrics comparison give it."""
+
+
+def numbering(recordings: Sequence[Recording], agents: dict[str, str]) -> Numbering:
+    """The task and rollout indices NeMo Gym gave each recording, per agent; an agent whose
+    recordings lack them or repeat a pair (NeMo Gym's aggregator refuses duplicates: recordings
+    of several runs in one file) has its recordings numbered (position, 0), each a task of its
+    own."""
+    by_agent: dict[str, list[tuple[str, Any, Any]]] = {}
+    for rec in recordings:
+        task, rollout = rec.row.get(metrics.TASK_INDEX), rec.row.get(metrics.ROLLOUT_INDEX)
+        by_agent.setdefault(agents[rec.id], []).append((rec.id, task, rollout))
+    found: Numbering = {}
+    for entries in by_agent.values():
+        pairs = [(t, r) for _, t, r in entries if isinstance(t, int) and isinstance(r, int)]
+        recorded = len(pairs) == len(entries) and len(set(pairs)) == len(pairs)
+        for position, (rid, task, rollout) in enumerate(entries):
+            found[rid] = (task, rollout) if recorded else (position, 0)
+    return found
+
+
+def _in_order(by_agent: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    for results in by_agent.values():  # as NeMo Gym sorts its results before aggregating
+        results.sort(key=lambda r: (r[metrics.TASK_INDEX], r[metrics.ROLLOUT_INDEX]))
+    return by_agent
 
 
 def recorded_results(
-    recordings: Sequence[Recording], agents: dict[str, str]
+    recordings: Sequence[Recording], agents: dict[str, str], numbers: Numbering
 ) -> dict[str, list[dict[str, Any]]]:
     """Agent -> what NeMo Gym's eval hands its `/aggregate_metrics` for these recorded rows:
     the rows with a reward and no `_ng_failure_class` (its collector moves failures out), stripped
-    as it strips them, with their task and rollout indices (`_indices`), in index order."""
+    as it strips them, with their indices (`numbering`), in index order."""
     by_agent: dict[str, list[dict[str, Any]]] = {}
-    for position, rec in enumerate(recordings):
+    for rec in recordings:
         row = rec.row
         if rec.reward is None or row.get("_ng_failure_class") is not None:
             continue
@@ -647,30 +669,26 @@ def recorded_results(
         kept = {k: response[k] for k in ("usage", "incomplete_details") if response.get(k)}
         if kept:
             result["response"] = kept
-        result[metrics.TASK_INDEX], result[metrics.ROLLOUT_INDEX] = _indices(rec, position)
+        result[metrics.TASK_INDEX], result[metrics.ROLLOUT_INDEX] = numbers[rec.id]
         by_agent.setdefault(agents[rec.id], []).append(result)
-    for results in by_agent.values():
-        results.sort(key=lambda r: (r[metrics.TASK_INDEX], r[metrics.ROLLOUT_INDEX]))
-    return by_agent
+    return _in_order(by_agent)
 
 
 def replayed_results(
-    recordings: Sequence[Recording], episodes: dict[str, dict[str, Any]]
+    recordings: Sequence[Recording], episodes: dict[str, dict[str, Any]], numbers: Numbering
 ) -> dict[str, list[dict[str, Any]]]:
     """Agent -> what `verifiers_nemogym.metrics` hands `/aggregate_metrics` for the replayed
     episodes (`metrics.collect`: failed rollouts left out), each with its recording's indices."""
     by_agent: dict[str, list[dict[str, Any]]] = {}
-    for position, rec in enumerate(recordings):
+    for rec in recordings:
         episode = episodes.get(rec.id)
         if episode is None:
             continue
         for agent, results in metrics.collect([episode]).by_agent.items():
             for result in results:
-                result[metrics.TASK_INDEX], result[metrics.ROLLOUT_INDEX] = _indices(rec, position)
+                result[metrics.TASK_INDEX], result[metrics.ROLLOUT_INDEX] = numbers[rec.id]
                 by_agent.setdefault(agent, []).append(result)
-    for results in by_agent.values():
-        results.sort(key=lambda r: (r[metrics.TASK_INDEX], r[metrics.ROLLOUT_INDEX]))
-    return by_agent
+    return _in_order(by_agent)
 
 
 def _figures(value: Any, path: str = "") -> dict[str, Any]:
@@ -726,30 +744,52 @@ def compare_answers(
     return len(compared), len(paths) - len(compared), differing
 
 
-def _metrics_reason(rows: Sequence[RowResult]) -> str:
-    """Why the aggregate figures of `rows`' agent differ: the rollouts the replay changed, else
-    that nothing in the rollouts explains it (a finding)."""
+def _field(path: str) -> str:
+    """The result field a figure is of: `agent_metrics.mean/exact_match` -> `exact_match`."""
+    return path.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+
+
+def _metrics_reason(rows: Sequence[RowResult], differing: dict[str, tuple[Any, Any]]) -> str:
+    """Why the aggregate figures of `rows`' agent differ: the rollouts the replay changed; else
+    fields only one side's rollouts carry (the release's verifier returns fields the recording
+    lacks, or no longer returns some it has); else that nothing explains it (a finding)."""
     failed = sum(r.error is not None for r in rows)
     rewards = sum(r.error is None and not r.parity for r in rows)
     if failed or rewards:
         parts = [f"{failed} replayed rollout(s) failed (left out)"] if failed else []
         parts += [f"{rewards} reward(s) differ from the recording"] if rewards else []
         return f"the replay differs from the recording: {', '.join(parts)} (see the mismatches)"
-    return "every reward matched: the rollouts' other fields differ (not explained)"
+    if all(a is None or b is None for a, b in differing.values()):
+        ours = sorted({_field(p) for p, (theirs, _) in differing.items() if theirs is None})
+        lost = sorted({_field(p) for p, (_, mine) in differing.items() if mine is None})
+        parts = []
+        if ours:
+            added = ", ".join(ours)
+            parts.append(f"the release's verifier returns fields the recordings lack ({added})")
+        if lost:
+            parts.append(f"the recordings have fields it no longer returns ({', '.join(lost)})")
+        return f"every reward matched; {'; '.join(parts)}"
+    fields = sorted({_field(p) for p in differing})
+    return f"every reward matched, yet figures of {', '.join(fields)} differ (not explained)"
 
 
 async def _compare_metrics(run_urls: dict[str, str], plan: _Plan) -> None:
     """Each agent's `MetricsComparison`, onto the report of the environment its rows came
     from; an endpoint that fails costs only that agent's comparison."""
-    theirs = recorded_results(plan.recordings, plan.agents)
-    ours = replayed_results(plan.recordings, plan.episodes)
-    envs: dict[str, str] = {}
+    numbers = numbering(plan.recordings, plan.agents)
+    theirs = recorded_results(plan.recordings, plan.agents, numbers)
+    ours = replayed_results(plan.recordings, plan.episodes, numbers)
+    envs: dict[str, list[str]] = {}  # agent -> the environments whose rows ran on it
     for rid, agent in plan.agents.items():
-        envs.setdefault(agent, rid.rsplit(":", 1)[0])
+        named = envs.setdefault(agent, [])
+        if (env := rid.rsplit(":", 1)[0]) not in named:
+            named.append(env)
     async with aiohttp.ClientSession() as http:
         for agent in sorted(envs):
-            report = plan.reports[envs[agent]]
-            found = MetricsComparison(agent, len(theirs.get(agent, [])), len(ours.get(agent, [])))
+            report = plan.reports[envs[agent][0]]
+            found = MetricsComparison(
+                agent, len(theirs.get(agent, [])), len(ours.get(agent, [])), also=envs[agent][1:]
+            )
             report.metrics.append(found)
             if not found.recorded or not found.replayed:
                 side = "recorded rows" if not found.recorded else "replayed rollouts"
@@ -768,7 +808,7 @@ async def _compare_metrics(run_urls: dict[str, str], plan: _Plan) -> None:
             found.figures, found.set_aside, found.differing = compare_answers(recorded, replayed)
             if found.differing:
                 rows = [plan.results[r] for r, a in plan.agents.items() if a == agent]
-                found.reason = _metrics_reason(rows)
+                found.reason = _metrics_reason(rows, found.differing)
 
 
 def format_report(reports: Sequence[EnvReport]) -> str:
@@ -822,6 +862,7 @@ def _metrics_lines(reports: Sequence[EnvReport]) -> list[str]:
         "|---|---|---:|---:|---:|---|",
     ]
     for env, m in compared:
+        env = ", ".join([env, *m.also])
         counts = f"{m.recorded} / {m.replayed}"
         if m.error is not None:
             lines.append(f"| {env} | {m.agent} | {counts} | - | - | not compared: {m.error} |")

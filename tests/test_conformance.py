@@ -9,6 +9,7 @@ import json
 import socket
 
 import pytest
+from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 import nemo_gym_env
 from verifiers_nemogym import conformance
@@ -21,16 +22,23 @@ from verifiers_nemogym.conformance import (
     RESCORED,
     STACK_ENVS,
     EnvReport,
+    MetricsComparison,
     RowResult,
     _error_line,
     _example_rows,
     _explain,
     _start_error_line,
+    compare_answers,
     format_report,
+    model_figure,
+    numbering,
+    recorded_results,
     replay_row,
+    replayed_results,
     run_conformance,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.harness import record
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import load_recordings
 
@@ -229,3 +237,155 @@ def test_a_row_rebuilt_without_its_example_row_drops_what_verify_added(nemo_venv
         assert {"question", "expected_answer", "responses_create_params"} <= set(row)
         assert set(row) <= set().union(*examples)
         assert not {"verdict", "judge_output", "is_correct", "extracted_answer"} & set(row)
+
+
+def _replayed_episode(rec_row: dict, agent: str, ok: bool = True) -> dict:
+    """The episode a replay of `rec_row` leaves in traces.jsonl when `/run` answers exactly the
+    recording (the harness's own `record`), or a failed one."""
+    trace = Trace(task=TraceTask(type="NeMoGymTask", data={}), agent=AgentInfo(config={}))
+    if ok:
+        record(trace, rec_row)
+    data = {"name": "rows:1", "agent": agent, "row": {}}
+    as_json = {"task": {"type": "NeMoGymTask", "data": data}, "info": trace.info,
+               "errors": [] if ok else [{"type": "AgentRunError", "message": "x"}]}  # fmt: skip
+    return {"task": as_json["task"], "ok": ok, "traces": [as_json]}
+
+
+def test_metrics_inputs_of_a_faithful_replay_equal_the_recordings(nemo_venv):
+    # mcqa's recordings, replayed faithfully: NeMo Gym's aggregator gets the same rollouts from
+    # both sides, so any difference in its figures comes from the rollouts alone.
+    recordings = load_recordings(Catalog(nemo_venv).env("mcqa").example_rollouts, "mcqa")
+    agents = {r.id: "mcqa_simple_agent" for r in recordings}
+    episodes = {r.id: _replayed_episode(r.row, "mcqa_simple_agent") for r in recordings}
+    numbers = numbering(recordings, agents)
+    theirs = recorded_results(recordings, agents, numbers)
+    ours = replayed_results(recordings, episodes, numbers)
+    assert list(theirs) == list(ours) == ["mcqa_simple_agent"]
+    assert len(theirs["mcqa_simple_agent"]) == len(recordings) == 5
+    assert ours == theirs
+    for result in theirs["mcqa_simple_agent"]:
+        assert "responses_create_params" not in result
+        assert set(result["response"]) <= {"usage", "incomplete_details"}
+    # A failed replay is left out on our side, a failed recording on NeMo Gym's.
+    failed = recordings[1]
+    episodes[failed.id] = _replayed_episode(failed.row, "mcqa_simple_agent", ok=False)
+    assert len(replayed_results(recordings, episodes, numbers)["mcqa_simple_agent"]) == 4
+    failed.row["_ng_failure_class"] = "judge_failed"
+    assert len(recorded_results(recordings, agents, numbers)["mcqa_simple_agent"]) == 4
+
+
+def test_metrics_keep_the_recorded_task_and_rollout_indices_unless_they_repeat(nemo_venv):
+    recordings = load_recordings(Catalog(nemo_venv).env("mcqa").example_rollouts, "mcqa")
+    numbers = [(1, 1), (0, 0), (1, 0), (0, 1), (2, 0)]
+    for rec, (task, rollout) in zip(recordings, numbers, strict=True):
+        rec.row["_ng_task_index"], rec.row["_ng_rollout_index"] = task, rollout
+    agents = {r.id: "a" for r in recordings}
+    episodes = {r.id: _replayed_episode(r.row, "a") for r in recordings}
+
+    def indices(side: dict) -> list[tuple[int, int]]:
+        return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in side["a"]]
+
+    given = numbering(recordings, agents)
+    for side in (recorded_results(recordings, agents, given),
+                 replayed_results(recordings, episodes, given)):  # fmt: skip
+        assert indices(side) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    # A repeated pair (NeMo Gym's aggregator refuses it) or a recording without indices:
+    # the agent's recordings are numbered by position, each its own task.
+    for change in ({"_ng_task_index": 1, "_ng_rollout_index": 1}, {"_ng_task_index": None}):
+        recordings[4].row.update(change)
+        by_position = numbering(recordings, agents)
+        assert [by_position[r.id] for r in recordings] == [(i, 0) for i in range(5)]
+        assert indices(recorded_results(recordings, agents, by_position)) == [
+            (i, 0) for i in range(5)
+        ]
+
+
+def test_aggregate_answers_compare_figure_by_figure_model_figures_aside():
+    recorded = {
+        "agent_ref": {"name": "a"},
+        "agent_metrics": {"mean/reward": 0.6, "pass@1/accuracy": 60.0, "mean/input_tokens": 88.0},
+        "key_metrics": {"mean/reward": 0.6},
+        "group_level_metrics": [{"mean/reward": 1.0}, {"mean/reward": 0.2}],
+        "perf_summary": {"seconds": 3.0},
+    }
+    same = json.loads(json.dumps(recorded)) | {"agent_ref": {"name": "b"}}
+    same["agent_metrics"]["mean/reward"] = 0.6 + 1e-12  # summed in another order
+    same["agent_metrics"]["mean/input_tokens"] = 0.0  # the replay reports no usage
+    same["perf_summary"] = {"seconds": 9.0}
+    assert compare_answers(recorded, same) == (5, 2, {})
+    other = json.loads(json.dumps(same))
+    other["key_metrics"]["mean/reward"] = 0.8
+    other["group_level_metrics"].pop()
+    other["agent_metrics"]["majority@1/accuracy"] = float("nan")
+    figures, aside, differing = compare_answers(recorded, other)
+    assert differing == {
+        "agent_metrics.majority@1/accuracy": (None, other["agent_metrics"]["majority@1/accuracy"]),
+        "group_level_metrics.1.mean/reward": (0.2, None),
+        "key_metrics.mean/reward": (0.6, 0.8),
+    }
+    assert (figures, aside) == (6, 2)
+    assert model_figure("agent_metrics.std/output_tokens") and not model_figure("key_metrics.x")
+
+
+def test_the_report_gives_each_agents_metrics_comparison_and_why():
+    rows = [RowResult("mcqa:1", 1.0, reward=1.0), RowResult("mcqa:2", 0.0, error="boom")]
+    equal = MetricsComparison("x_agent", recorded=5, replayed=5, figures=40, set_aside=12)
+    differs = MetricsComparison(
+        "mcqa_simple_agent", recorded=2, replayed=1, figures=30,
+        differing={"key_metrics.mean/reward": (0.5, 1.0)},
+        reason=conformance._metrics_reason(rows, {"key_metrics.mean/reward": (0.5, 1.0)}),
+    )  # fmt: skip
+    lost = MetricsComparison("y_agent", recorded=5, replayed=0, error="no replayed rollouts")
+    reports = [
+        EnvReport("mcqa", rows=rows, metrics=[differs]),
+        EnvReport("x", metrics=[equal]),
+        EnvReport("y", metrics=[lost]),
+    ]
+    text = format_report(reports)
+    assert "| x | x_agent | 5 / 5 | 40 | 0 | equal |" in text
+    assert (
+        "| mcqa | mcqa_simple_agent | 2 / 1 | 30 | 1 | the replay differs from the recording: "
+        "1 replayed rollout(s) failed (left out) (see the mismatches); e.g. "
+        "`key_metrics.mean/reward` 0.5 / 1.0 |"
+    ) in text
+    assert "| y | y_agent | 5 / 0 | - | - | not compared: no replayed rollouts |" in text
+    assert "Aggregate metrics equal for 1 of 3 agents." in text
+    assert [m["equal"] for r in reports for m in r.to_json()["metrics"]] == [False, True, False]
+    matched = [RowResult("x:1", 1.0, reward=1.0)]
+    new_fields = {"agent_metrics.mean/exact_match": (None, 1.0),
+                  "group_level_metrics.0.rollout_infos.0.exact_match": (None, 1.0),
+                  "agent_metrics.mean/old_score": (0.5, None)}  # fmt: skip
+    assert conformance._metrics_reason(matched, new_fields) == (
+        "every reward matched; the release's verifier returns fields the recordings lack "
+        "(exact_match); the recordings have fields it no longer returns (old_score)"
+    )
+    unexplained = {"agent_metrics.mean/accuracy": (50.0, 60.0)}
+    assert conformance._metrics_reason(matched, unexplained) == (
+        "every reward matched, yet figures of accuracy differ (not explained)"
+    )
+    # An agent two environments' rows ran on is named with both.
+    shared = MetricsComparison("cal_agent", 10, 10, figures=9, also=["environments/calendar"])
+    text = format_report([EnvReport("calendar_v2", metrics=[shared])])
+    assert "| calendar_v2, environments/calendar | cal_agent | 10 / 10 | 9 | 0 | equal |" in text
+
+
+async def test_a_stack_whose_ray_node_timed_out_is_tried_again_whole(monkeypatch):
+    runs: list[list[str]] = []
+    ray = "ng_run exited with status 1: Exception: The current node timed out during startup."
+    failing = {1, 3, 4, 5}  # the first batch's first start; the second batch's three starts
+
+    async def fake(envs, **options):
+        runs.append(list(envs))
+        if len(runs) in failing:
+            raise StackError(ray)
+        return [EnvReport(e) for e in envs]
+
+    monkeypatch.setattr(conformance, "run_conformance", fake)
+    monkeypatch.setattr(conformance, "STACK_ENVS", 2)
+    first, second = ["a", "b"], ["c", "d"]
+    reports = await conformance.run_in_stacks([*first, *second], concurrency=1)
+    # Three starts in all before a batch counts as failed and is split.
+    assert conformance.RAY_ATTEMPTS == 3
+    assert runs == [first, first, second, second, second, ["c"], ["d"]]
+    assert [r.env for r in reports] == ["a", "b", "c", "d"]
+    assert not any(r.start_error for r in reports)

@@ -27,6 +27,13 @@ with the judge output recorded for that rollout (`policies.replay_judge`); judge
 switched off (math_with_judge, polymath) stay off unless `enable_optional_judges`. A rollout
 whose recording keeps no judge output and that loses parity is reported as a judge replay gap.
 
+NeMo Gym's aggregate metrics are compared too, while the stack runs: for each agent, its
+`/aggregate_metrics` answer on the recorded rows (what NeMo Gym's eval writes for them: failed
+rows left out, results stripped as its collector strips them) next to its answer on the replayed
+traces as `verifiers_nemogym.metrics` reads them (what `nemo-gym-env metrics` gives a user). Both
+carry the recording's task and rollout indices, so the two differ only where the rollouts do
+(`MetricsComparison`).
+
 `run_in_stacks` runs many environments on successive stacks; `format_report` renders the
 per-environment table; `EnvReport.to_json` the `--json` form. Printing them and the exit status
 are the CLI's (`nemo-gym-env conformance`).
@@ -37,15 +44,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
+
+from verifiers_nemogym import metrics
 from verifiers_nemogym.bridge.redact import cut
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, Catalog, EnvSpec
@@ -172,6 +183,40 @@ class RowResult:
         return self.error is None and self.reward == self.recorded_reward
 
 
+METRIC_TOLERANCE = 1e-9
+"""Two aggregate figures agree when they differ by at most this much (sums in another order)."""
+
+
+@dataclass
+class MetricsComparison:
+    """NeMo Gym's aggregate metrics of one agent's rollouts: on the recorded rows and on the
+    replayed traces (module contract), compared figure by figure."""
+
+    agent: str
+    recorded: int = 0
+    """Recorded rollouts NeMo Gym aggregates (its failed or unrewarded recordings left out)."""
+    replayed: int = 0
+    """Replayed rollouts `verifiers_nemogym.metrics` hands it (failed replays left out)."""
+    figures: int = 0
+    """Figures compared: every number or string in either answer, by its dotted path, but the
+    model's (`model_figure`)."""
+    set_aside: int = 0
+    """The model's figures (token counts, timings), not compared."""
+    differing: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """Path -> (NeMo Gym's figure on the recordings, ours); a path one side lacks has None."""
+    error: str | None = None
+    """Why the comparison could not be made (an endpoint that failed, nothing to aggregate)."""
+    reason: str | None = None
+    """Why figures differ; None when all agree."""
+    also: list[str] = field(default_factory=list)
+    """Other environments of the stack whose rows ran on this agent (configs that name the same
+    agent): their rollouts are aggregated together, as NeMo Gym would."""
+
+    @property
+    def equal(self) -> bool:
+        return self.error is None and not self.differing
+
+
 @dataclass
 class EnvReport:
     """The conformance figures of one environment."""
@@ -185,6 +230,8 @@ class EnvReport:
     judge_replies: int | None = None
     """Judge calls the replay judge answered from this environment's recordings; None when
     no judge graded it."""
+    metrics: list[MetricsComparison] = field(default_factory=list)
+    """Its agents' aggregate metrics, recorded next to replayed (`MetricsComparison`)."""
 
     @property
     def completed(self) -> int:
@@ -209,6 +256,7 @@ class EnvReport:
             "start_error": self.start_error,
             "judge_replies": self.judge_replies,
             "results": [asdict(r) | {"parity": r.parity} for r in self.rows],
+            "metrics": [asdict(m) | {"equal": m.equal} for m in self.metrics],
         }
 
 
@@ -356,6 +404,10 @@ class _Plan:
     """The runnable environments whose stack needs a judge (active judge references)."""
     unjudged: set[str] = field(default_factory=set)
     """Recordings of `judged` environments that keep no judge output."""
+    agents: dict[str, str] = field(default_factory=dict)
+    """Recording -> the agent its row runs on."""
+    episodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Recording -> its replayed episode, as traces.jsonl holds it."""
 
 
 def _plan(catalog: Catalog, envs: Sequence[str], enable_optional_judges: bool = False) -> _Plan:
@@ -375,6 +427,7 @@ def _plan(catalog: Catalog, envs: Sequence[str], enable_optional_judges: bool = 
             report.rows.append(result)
             plan.results[rec.id] = result
             plan.rows.append(row)
+            plan.agents[rec.id] = row["agent_ref"]["name"]
         plan.recordings += recordings
         plan.runnable.append(name)
         paths = catalog.env(name).config_paths
@@ -476,6 +529,8 @@ async def run_conformance(
                 await _replay_all(
                     env, tasks, ctx, plan, policy, concurrency, runtime.nemo_gym_version
                 )
+                assert env.stack is not None  # serving, and it started
+                await _compare_metrics(env.stack.run_urls, plan)
             if judge.misses:
                 logger.warning("conformance: %d judge call(s) had no recording", len(judge.misses))
             for name in plan.judged:
@@ -511,6 +566,7 @@ async def _replay_all(
             except Exception as e:  # the run must go on and report every row
                 result.error = f"{type(e).__name__}: {_error_line(str(e))}"
             else:
+                plan.episodes[rid] = episode.to_record()
                 trace = episode.traces[0] if episode.traces else None
                 if episode.ok and trace is not None and trace.ok:
                     result.reward = trace.reward
@@ -558,6 +614,203 @@ def _explain(
             result.reason += " (the environment answered differently than when recorded)"
 
 
+_COLLECTOR_STRIPS = (
+    "response",
+    "responses_create_params",
+    "ng_agent_observations",
+    "ng_model_call_capture",
+    "ng_trajectory",
+)
+"""What NeMo Gym's collector leaves out of the results it hands `/aggregate_metrics` (of the
+response it keeps `usage` and `incomplete_details`)."""
+
+
+Numbering = dict[str, tuple[int, int]]
+"""Recording -> the (task, rollout) indices both sides of the metrics comparison give it."""
+
+
+def numbering(recordings: Sequence[Recording], agents: dict[str, str]) -> Numbering:
+    """The task and rollout indices NeMo Gym gave each recording, per agent; an agent whose
+    recordings lack them or repeat a pair (NeMo Gym's aggregator refuses duplicates: recordings
+    of several runs in one file) has its recordings numbered (position, 0), each a task of its
+    own."""
+    by_agent: dict[str, list[tuple[str, Any, Any]]] = {}
+    for rec in recordings:
+        task, rollout = rec.row.get(metrics.TASK_INDEX), rec.row.get(metrics.ROLLOUT_INDEX)
+        by_agent.setdefault(agents[rec.id], []).append((rec.id, task, rollout))
+    found: Numbering = {}
+    for entries in by_agent.values():
+        pairs = [(t, r) for _, t, r in entries if isinstance(t, int) and isinstance(r, int)]
+        recorded = len(pairs) == len(entries) and len(set(pairs)) == len(pairs)
+        for position, (rid, task, rollout) in enumerate(entries):
+            found[rid] = (task, rollout) if recorded else (position, 0)
+    return found
+
+
+def _in_order(by_agent: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    for results in by_agent.values():  # as NeMo Gym sorts its results before aggregating
+        results.sort(key=lambda r: (r[metrics.TASK_INDEX], r[metrics.ROLLOUT_INDEX]))
+    return by_agent
+
+
+def recorded_results(
+    recordings: Sequence[Recording], agents: dict[str, str], numbers: Numbering
+) -> dict[str, list[dict[str, Any]]]:
+    """Agent -> what NeMo Gym's eval hands its `/aggregate_metrics` for these recorded rows:
+    the rows with a reward and no `_ng_failure_class` (its collector moves failures out), stripped
+    as it strips them, with their indices (`numbering`), in index order."""
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for rec in recordings:
+        row = rec.row
+        if rec.reward is None or row.get("_ng_failure_class") is not None:
+            continue
+        result = {k: v for k, v in row.items() if k not in _COLLECTOR_STRIPS}
+        response = row["response"] if isinstance(row.get("response"), dict) else {}
+        kept = {k: response[k] for k in ("usage", "incomplete_details") if response.get(k)}
+        if kept:
+            result["response"] = kept
+        result[metrics.TASK_INDEX], result[metrics.ROLLOUT_INDEX] = numbers[rec.id]
+        by_agent.setdefault(agents[rec.id], []).append(result)
+    return _in_order(by_agent)
+
+
+def replayed_results(
+    recordings: Sequence[Recording], episodes: dict[str, dict[str, Any]], numbers: Numbering
+) -> dict[str, list[dict[str, Any]]]:
+    """Agent -> what `verifiers_nemogym.metrics` hands `/aggregate_metrics` for the replayed
+    episodes (`metrics.collect`: failed rollouts left out), each with its recording's indices."""
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for rec in recordings:
+        episode = episodes.get(rec.id)
+        if episode is None:
+            continue
+        for agent, results in metrics.collect([episode]).by_agent.items():
+            for result in results:
+                result[metrics.TASK_INDEX], result[metrics.ROLLOUT_INDEX] = numbers[rec.id]
+                by_agent.setdefault(agent, []).append(result)
+    return _in_order(by_agent)
+
+
+def _figures(value: Any, path: str = "") -> dict[str, Any]:
+    """Every leaf of an `/aggregate_metrics` answer by its dotted path (lists by index)."""
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return {path: value}
+    found: dict[str, Any] = {}
+    for key, item in items:
+        found |= _figures(item, f"{path}.{key}" if path else str(key))
+    return found
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Numbers within `METRIC_TOLERANCE` (NaN equals NaN: both sides had nothing to average);
+    anything else equal."""
+    if _number(a) and _number(b):
+        both_nan = math.isnan(a) and math.isnan(b)
+        return both_nan or a == b or abs(a - b) <= METRIC_TOLERANCE
+    return bool(a == b)
+
+
+def model_figure(path: str) -> bool:
+    """Whether a figure measures the model rather than the environment: token counts (from the
+    rollouts' `usage`: the replay policy reports none, the recordings the real model's) and
+    0.7's `perf_summary` (timings). The comparison sets these aside."""
+    return path.startswith("perf_summary") or path.rsplit("/", 1)[-1].endswith("tokens")
+
+
+def compare_answers(
+    recorded: dict[str, Any], replayed: dict[str, Any]
+) -> tuple[int, int, dict[str, tuple[Any, Any]]]:
+    """Two `/aggregate_metrics` answers (their `agent_ref` aside), figure by figure: how many
+    were compared, how many were set aside (`model_figure`), and those that differ: numbers by
+    more than `METRIC_TOLERANCE`, anything else by equality, a figure only one side has (the
+    other side None)."""
+    ours = _figures({k: v for k, v in replayed.items() if k != "agent_ref"})
+    theirs = _figures({k: v for k, v in recorded.items() if k != "agent_ref"})
+    paths = sorted(theirs.keys() | ours.keys())
+    compared = [p for p in paths if not model_figure(p)]
+    differing = {
+        p: (theirs.get(p), ours.get(p))
+        for p in compared
+        if p not in theirs or p not in ours or not _same(theirs[p], ours[p])
+    }
+    return len(compared), len(paths) - len(compared), differing
+
+
+def _field(path: str) -> str:
+    """The result field a figure is of: `agent_metrics.mean/exact_match` -> `exact_match`."""
+    return path.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+
+
+def _metrics_reason(rows: Sequence[RowResult], differing: dict[str, tuple[Any, Any]]) -> str:
+    """Why the aggregate figures of `rows`' agent differ: the rollouts the replay changed; else
+    fields only one side's rollouts carry (the release's verifier returns fields the recording
+    lacks, or no longer returns some it has); else that nothing explains it (a finding)."""
+    failed = sum(r.error is not None for r in rows)
+    rewards = sum(r.error is None and not r.parity for r in rows)
+    if failed or rewards:
+        parts = [f"{failed} replayed rollout(s) failed (left out)"] if failed else []
+        parts += [f"{rewards} reward(s) differ from the recording"] if rewards else []
+        return f"the replay differs from the recording: {', '.join(parts)} (see the mismatches)"
+    if all(a is None or b is None for a, b in differing.values()):
+        ours = sorted({_field(p) for p, (theirs, _) in differing.items() if theirs is None})
+        lost = sorted({_field(p) for p, (_, mine) in differing.items() if mine is None})
+        parts = []
+        if ours:
+            added = ", ".join(ours)
+            parts.append(f"the release's verifier returns fields the recordings lack ({added})")
+        if lost:
+            parts.append(f"the recordings have fields it no longer returns ({', '.join(lost)})")
+        return f"every reward matched; {'; '.join(parts)}"
+    fields = sorted({_field(p) for p in differing})
+    return f"every reward matched, yet figures of {', '.join(fields)} differ (not explained)"
+
+
+async def _compare_metrics(run_urls: dict[str, str], plan: _Plan) -> None:
+    """Each agent's `MetricsComparison`, onto the report of the environment its rows came
+    from; an endpoint that fails costs only that agent's comparison."""
+    numbers = numbering(plan.recordings, plan.agents)
+    theirs = recorded_results(plan.recordings, plan.agents, numbers)
+    ours = replayed_results(plan.recordings, plan.episodes, numbers)
+    envs: dict[str, list[str]] = {}  # agent -> the environments whose rows ran on it
+    for rid, agent in plan.agents.items():
+        named = envs.setdefault(agent, [])
+        if (env := rid.rsplit(":", 1)[0]) not in named:
+            named.append(env)
+    async with aiohttp.ClientSession() as http:
+        for agent in sorted(envs):
+            report = plan.reports[envs[agent][0]]
+            found = MetricsComparison(
+                agent, len(theirs.get(agent, [])), len(ours.get(agent, [])), also=envs[agent][1:]
+            )
+            report.metrics.append(found)
+            if not found.recorded or not found.replayed:
+                side = "recorded rows" if not found.recorded else "replayed rollouts"
+                found.error = f"no {side} to aggregate (failed or without a reward)"
+                continue
+            try:
+                (recorded,) = await metrics.aggregate(
+                    run_urls, http, metrics.Rollouts(by_agent={agent: theirs[agent]})
+                )
+                (replayed,) = await metrics.aggregate(
+                    run_urls, http, metrics.Rollouts(by_agent={agent: ours[agent]})
+                )
+            except StackError as e:
+                found.error = _error_line(str(e))
+                continue
+            found.figures, found.set_aside, found.differing = compare_answers(recorded, replayed)
+            if found.differing:
+                rows = [plan.results[r] for r, a in plan.agents.items() if a == agent]
+                found.reason = _metrics_reason(rows, found.differing)
+
+
 def format_report(reports: Sequence[EnvReport]) -> str:
     """A Markdown table (one line per environment) and every mismatch with its reason."""
     lines = [
@@ -579,6 +832,7 @@ def format_report(reports: Sequence[EnvReport]) -> str:
     judged = [f"{r.env} {r.judge_replies}" for r in reports if r.judge_replies is not None]
     if judged:
         lines += ["", f"Judge calls answered from the recordings: {', '.join(judged)}."]
+    lines += _metrics_lines(reports)
     misses = [row for r in reports for row in r.rows if not row.parity]
     if misses:
         lines += ["", "Mismatches:", ""]
@@ -590,13 +844,72 @@ def format_report(reports: Sequence[EnvReport]) -> str:
     return "\n".join(lines)
 
 
+SHOWN_FIGURES = 4
+"""Differing figures the report names per agent (the JSON has them all)."""
+
+
+def _metrics_lines(reports: Sequence[EnvReport]) -> list[str]:
+    """The aggregate metrics table: per agent, figures compared and how many differ, why."""
+    compared = [(r.env, m) for r in reports for m in r.metrics]
+    if not compared:
+        return []
+    lines = [
+        "",
+        "NeMo Gym's aggregate metrics (its `/aggregate_metrics`) on the recorded rows and on the "
+        "replayed traces:",
+        "",
+        "| environment | agent | rollouts recorded / replayed | figures | differing | why |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for env, m in compared:
+        env = ", ".join([env, *m.also])
+        counts = f"{m.recorded} / {m.replayed}"
+        if m.error is not None:
+            lines.append(f"| {env} | {m.agent} | {counts} | - | - | not compared: {m.error} |")
+            continue
+        why = m.reason or "equal"
+        if m.differing:
+            shown = [
+                f"`{path}` {theirs!r} / {ours!r}"
+                for path, (theirs, ours) in list(m.differing.items())[:SHOWN_FIGURES]
+            ]
+            more = len(m.differing) - len(shown)
+            why += f"; e.g. {', '.join(shown)}" + (f" and {more} more" if more > 0 else "")
+        lines.append(f"| {env} | {m.agent} | {counts} | {m.figures} | {len(m.differing)} | {why} |")
+    equal = sum(m.equal for _, m in compared)
+    lines += ["", f"Aggregate metrics equal for {equal} of {len(compared)} agents."]
+    return lines
+
+
+RAY_NODE_TIMEOUT = "The current node timed out during startup"
+"""Ray's error when its node does not come up within its fixed 30 s: load on the machine, not
+the environments (docs/conformance.md, "Load"), so the same stack is tried again."""
+RAY_ATTEMPTS = 3
+"""Starts of one stack that Ray's node timeout may cost before the stack counts as failed."""
+
+
+async def _run_batch(batch: list[str], options: dict[str, Any]) -> list[EnvReport]:
+    """`run_conformance(batch)`, tried again (up to `RAY_ATTEMPTS` starts in all) while Ray's
+    node times out during the start."""
+    for _ in range(RAY_ATTEMPTS - 1):
+        try:
+            return await run_conformance(batch, **options)
+        except StackError as e:
+            if RAY_NODE_TIMEOUT not in str(e):
+                raise
+            logger.warning("conformance: Ray's node timed out during the start (load); again")
+    return await run_conformance(batch, **options)
+
+
 async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
     """`run_conformance` on successive stacks of at most `STACK_ENVS` environments (in order).
 
     A stack that does not start (`StackError`) costs only the environments that broke it: a
     batch that fails is run again one environment per stack, and an environment whose own stack
-    fails gets `EnvReport.start_error` (the run goes on). Bad input (`ConfigError`, e.g. an
-    unknown name) ends the run at the batch holding it, before that batch's stack starts."""
+    fails gets `EnvReport.start_error` (the run goes on). A start that fails because Ray's node
+    timed out (`RAY_NODE_TIMEOUT`: the machine's load) is first tried again as it was. Bad
+    input (`ConfigError`, e.g. an unknown name) ends the run at the batch holding it, before
+    that batch's stack starts."""
     names = list(dict.fromkeys(envs))
     batches = [names[i : i + STACK_ENVS] for i in range(0, len(names), STACK_ENVS)]
     reports: list[EnvReport] = []
@@ -604,7 +917,7 @@ async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
         if len(batches) > 1:
             logger.info("conformance: stack %d/%d: %s", number, len(batches), ", ".join(batch))
         try:
-            reports += await run_conformance(batch, **options)
+            reports += await _run_batch(batch, options)
             continue
         except StackError as e:
             if len(batch) == 1:
@@ -617,7 +930,7 @@ async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
             )
         for name in batch:
             try:
-                reports += await run_conformance([name], **options)
+                reports += await _run_batch([name], options)
             except StackError as e:
                 logger.warning("conformance: the stack of %s did not start", name)
                 reports.append(EnvReport(name, start_error=_start_error_line(str(e))))

@@ -9,6 +9,7 @@ the lifecycle those servers share (runner, bound port, `start`/`stop`, `async wi
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
 from typing import ClassVar, Self
@@ -19,6 +20,16 @@ from aiohttp import web
 LOOPBACK = "127.0.0.1"
 LINGERING_TIME = 2.0
 """Seconds a server goes on reading (and dropping) a body it answered before reading it whole."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address without brackets) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def free_port(host: str = LOOPBACK) -> int:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.net import is_loopback
 
 TOKEN_VAR = "RAY_AUTH_TOKEN"
 TOKEN_PATH_VAR = "RAY_AUTH_TOKEN_PATH"
@@ -85,15 +86,6 @@ def parse_ray_address(text: str) -> str:
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

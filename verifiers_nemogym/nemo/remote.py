@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import os
@@ -48,7 +47,7 @@ from verifiers_nemogym.nemo.catalog import (
     server_urls,
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
-from verifiers_nemogym.net import LOOPBACK
+from verifiers_nemogym.net import LOOPBACK, is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -94,15 +93,6 @@ def _reachable(url: str, what: str, head_host: str, head_url: str) -> str:
     return parts._replace(netloc=f"{host}:{port}").geturl()
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteStack:
     """See the module contract. `proxy_port` 0 means "the port the stack's policy_model names"."""
     head_url = url.rstrip("/")
@@ -130,7 +120,7 @@ async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteS
         # This process connects to the `/run` target only (an environment server reaches its
         # agent on the stack's own machine), so only the target's address must be routable.
         host = urlsplit(target).hostname or ""
-        if _is_loopback(host) and not _is_loopback(parts.hostname):
+        if is_loopback(host) and not is_loopback(parts.hostname):
             server = "agent" if target == agents[name] else "environment server fronting agent"
             raise ConfigError(
                 f"the {server} {name!r} of the stack at {head_url} listens on {host} of that "
@@ -147,7 +137,7 @@ async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteS
     matches_host = (
         policy_host == proxy_host
         or proxy_host in _WILDCARD
-        or (_is_loopback(policy_host) and _is_loopback(proxy_host))
+        or (is_loopback(policy_host) and is_loopback(proxy_host))
     )
     if not matches_host or (proxy_port and proxy_port != policy_port):
         raise ConfigError(

@@ -36,7 +36,6 @@ and the route: a retried call that succeeds leaves no failure. Any other 4xx is 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hmac
 import logging
@@ -85,8 +84,6 @@ class ProxyLimits:
     free connection of the pool)."""
     call_timeout: float = 3600.0
     """Seconds one model call may take upstream before the proxy answers 504."""
-    remembered_routes: int = 100_000
-    """Finished route ids remembered, so their late calls get 410 rather than 404."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """How a call that failed transiently is retried (`retry.RetryPolicy`: the OpenAI SDK's
     curve; a `Retry-After` beyond its `max_retry_after` is not waited for: the error stands)."""
@@ -189,7 +186,10 @@ class NeMoGymModelProxy(AppServer):
         self.rollout_path_calls = 0
         """Of those, calls that arrived as `/ng-rollout/<id>/v1/...`."""
         self._routes: dict[str, Route] = {}
-        self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # Route ids are `<this proxy's prefix>-<n>` for the n-th route opened, so "finished" is
+        # "ours, opened, no longer open": known for every route ever closed, in no memory.
+        self._id_prefix = secrets.token_hex(8)
+        self._opened = 0
         self._protected = False
         self._connector: aiohttp.TCPConnector | None = None
         self._bodies = wire.BodyReader(self.limits.max_body_bytes)
@@ -225,7 +225,6 @@ class NeMoGymModelProxy(AppServer):
         self,
         endpoint: str,
         secret: str,
-        route_id: str | None = None,
         *,
         stop_condition: Callable[[], str | None] | None = None,
         train: bool = False,
@@ -236,12 +235,10 @@ class NeMoGymModelProxy(AppServer):
         `train`: Responses calls go to the endpoint as Chat Completions (see module doc)."""
         if self._connector is None:
             raise RuntimeError("NeMoGymModelProxy.open_route() before start()")
-        # Hex: a route id is also NeMo Gym's rollout id, a path segment (ROLLOUT_ID_PATTERN).
-        route_id = route_id or secrets.token_hex(16)
-        if not ROLLOUT_ID_PATTERN.match(route_id):
-            raise ValueError(f"route id {route_id!r} does not match {ROLLOUT_ID_PATTERN.pattern}")
-        if route_id in self._routes:
-            raise ValueError(f"route {route_id!r} is already open")
+        # Hex and a dash: a route id is also NeMo Gym's rollout id, a path segment
+        # (ROLLOUT_ID_PATTERN). Guessable on purpose: every call proves itself with the secret.
+        route_id = f"{self._id_prefix}-{self._opened:x}"
+        self._opened += 1
         session = aiohttp.ClientSession(
             connector=self._connector,
             connector_owner=False,
@@ -266,9 +263,6 @@ class NeMoGymModelProxy(AppServer):
         closing = self._routes.pop(route_id, None)
         if closing is None:
             return 0
-        self._finished[route_id] = None
-        while len(self._finished) > self.limits.remembered_routes:
-            self._finished.popitem(last=False)
         redact.forget(closing.bearer)
         # Its calls still upstream (a rollout that hit its deadline on a hung model) would hold
         # a pooled connection until `call_timeout`: cancel them; their agents get 410.
@@ -319,9 +313,19 @@ class NeMoGymModelProxy(AppServer):
             return json_error(404, f"unknown route {route_id!r}", "unknown_route")
         if (route := self._routes.get(route_id)) is not None:
             return route
-        if route_id in self._finished:
+        if self._was_opened(route_id):
             return json_error(410, f"route {route_id!r} has finished", "route_finished")
         return json_error(404, f"unknown route {route_id!r}", "unknown_route")
+
+    def _was_opened(self, route_id: str) -> bool:
+        """Whether this proxy ever opened `route_id` (see `_id_prefix`)."""
+        prefix, dash, number = route_id.partition("-")
+        try:
+            n = int(number, 16)
+        except ValueError:
+            return False
+        # The canonical spelling only: int() also takes "0x1f", "1_f", " 1f".
+        return prefix == self._id_prefix and bool(dash) and f"{n:x}" == number and n < self._opened
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         path_id = request.match_info.get("rollout_id")

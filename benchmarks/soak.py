@@ -254,13 +254,14 @@ def main() -> None:
         # glibc's arenas: per-thread heaps a long-lived threaded process fragments (docs).
         "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX"),
     }
+    path = args.out or RESULTS / f"{day}-soak.json"
     for side in sides:
         began = time.monotonic()
         result[side] = asyncio.run(run_child(side, args.rollouts, args.in_flight, args.window))
         result[side]["wall_s"] = time.monotonic() - began
-    result["load_average_end"] = os.getloadavg()
-    path = args.out or RESULTS / f"{day}-soak.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+        result["load_average_end"] = os.getloadavg()
+        # Written after each side: a long soak's first side survives a stop during the second.
+        path.write_text(json.dumps(result, indent=2) + "\n")
     for side in sides:
         print(side, json.dumps(result[side]["growth_per_10k"]))
     print(f"wrote {path}")

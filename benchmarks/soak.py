@@ -160,7 +160,8 @@ async def run_side(side: str, total: int, in_flight: int, window: int) -> dict[s
                     raise RuntimeError(f"rollout failed: {episode.errors}")
 
             async with env.serving():
-                assert isinstance(env.stack, PrivateStack)
+                if not isinstance(env.stack, PrivateStack):  # start() logs and carries on
+                    raise RuntimeError(f"the stack did not start: {env.start_error}")
                 samples, errors, first = await soak(env.stack.process, ours)
         else:
             port = int(policy.info["port"])

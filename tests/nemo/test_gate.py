@@ -7,6 +7,8 @@ to the env process's real proxy (the model is the scripted policy)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import ssl
 import stat
@@ -18,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers import until
 
 from verifiers_nemogym import tls
 from verifiers_nemogym.bridge.front import FrontForwarder
@@ -284,3 +287,50 @@ async def test_a_link_is_lost_only_when_the_host_goes_down_or_stops_listening(
             assert left.reason.endswith("stopped listening") and left.links == 1
         finally:
             await left.close()
+
+
+STALL_S = 8.0
+"""How long the env process is stopped: what a busy 2-core machine did to one (a lease the host
+ended mid-run at load 15, benchmarks/link.py), well within `tls.LINK_TIMEOUT` of silence."""
+
+_HOLD_A_LEASE = """
+import asyncio, sys
+from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.nemo.remote import GateLink, describe_gate
+
+async def main() -> None:
+    target = await describe_gate(sys.argv[1], sys.argv[2], None)
+    async with NeMoGymModelProxy() as proxy:
+        link = GateLink(target, proxy.url, proxy.secret)
+        await link.open()
+        print("open", flush=True)
+        await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_stalled_env_process_keeps_its_lease(gate: tuple[Gate, ScriptedPolicy]) -> None:
+    """An env process that does not run for seconds (a loaded machine) has not lost its link:
+    its kernel still acknowledges, so the host keeps the lease and the model calls it carries.
+    Links that stop acknowledging are what the host ends (`tls.LINK_TIMEOUT`; the cut link of
+    tests/stack/test_across_hosts.py)."""
+    made, _ = gate
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLD_A_LEASE, made.gate.url, made.gate.pin,
+        env={**os.environ, tls.TOKEN_ENV_VAR: made.token}, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"open\n"
+        await until(lambda: len(made.gate.users) == 1, 10, "the lease")
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(STALL_S)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        await asyncio.sleep(1.0)
+        assert len(made.gate.users) == 1 and made.changes == 1  # attached once, never left
+    finally:
+        proc.kill()
+        await proc.wait()

@@ -18,9 +18,10 @@ on the host's loopback. The wire (`GateLink` in `nemo/remote.py` is the client):
   call the front passes there rides this WebSocket to the env process (a binary `frame`:
   `{"id", "path", "headers"}` + body) and its answer rides back (`{"id", "status",
   "content_type"}` + body). So the env process needs no listener of its own, and the lease and
-  its model calls live and die together: WebSocket pings every `HEARTBEAT` s end a link that
-  stopped answering; its calls are then answered 410 (as the front answers for a gone user),
-  and the env process connects again. Lease events (`lease.down_event`,
+  its model calls live and die together: a link that stops acknowledging ends within
+  `tls.LINK_TIMEOUT` s at both ends (TCP keepalive), one whose peer process stops answering
+  pings for `HEARTBEAT` s and a half ends too; its calls are then answered 410 (as the front
+  answers for a gone user), and the env process connects again. Lease events (`lease.down_event`,
   `lease.judge_failed_event`) go to remote users as text messages.
 
 Why a channel the env process opens rather than a listener on each env host: one port and one
@@ -52,8 +53,11 @@ from verifiers_nemogym.net import LOOPBACK, AppServer
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT = 5.0
-"""Seconds between WebSocket pings on a lease; one unanswered for half that ends it."""
+HEARTBEAT = 30.0
+"""Seconds between WebSocket pings on a lease; one unanswered for half that ends it. Long on
+purpose: a lost link is found by both ends' kernels within `tls.LINK_TIMEOUT` (keepalive), and a
+ping only catches a peer whose kernel answers while the process does not; a short one (5 s)
+ended leases of env processes that a loaded machine did not run for 2.5 s."""
 HELLO_TIMEOUT = 10.0
 """Seconds a new lease may take to say hello."""
 MAX_FRAME_BYTES = wire.MAX_BODY_BYTES + (1 << 20)
@@ -260,6 +264,8 @@ class StackGate(AppServer):
 
     async def _lease(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(heartbeat=HEARTBEAT, max_msg_size=MAX_FRAME_BYTES)
+        if request.transport is not None and (sock := request.transport.get_extra_info("socket")):
+            tls.set_keepalive(sock)  # this end, too, learns of a lost link from its kernel
         await ws.prepare(request)
         user: RemoteUser | None = None
         try:

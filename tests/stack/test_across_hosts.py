@@ -25,13 +25,13 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import run_command, run_tag, script
 
+from benchmarks.netns import A, B, Hosts, handover
 from verifiers_nemogym import tls
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.harness import LOST_RUN_HINT
@@ -42,7 +42,6 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 ENV = "example_single_tool_call"
 AGENT = f"{ENV}_simple_agent"
-A, B, C = "10.77.0.1", "10.77.0.2", "10.77.0.3"
 PORT = 8443
 CANARY = f"plaintext-canary-{uuid.uuid4().hex[:12]}"
 """In every row's prompt: found in the capture only if prompts crossed the link readable."""
@@ -55,85 +54,6 @@ the bound for the host to see the leases go."""
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
-
-def ip(*args: str) -> str:
-    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
-
-
-@dataclass
-class Hosts:
-    """Namespaces `<prefix>-a|b|c`: A and B each on a veth whose peer (`pa`, `pb`) is a port
-    of the bridge `br0` in C; C itself on the bridge by `vc`."""
-
-    prefix: str
-
-    def name(self, host: str) -> str:
-        return f"{self.prefix}-{host}"
-
-    def run(self, host: str) -> list[str]:
-        return ["ip", "netns", "exec", self.name(host)]
-
-    def create(self) -> None:
-        a, b, c = (self.name(h) for h in "abc")
-        for ns in (a, b, c):
-            ip("netns", "add", ns)
-        ip("-n", c, "link", "add", "br0", "type", "bridge")
-        ip("link", "add", "veth-a", "netns", a, "type", "veth", "peer", "name", "pa", "netns", c)
-        ip("link", "add", "veth-b", "netns", b, "type", "veth", "peer", "name", "pb", "netns", c)
-        ip("-n", c, "link", "add", "vc", "type", "veth", "peer", "name", "vcb")
-        for port in ("pa", "pb", "vcb"):
-            ip("-n", c, "link", "set", port, "master", "br0")
-        for ns, dev, address in ((a, "veth-a", A), (b, "veth-b", B), (c, "vc", C)):
-            ip("-n", ns, "addr", "add", f"{address}/24", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        for dev in ("br0", "pa", "pb", "vcb"):
-            ip("-n", c, "link", "set", dev, "up")
-
-    def link_of_b(self, up: bool) -> None:
-        ip("-n", self.name("c"), "link", "set", "pb", "up" if up else "down")
-
-    def pids(self) -> dict[str, list[int]]:
-        found = {}
-        for host in "abc":
-            with contextlib.suppress(subprocess.CalledProcessError):
-                found[host] = [int(p) for p in ip("netns", "pids", self.name(host)).split()]
-        return found
-
-    def listeners(self, host: str) -> list[tuple[str, int]]:
-        """(address, port) of every listening TCP socket in the namespace of `host`."""
-        out = subprocess.run(
-            [*self.run(host), sys.executable, "-c", LISTENERS],
-            check=True, capture_output=True, text=True,
-        ).stdout  # fmt: skip
-        return [(a, int(p)) for a, p in json.loads(out)]
-
-    def destroy(self) -> None:
-        """Last resort after a failure: what still runs in the namespaces (all started by
-        this test) is killed; then the namespaces go."""
-        for pids in self.pids().values():
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        for host in "abc":
-            with contextlib.suppress(subprocess.CalledProcessError):
-                ip("netns", "del", self.name(host))
-
-
-LISTENERS = r"""
-import json, socket, struct
-found = []
-for path, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
-    for line in open(path).read().splitlines()[1:]:
-        local, state = line.split()[1], line.split()[3]
-        if state != "0A":
-            continue
-        raw, port = local.split(":")
-        packed = bytes.fromhex(raw)
-        words = [packed[i:i + 4][::-1] for i in range(0, len(packed), 4)]
-        found.append((socket.inet_ntop(family, b"".join(words)), int(port, 16)))
-print(json.dumps(found))
-"""
 
 CAPTURE = r"""
 import signal, socket, sys
@@ -395,11 +315,10 @@ async def test_stack_on_one_host_env_servers_on_another(
         up = True
         print(f"\nstack up --listen in host A: {time.monotonic() - began:.0f} s")
         url = f"https://{A}:{PORT}"
-        pin = re.search(r"--env\.taskset\.stack-pin (sha256:[0-9a-f]{64})", output)
-        token_path = re.search(r"access token: the file (\S+) \(mode 0600", output)
-        assert f"--env.taskset.stack-url {url} " in output and pin and token_path, output
+        given = handover(output)
+        assert given is not None and given.url == url, output
         directory = stack_directory(nemo_venv)
-        assert Path(token_path.group(1)) == directory / tls.TOKEN_FILE
+        assert Path(given.token_file) == directory / tls.TOKEN_FILE
         token = (directory / tls.TOKEN_FILE).read_text().strip()
         for private in (tls.TOKEN_FILE, tls.KEY_FILE):
             assert stat.S_IMODE((directory / private).stat().st_mode) == 0o600
@@ -421,7 +340,7 @@ async def test_stack_on_one_host_env_servers_on_another(
         (tmp_path / "tasks.json").write_text(json.dumps(tasks))
         taskset = {
             "id": "nemo-gym-env", "nemo_env": [ENV], "jsonl_path": str(rows_file),
-            "stack_url": url, "stack_pin": pin.group(1), "stack_token_file": str(token_copy),
+            "stack_url": url, "stack_pin": given.pin, "stack_token_file": str(token_copy),
         }  # fmt: skip
         driver = await Driver.start(
             hosts,
@@ -439,8 +358,8 @@ async def test_stack_on_one_host_env_servers_on_another(
         info = await host_status(nemo_venv)
         assert info is not None and info["remote_users"] == 2 and info["users"] == 0, info
         code, shown = await run_command([cli, "stack", "status"], env, 120)
-        assert code == 0 and f"at {url}" in shown and pin.group(1) in shown, shown
-        assert token_path.group(1) in shown and token not in shown
+        assert code == 0 and f"at {url}" in shown and given.pin in shown, shown
+        assert given.token_file in shown and token not in shown
         leases = info["remote_users"]
         marker = f"{MARKER_ENV_VAR}={info['marker']}"
 

@@ -9,13 +9,18 @@ the lifecycle those servers share (runner, bound port, `start`/`stop`, `async wi
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 import ssl
-from typing import ClassVar, Self
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import aiohttp
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from verifiers_nemogym.bridge.wire import ConnectionGate
 
 LOOPBACK = "127.0.0.1"
 LINGERING_TIME = 2.0
@@ -46,6 +51,7 @@ async def serve_app(
     *,
     shutdown_timeout: float = 60.0,
     ssl_context: ssl.SSLContext | None = None,
+    gate: ConnectionGate | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Serve `app` on `host:port` (0 = a free port) until the returned runner's `cleanup()`.
 
@@ -54,10 +60,18 @@ async def serve_app(
     is deep enough for hundreds of rollouts connecting at once. `shutdown_timeout` bounds how
     long `cleanup()` waits for handlers still running (e.g. a deliberately hung answer).
     `ssl_context`: serve TLS with it (only the shared stack's `--listen` listener does).
+    `gate`: accept connections through it (`wire.ConnectionGate`: what callers without a
+    credential make aiohttp buffer is bounded), with its request-handler options.
     Raises OSError if the port cannot be bound (nothing is left running then).
     """
-    runner = web.AppRunner(
+    handler_args: Mapping[str, Any] = {}
+    if gate is not None:
+        app.on_response_prepare.append(gate.on_response_prepare)
+        handler_args = gate.handler_args
+    runner = _Runner(
         app,
+        gate,
+        **handler_args,
         access_log=None,
         handle_signals=False,
         shutdown_timeout=shutdown_timeout,
@@ -73,6 +87,22 @@ async def serve_app(
         await runner.cleanup()
         raise
     return runner, int(runner.addresses[0][1])
+
+
+class _Runner(web.AppRunner):
+    """An `AppRunner` whose sites accept connections through `gate`, if any: a site makes its
+    listening socket's protocols with the runner's `server` (aiohttp's `TCPSite.start`)."""
+
+    def __init__(self, app: web.Application, gate: ConnectionGate | None, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._gate = gate
+
+    @property
+    def server(self) -> Callable[[], asyncio.BaseProtocol] | None:  # type: ignore[override]
+        server = super().server
+        if server is None or self._gate is None:
+            return server
+        return self._gate.protocol_factory(server)
 
 
 class AppServer:
@@ -126,7 +156,13 @@ class AppServer:
             self.port,
             shutdown_timeout=self.shutdown_timeout,
             ssl_context=self.ssl_context,
+            gate=self._gate(),
         )
+
+    def _gate(self) -> ConnectionGate | None:
+        """The gate to accept connections through (`serve_app`); None: none (servers whose
+        callers are trusted, e.g. model doubles)."""
+        return None
 
     async def stop(self) -> None:
         """Stop serving (waits up to `shutdown_timeout` for running handlers). Idempotent."""

@@ -15,15 +15,18 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from helpers import unauthenticated_load, until
 
 from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.wire import (
+    CONNECTIONS_SHARE,
     READ_CHUNK,
     SECRET_KEY,
     UNAUTHENTICATED_BUDGET,
     ByteBudget,
+    ConnectionGate,
     route_metadata,
 )
 from verifiers_nemogym.judge.endpoint import Judge
@@ -34,8 +37,8 @@ from verifiers_nemogym.policies.judge import ScriptedJudge
 
 MB = 1024 * 1024
 PIECE = b"x" * READ_CHUNK
-PER_CONNECTION = 0.5
-"""MB a connection sending a body may cost besides the budget (measured: 0.36)."""
+CALLERS = 64
+"""Concurrent callers without a credential per listener."""
 
 
 async def _unauthenticated(size: int, secret: bytes = b"wrong") -> AsyncIterator[bytes]:
@@ -54,8 +57,14 @@ async def _status(http: aiohttp.ClientSession, url: str, data: Any, **kw: Any) -
 
 
 @pytest.fixture
-async def listeners() -> AsyncIterator[dict[str, str]]:
-    """The three listeners, each's model-call URL; the front knows the proxy."""
+async def listeners(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[dict[str, str]]:
+    """The three listeners, each's model-call URL; the front knows the proxy. Parametrized
+    indirectly: the seconds aiohttp gives a connection to send a whole request head."""
+    if (head_timeout := getattr(request, "param", None)) is not None:
+        handler_args = {**ConnectionGate.handler_args, "keepalive_timeout": head_timeout}
+        monkeypatch.setattr(ConnectionGate, "handler_args", handler_args)
     async with (
         ScriptedJudge() as judge,
         JudgeRelay(Judge(base_url=judge.base_url, model="m")) as relay,
@@ -71,31 +80,110 @@ async def listeners() -> AsyncIterator[dict[str, str]]:
 
 
 async def test_unauthenticated_load_on_every_listener_holds_at_most_the_budget(listeners):
-    """12 concurrent 4 MB bodies without a credential to each listener (144 MB in all): each
-    answered 401, and this process's Python memory (servers and clients together) peaks under
-    the 16 MiB budget plus `PER_CONNECTION` for each connection (aiohttp's own buffer, up to
-    its high-water mark and one socket read, before it stops reading; the clients' buffers).
-    Reading bodies whole, as before, peaked at over 100 MB."""
+    """64 concurrent 4 MB bodies without a credential to each listener (192 connections, 768 MB
+    in all), sent from another process: each answered 401, and this process's Python memory
+    (the three listeners) peaks under the 16 MiB budget: what aiohttp buffers for the
+    connections it reads (8 at once, `ConnectionGate`) and the bodies read (`BodyReader`).
+    Without the gate, aiohttp's own buffer of each connection came on top (up to 0.36 MB)."""
+    gate = wire.shared_gate()
+    gate.budget.peak = 0
     tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        async with aiohttp.ClientSession() as http:
-            statuses = await asyncio.gather(
-                *(
-                    _status(http, url, _unauthenticated(4 * MB))
-                    for url in listeners.values()
-                    for _ in range(12)
-                )
-            )
+        statuses = await unauthenticated_load(list(listeners.values()), CALLERS, 4 * MB)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert set(statuses) == {401}, statuses
+    assert statuses == [401] * len(listeners) * CALLERS, statuses
     growth = (peak - base) / MB
-    bound = UNAUTHENTICATED_BUDGET / MB + len(statuses) * PER_CONNECTION
-    print(f"peak Python memory growth {growth:.1f} MB, bound {bound:.1f} MB")
-    assert growth < bound, f"peak Python memory grew {growth:.1f} MB (bound {bound:.1f})"
+    print(f"peak Python memory growth {growth:.1f} MB for {len(statuses)} connections")
+    assert growth < UNAUTHENTICATED_BUDGET / MB, f"peak Python memory grew {growth:.1f} MB"
+    assert gate.budget.peak == CONNECTIONS_SHARE and gate.budget.used == 0
+
+
+@pytest.mark.parametrize("listeners", [1.0], indirect=True)
+async def test_slow_large_request_heads_hold_at_most_the_connections_share(listeners):
+    """64 connections to each listener send a 250 KB request head (62 header lines of 4 KB,
+    within aiohttp's limits for our listeners, `HEAD_LIMITS`) and never finish it: aiohttp
+    reads 8 at once (`ConnectionGate`), so this process's Python memory peaks under the gate's
+    share of the budget (8 MiB; without the gate, every head is read: about 0.6 MB each with
+    aiohttp's copies); aiohttp hangs up on each once its head is late (1 s here, 30 s served),
+    the waiting ones too, and every allowance comes back."""
+    gate = wire.shared_gate()
+    gate.budget.peak = 0
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        answers = await unauthenticated_load(
+            list(listeners.values()), CALLERS, 62 * 4016, heads=True, timeout=60
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert set(answers) == {"closed"}, answers
+    growth = (peak - base) / MB
+    print(f"peak Python memory growth {growth:.1f} MB for {len(answers)} connections")
+    assert growth < CONNECTIONS_SHARE / MB, f"peak Python memory grew {growth:.1f} MB"
+    assert gate.budget.peak == CONNECTIONS_SHARE and gate.budget.used == 0
+
+
+async def test_connections_beyond_the_gate_are_not_read():
+    """With the gate's share held (8 heads never finished), 200 more connections each sending
+    a head and 64 KB of body wait unread: each costs this process under 16 KB (its transport
+    and aiohttp handler objects, and the client's end, which is here too), not its bytes."""
+    async with NeMoGymModelProxy() as proxy:
+        gate, writers = proxy._bodies.gate, []
+        for _ in range(CONNECTIONS_SHARE // gate.allowance):
+            _, writer = await asyncio.open_connection(proxy.host, proxy.port)
+            writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\n")
+            writers.append(writer)
+        await until(lambda: gate.budget.used == CONNECTIONS_SHARE, 5, "the share to be held")
+        head = b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+        tracemalloc.start()
+        try:
+            base, _ = tracemalloc.get_traced_memory()
+            for _ in range(200):
+                _, writer = await asyncio.open_connection(proxy.host, proxy.port)
+                writer.write(head + b"x" * 65536)
+                writers.append(writer)
+            await until(lambda: len(gate._waiting) == 200, 10, "200 connections to wait")
+            await asyncio.sleep(0.5)  # time to read them, were they read
+            used, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        per_connection = (used - base) / 200 / 1024
+        print(f"{per_connection:.1f} KB per waiting connection")
+        assert per_connection < 16, f"{per_connection:.1f} KB per waiting connection"
+        for writer in writers:
+            writer.close()
+        await until(lambda: gate.budget.used == 0 and not gate._waiting, 10, "all to leave")
+
+
+async def test_an_admitted_connection_leaves_the_gate_and_a_refused_one_is_closed():
+    """A caller with its credential holds an allowance only until it is admitted, and keeps its
+    connection for its next call; a caller answered without being admitted has its connection
+    closed with the answer (`Connection: close`), and its allowance comes back."""
+    async with (
+        ScriptedJudge() as judge,
+        JudgeRelay(Judge(base_url=judge.base_url, model="m")) as relay,
+        aiohttp.ClientSession() as http,
+    ):
+        gate = wire.shared_gate()
+        call = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}]}
+        auth = {"Authorization": f"Bearer {relay.token}"}
+        url = f"{relay.base_url}/chat/completions"
+        for _ in range(2):
+            async with http.post(url, json=call, headers=auth) as r:
+                assert r.status == 200 and "Connection" not in r.headers
+            assert gate.budget.used == 0 and len(http.connector._conns) == 1  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as other:  # its own connections
+            async with other.get(relay.url) as r:  # `GET /`, no credential needed
+                assert r.status == 200 and r.headers["Connection"] == "close"
+            async with other.post(url, json=call) as r:
+                assert r.status == 401 and r.headers["Connection"] == "close"
+        await until(lambda: gate.budget.used == 0, 5, "the refused connections to close")
 
 
 async def test_readers_beyond_the_budget_wait_and_tcp_pushes_back():

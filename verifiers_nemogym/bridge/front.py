@@ -53,6 +53,9 @@ class FrontForwarder(AppServer):
         self._bodies = wire.BodyReader()
         """Reads call bodies in bounded memory until their secret is known (`wire.BodyReader`)."""
 
+    def _gate(self) -> wire.ConnectionGate:
+        return self._bodies.gate
+
     def _app(self) -> web.Application:
         return wire.model_call_app(self._forward)
 

@@ -195,6 +195,9 @@ class NeMoGymModelProxy(AppServer):
         self._bodies = wire.BodyReader(self.limits.max_body_bytes)
         """Reads call bodies in bounded memory until their secret is known (`wire.BodyReader`)."""
 
+    def _gate(self) -> wire.ConnectionGate:
+        return self._bodies.gate
+
     def _app(self) -> web.Application:
         return wire.model_call_app(self._forward, max_body_bytes=self.limits.max_body_bytes)
 

@@ -14,9 +14,9 @@ Contract: a model call is either
 `<tail>` is `responses`, `chat/completions` or `messages` (Anthropic), streaming or not.
 `GET /` answers NeMo Gym's readiness poll without credentials. Every refusal is a JSON error body
 with a status NeMo Gym does not retry forever. Every listener of ours (these two, the judge
-relay) reads a body through a `BodyReader`: callers without a credential hold at most
-`UNAUTHENTICATED_BUDGET` bytes of a process's memory, all listeners and callers together;
-admitted ones get `MAX_BODY_BYTES` per body.
+relay) is served through a `ConnectionGate` and reads a body through a `BodyReader`: callers
+without a credential hold at most `UNAUTHENTICATED_BUDGET` bytes of a process's memory, all
+listeners and callers together; admitted ones get `MAX_BODY_BYTES` per body.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import re
 import tempfile
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from aiohttp import web
 
@@ -128,8 +128,20 @@ _SECRETS_LOOKED_AT = 4
 """How many secret-shaped entries of one body are tried (a body may quote an earlier turn)."""
 
 UNAUTHENTICATED_BUDGET = 16 * 1024 * 1024
-"""Bytes of request bodies a process's listeners hold in memory for all their callers not (yet)
-authenticated together, whatever their number and sizes (`BodyReader`, `shared_budgets`)."""
+"""Bytes a process's listeners hold in memory for all their callers not (yet) authenticated
+together, whatever their number and sizes: `CONNECTIONS_SHARE` for aiohttp's own buffers of
+the connections being read (`ConnectionGate`), the rest for the bodies read (`BodyReader`)."""
+CONNECTIONS_SHARE = 8 * 1024 * 1024
+"""The part of `UNAUTHENTICATED_BUDGET` for connections whose caller is not yet admitted."""
+CONNECTION_ALLOWANCE = 1024 * 1024
+"""Bytes one connection not yet admitted may make aiohttp hold, counted whole from the
+`CONNECTIONS_SHARE` while it is read: a request head (`HEAD_LIMITS`: 256 KiB of header lines,
+about 0.65 MB with aiohttp's copies), the payload buffer (up to twice `read_bufsize`, 128 KiB)
+and one socket read (256 KiB). So 8 such connections are read at once."""
+HEAD_LIMITS = {"max_line_size": 8190, "max_field_size": 4096, "max_headers": 64}
+"""aiohttp's request-head limits for our listeners (aiohttp answers 400 beyond), which bound a
+head to 64 header lines of 4 KiB (aiohttp's defaults: 128 of 8 KiB, 1 MiB); the agents' SDKs
+send under 30 lines of well under 1 KiB each."""
 READ_CHUNK = 64 * 1024
 """Bytes read from a body at a time (what one reader takes from the budget per read)."""
 KEPT_IN_MEMORY = 1024 * 1024
@@ -191,21 +203,152 @@ class ByteBudget:
         self.peak = max(self.peak, self.used)
 
 
-_SHARED_BUDGETS: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, tuple[ByteBudget, ByteBudget]
-] = weakref.WeakKeyDictionary()
+class ConnectionGate:
+    """Reads a listener's connections whose caller is not yet admitted only while they hold a
+    `CONNECTION_ALLOWANCE` from `budget`: what aiohttp buffers for them (request head, payload
+    buffer, socket reads) is then at most `budget.limit`, whatever their number.
+
+    Each accepted connection takes its allowance before its first byte is read; when `budget`
+    is spent, its transport stops reading (the kernel holds what the sender sent, TCP makes it
+    wait) until an allowance is free, first come first served. `admitted(request)` (the caller's
+    credential was accepted, `BodyReader`) gives it back: an admitted connection is read as
+    before, at full speed, for the rest of its life. A connection answered without being
+    admitted (a refusal, `GET /`) is closed after that answer (`on_response_prepare`), and its
+    allowance comes back when it is gone. aiohttp closes a connection that has not sent a
+    whole request head `UNAUTHENTICATED_READ_TIMEOUT` s after it was accepted, waiting for an
+    allowance included (`handler_args`, its keep-alive timeout), so nobody holds one for long
+    without sending. Serve through it with `net.serve_app(..., gate=...)`.
+    """
+
+    def __init__(self, budget: ByteBudget, allowance: int = CONNECTION_ALLOWANCE) -> None:
+        self.budget = budget
+        self.allowance = allowance
+        self._holding: set[asyncio.BaseProtocol] = set()
+        """aiohttp handlers (one per connection) holding an allowance."""
+        self._waiting: dict[asyncio.BaseProtocol, asyncio.Task[None]] = {}
+        """Handlers whose transport is paused until an allowance is free."""
+
+    handler_args: ClassVar[Mapping[str, Any]] = {
+        **HEAD_LIMITS,
+        "keepalive_timeout": UNAUTHENTICATED_READ_TIMEOUT,
+    }
+    """aiohttp request-handler options for listeners behind a gate (`web.AppRunner` kwargs)."""
+
+    def protocol_factory(
+        self, inner: Callable[[], asyncio.BaseProtocol]
+    ) -> Callable[[], asyncio.Protocol]:
+        """A protocol factory for the listening socket: aiohttp's `inner` handlers, gated."""
+        return lambda: _GatedConnection(inner(), self)
+
+    def holds(self, request: web.BaseRequest) -> bool:
+        """Whether the connection of `request` is not admitted (holds or awaits an allowance)."""
+        handler = request.protocol
+        return handler in self._holding or handler in self._waiting
+
+    def admitted(self, request: web.BaseRequest) -> None:
+        """The caller of `request` is admitted: its connection is read freely from now on."""
+        self._leave(request.protocol)
+
+    async def on_response_prepare(self, request: web.BaseRequest, response: Any) -> None:
+        """`web.Application.on_response_prepare`: an answer to a caller not admitted closes its
+        connection (which gives its allowance back) rather than keep it open for another."""
+        if self.holds(request):
+            response.force_close()
+            # aiohttp writes its `Connection` header before this signal: told here, the client
+            # does not send its next call on a connection about to close.
+            response.headers["Connection"] = "close"
+
+    def _opened(self, handler: asyncio.BaseProtocol, transport: asyncio.BaseTransport) -> None:
+        if self.budget.try_take(self.allowance):
+            self._holding.add(handler)
+            return
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()  # before its first read: nothing of it is buffered here
+        self._waiting[handler] = asyncio.ensure_future(self._admit_when_free(handler, transport))
+
+    async def _admit_when_free(
+        self, handler: asyncio.BaseProtocol, transport: asyncio.ReadTransport
+    ) -> None:
+        await self.budget.take(self.allowance)
+        del self._waiting[handler]
+        self._holding.add(handler)
+        transport.resume_reading()
+
+    def _leave(self, handler: asyncio.BaseProtocol | None) -> None:
+        if handler in self._holding:
+            self._holding.discard(handler)
+            self.budget.give(self.allowance)
+        elif (waiter := self._waiting.pop(handler, None)) is not None:  # type: ignore[arg-type]
+            waiter.cancel()  # `ByteBudget.take` gives back an allowance granted meanwhile
+
+
+class _GatedConnection(asyncio.Protocol):
+    """An aiohttp request handler (`inner`) whose connection passes `gate`."""
+
+    __slots__ = ("_gate", "_inner")
+
+    def __init__(self, inner: asyncio.BaseProtocol, gate: ConnectionGate) -> None:
+        assert isinstance(inner, asyncio.Protocol)
+        self._inner = inner
+        self._gate = gate
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._inner.connection_made(transport)  # the transport's first read is still to come
+        self._gate._opened(self._inner, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._gate._leave(self._inner)
+        self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+@dataclass(frozen=True)
+class _Shared:
+    bodies: ByteBudget
+    spooled: ByteBudget
+    gate: ConnectionGate
+
+
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Shared] = weakref.WeakKeyDictionary()
+
+
+def _shared() -> _Shared:
+    loop = asyncio.get_running_loop()
+    if (shared := _SHARED.get(loop)) is None:
+        shared = _Shared(
+            ByteBudget(UNAUTHENTICATED_BUDGET - CONNECTIONS_SHARE),
+            ByteBudget(SPOOLED_BUDGET),
+            ConnectionGate(ByteBudget(CONNECTIONS_SHARE)),
+        )
+        _SHARED[loop] = shared
+    return shared
 
 
 def shared_budgets() -> tuple[ByteBudget, ByteBudget]:
-    """The `UNAUTHENTICATED_BUDGET` (memory) and `SPOOLED_BUDGET` (temporary files) all
-    listeners on the running event loop share: a process serves its listeners (the stack host:
-    the front and the judge relay) on one loop, so callers without a credential hold that much
-    of it at most, all listeners together."""
-    loop = asyncio.get_running_loop()
-    if (budgets := _SHARED_BUDGETS.get(loop)) is None:
-        budgets = (ByteBudget(UNAUTHENTICATED_BUDGET), ByteBudget(SPOOLED_BUDGET))
-        _SHARED_BUDGETS[loop] = budgets
-    return budgets
+    """The budgets all listeners on the running event loop share for bodies read before their
+    caller is admitted: memory (`UNAUTHENTICATED_BUDGET` but the `CONNECTIONS_SHARE`) and
+    temporary files (`SPOOLED_BUDGET`). A process serves its listeners (the stack host: the
+    front and the judge relay) on one loop, so callers without a credential hold that much of
+    it at most, all listeners together."""
+    shared = _shared()
+    return shared.bodies, shared.spooled
+
+
+def shared_gate() -> ConnectionGate:
+    """The `ConnectionGate` all listeners on the running event loop are served through (its
+    budget the `CONNECTIONS_SHARE`)."""
+    return _shared().gate
 
 
 @dataclass(frozen=True)
@@ -258,8 +401,9 @@ class _Scan:
 class BodyReader:
     """Reads the request bodies of one listener, admitting only callers with a credential, in
     bounded memory: what callers not yet authenticated hold in memory, all together, is at most
-    `budget.limit` bytes (by default the process's, `shared_budgets()`, 16 MiB); admitted callers
-    get up to `max_bytes` per body.
+    `budget.limit` bytes (by default the process's, `shared_budgets()`, 8 MiB); admitted callers
+    get up to `max_bytes` per body. An admitted call's connection leaves `gate` (by default the
+    process's, `shared_gate()`), which bounds what aiohttp buffers before the reader's reads.
 
     The credential is looked for where the wire puts it, cheapest first: the path (the caller
     checks it, `accepts=None`), the bearer header, then the body's secret entries
@@ -281,10 +425,12 @@ class BodyReader:
         max_bytes: int = MAX_BODY_BYTES,
         budget: ByteBudget | None = None,
         spooled: ByteBudget | None = None,
+        gate: ConnectionGate | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self._budget = budget
         self._spooled = spooled
+        self._gate = gate
 
     @property
     def budget(self) -> ByteBudget:
@@ -296,6 +442,12 @@ class BodyReader:
     def spooled(self) -> ByteBudget:
         """The budget of temporary files given, else the shared one (`shared_budgets`)."""
         return self._spooled or shared_budgets()[1]
+
+    @property
+    def gate(self) -> ConnectionGate:
+        """The connection gate given, else the one all listeners of the running event loop are
+        served through (`shared_gate`)."""
+        return self._gate or shared_gate()
 
     async def read(
         self,
@@ -368,6 +520,7 @@ class BodyReader:
         self, request: web.Request, read: bytes, secret: bytes | None, route: str | None
     ) -> Body:
         """`read` and the rest of the body of an admitted call, up to `max_bytes`."""
+        self.gate.admitted(request)
         pieces, size = [read], len(read)
         while piece := await request.content.readany():
             pieces.append(piece)

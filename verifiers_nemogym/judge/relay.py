@@ -99,6 +99,9 @@ class JudgeRelay(AppServer):
         self._retry = retry
         self._bodies = wire.BodyReader()
 
+    def _gate(self) -> wire.ConnectionGate:
+        return self._bodies.gate
+
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=wire.MAX_BODY_BYTES)
         app.router.add_get("/", wire.health)

@@ -7,7 +7,8 @@ on the host's loopback. The wire (`GateLink` in `nemo/remote.py` is the client):
 
 - Every request carries `Authorization: Bearer <token>`; one without it, or with another, is
   answered 401 before its body is read (a middleware, ahead of every handler), and learns
-  nothing else (no route, no agent name, no version).
+  nothing else (no route, no agent name, no version). Until then its connection is read within
+  the host's `wire.ConnectionGate`, as the front's and the judge relay's are.
 - `GET /stack`: the stack's description (`describe`: agents, NeMo Gym release, judge).
 - `POST /agents/<agent>/<tail>`: forwarded to `<the agent's /run target>/<tail>` on the host
   (rollouts' `/run`, NeMo Gym's `/aggregate_metrics`); an unknown agent is 404.
@@ -132,6 +133,9 @@ class _Relay(AppServer):
         self.port = 0
         self.users = users
 
+    def _gate(self) -> wire.ConnectionGate:
+        return wire.shared_gate()
+
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=wire.MAX_BODY_BYTES)
         app.router.add_post("/u/{key}/{tail:.*}", self._relay)
@@ -141,6 +145,7 @@ class _Relay(AppServer):
         user = self.users.get(request.match_info["key"])
         if user is None:
             return wire.json_error(410, "the env process owning this call has left", "gone")
+        wire.shared_gate().admitted(request)  # its key is its credential
         body = await request.read()
         path = "/" + request.match_info["tail"]
         if request.query_string:
@@ -188,6 +193,9 @@ class StackGate(AppServer):
         self._token = b""
         self._relay = _Relay(self.users)
         self._http: aiohttp.ClientSession | None = None
+
+    def _gate(self) -> wire.ConnectionGate:
+        return wire.shared_gate()
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=wire.MAX_BODY_BYTES, middlewares=[self._authorize])
@@ -238,6 +246,7 @@ class StackGate(AppServer):
         token = given[7:].encode("utf-8", "surrogateescape") if given.startswith("Bearer ") else b""
         if not self._token or not hmac.compare_digest(token, self._token):
             return wire.json_error(401, "missing or wrong access token", "unauthorized")
+        wire.shared_gate().admitted(request)
         return await handler(request)
 
     async def _stack(self, request: web.Request) -> web.Response:

@@ -76,15 +76,17 @@ async def run_all(
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 
 
-class TestOnOneSharedStack:
-    """Faults and load on the shared stack for ENV, started once for these tests (a lease held
-    by `held`): each test's env attaches to it and leaves it; the stack and every process of it
-    is gone after the last test (checked by `hold_shared_stack`)."""
+@pytest.fixture(scope="class")
+async def held() -> AsyncIterator[HeldStack]:
+    """The shared stack for ENV, started once for the tests of a class (a lease held meanwhile);
+    the stack and every process of it is gone after the last one (`hold_shared_stack`)."""
+    async with hold_shared_stack(nemo_env=ENV) as held:
+        yield held
 
-    @pytest.fixture(scope="class")
-    async def held(self) -> AsyncIterator[HeldStack]:
-        async with hold_shared_stack(nemo_env=ENV) as held:
-            yield held
+
+class TestOnOneSharedStack:
+    """Faults and load on one shared stack (`held`): each test's env attaches to it and leaves
+    it."""
 
     async def test_model_faults_fail_only_their_own_rollouts(
         self,

@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -33,53 +31,12 @@ def single_tool_env(catalog: Catalog) -> EnvSpec:
     return catalog.env(ENV_NAME)
 
 
-@dataclass(frozen=True)
-class Started:
-    """A started stack, the scripted policy that is its `policy_model`, and the HOME it
-    started with (a folder of its own)."""
-
-    stack: NeMoGymStack
-    policy: ScriptedPolicy
-    home: Path
-
-
-@pytest.fixture(scope="class")
-async def started(
-    nemo_venv: NeMoGymVenv, single_tool_env: EnvSpec, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Started]:
-    """One started stack for the tests that only look at it or run a rollout on it (a start is
-    the costly part). HOME is a folder of its own while it starts, so every process of it has
-    that HOME, to see that Ray never touches `~/.ray`. Afterwards: `stop()` left no process, a
-    second `stop()` is a no-op, and `~/.ray` was never created."""
-    from verifiers_nemogym.util import uv_cache_dir
-
-    home = tmp_path_factory.mktemp("home")
-    async with ScriptedPolicy() as policy:
-        stack = _stack_for(nemo_venv, single_tool_env, policy)
-        try:
-            with pytest.MonkeyPatch.context() as env:
-                env.setenv("UV_CACHE_DIR", str(uv_cache_dir()))  # HOME moves; uv's cache does not
-                env.setenv("HOME", str(home))
-                await stack.start()
-            yield Started(stack, policy, home)
-        finally:
-            await stack.stop()
-    assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
-    await stack.stop()  # idempotent
-    assert not (home / ".ray").exists()
-
-
-_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-class TestOneStartedStack:
-    """Tests that only look at a started stack or run a rollout on it: one start (`started`)."""
-
-    async def test_stack_runs_a_rollout_and_stops_clean(
-        self, started: Started, single_tool_env: EnvSpec
-    ) -> None:
-        """A rollout through the agent's `/run`; the stop is checked when `started` ends."""
-        stack, policy = started.stack, started.policy
+async def test_stack_runs_a_rollout_and_stops_clean(
+    nemo_venv: NeMoGymVenv, single_tool_env: EnvSpec, policy: ScriptedPolicy
+) -> None:
+    stack = _stack_for(nemo_venv, single_tool_env, policy)
+    try:
+        await stack.start()
         assert processes_with_marker(stack.marker), "the stack should be running under its marker"
         agent_url = stack.agents[single_tool_env.agent.name]
         assert agent_url.startswith("http://127.0.0.1:")
@@ -94,38 +51,10 @@ class TestOneStartedStack:
         assert result["reward"] == 1.0
         assert len(policy.calls) == 2
         await stack.check_alive()
-
-    async def test_stack_ray_token_is_private_to_the_stack(self, started: Started) -> None:
-        """Ray's token lives in the stack's 0700 RAY_TMPDIR, mode 0600, unreadable by another uid,
-        and Ray neither reads nor writes `~/.ray` (the stack's HOME is a folder of its own, to see
-        it; that it stays without `.ray` after the stop is checked when `started` ends)."""
-        stack, home = started.stack, started.home
-        ray_tmpdir = stack._ray_tmpdir
-        assert ray_tmpdir is not None
-        token = ray_tmpdir / "auth_token"
-        assert token.stat().st_mode & 0o777 == 0o600
-        assert ray_tmpdir.stat().st_mode & 0o777 == 0o700
-        # Every Ray process of the stack reads that token, none falls back to ~/.ray.
-        gcs = [
-            pid
-            for pid in processes_with_marker(stack.marker)
-            if Path(f"/proc/{pid}/exe").resolve().name == "gcs_server"
-        ]
-        assert len(gcs) == 1
-        environ = Path(f"/proc/{gcs[0]}/environ").read_bytes().split(b"\0")
-        assert f"RAY_AUTH_TOKEN_PATH={token}".encode() in environ
-        assert b"RAY_AUTH_MODE=token" in environ
-        assert not (home / ".ray").exists()
-        # A second real uid can read neither the token nor anything else of Ray's state.
-        for path in (token, ray_tmpdir):
-            probe = subprocess.run(
-                [*_NOBODY, "ls", "-l", str(path)], capture_output=True, text=True, check=False
-            )
-            assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe
-        probe = subprocess.run(
-            [*_NOBODY, "cat", str(token)], capture_output=True, text=True, check=False
-        )
-        assert probe.returncode != 0 and probe.stdout == "", probe
+    finally:
+        await stack.stop()
+    assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
+    await stack.stop()  # idempotent
 
 
 _OWNER_SCRIPT = textwrap.dedent(
@@ -274,6 +203,56 @@ def _stack_for(venv: NeMoGymVenv, env: EnvSpec, policy: ScriptedPolicy) -> NeMoG
     return NeMoGymStack(
         venv, env.config_paths, policy_host=policy.host, policy_port=policy.port, start_timeout=300
     )
+
+
+_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+async def test_stack_ray_token_is_private_to_the_stack(
+    nemo_venv: NeMoGymVenv,
+    single_tool_env: EnvSpec,
+    policy: ScriptedPolicy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray's token lives in the stack's 0700 RAY_TMPDIR, mode 0600, unreadable by another uid,
+    and Ray neither reads nor writes `~/.ray` (a HOME of its own here, to see it)."""
+    from verifiers_nemogym.util import uv_cache_dir
+
+    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache_dir()))  # HOME moves; uv's cache does not
+    monkeypatch.setenv("HOME", str(tmp_path))
+    stack = _stack_for(nemo_venv, single_tool_env, policy)
+    try:
+        await stack.start()
+        ray_tmpdir = stack._ray_tmpdir
+        assert ray_tmpdir is not None
+        token = ray_tmpdir / "auth_token"
+        assert token.stat().st_mode & 0o777 == 0o600
+        assert ray_tmpdir.stat().st_mode & 0o777 == 0o700
+        # Every Ray process of the stack reads that token, none falls back to ~/.ray.
+        gcs = [
+            pid
+            for pid in processes_with_marker(stack.marker)
+            if Path(f"/proc/{pid}/exe").resolve().name == "gcs_server"
+        ]
+        assert len(gcs) == 1
+        environ = Path(f"/proc/{gcs[0]}/environ").read_bytes().split(b"\0")
+        assert f"RAY_AUTH_TOKEN_PATH={token}".encode() in environ
+        assert b"RAY_AUTH_MODE=token" in environ
+        assert not (tmp_path / ".ray").exists()
+        # A second real uid can read neither the token nor anything else of Ray's state.
+        for path in (token, ray_tmpdir):
+            probe = subprocess.run(
+                [*_NOBODY, "ls", "-l", str(path)], capture_output=True, text=True, check=False
+            )
+            assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe
+        probe = subprocess.run(
+            [*_NOBODY, "cat", str(token)], capture_output=True, text=True, check=False
+        )
+        assert probe.returncode != 0 and probe.stdout == "", probe
+    finally:
+        await stack.stop()
+    assert not (tmp_path / ".ray").exists()
 
 
 async def test_failed_warm_start_drops_the_warm_stamp(

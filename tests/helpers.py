@@ -9,17 +9,19 @@ through `until` (async) and `wait_gone` (blocking), both the package's `util.pol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR as STACK_MARKER_VAR
@@ -108,6 +110,48 @@ async def gone(entry: str, seconds: float = SHARED_STACK_GONE_S) -> list[int]:
     return the survivors."""
     await poll_until(lambda: not processes_with_env(entry), time.monotonic() + seconds, 0.5)
     return processes_with_env(entry)
+
+
+@dataclass(frozen=True)
+class HeldStack:
+    """A shared stack held open by a lease of the test module's own (`hold_shared_stack`):
+    its process `marker` and its `directory` (where the host's socket is)."""
+
+    marker: str
+    directory: Path
+
+    def owns(self, env: Any) -> bool:
+        """Whether `env` (inside `serving()`) attached to this stack."""
+        return env.stack_marker == self.marker
+
+    async def released(self) -> None:
+        """Wait (bounded) until the holder's lease is the host's only one again: every env a
+        test opened on the stack has left it, and the stack is still up."""
+
+        async def alone() -> bool:
+            return (await lease.status(self.directory))["users"] == 1
+
+        await until(alone, SHARED_STACK_GONE_S, "the test's envs to leave the held stack")
+
+
+@contextlib.asynccontextmanager
+async def hold_shared_stack(**options: Any) -> AsyncIterator[HeldStack]:
+    """Start the shared stack `nemo_gym_env.load_environment(**options)` uses and hold it for
+    the block, so several tests on the same config set attach to one stack instead of each
+    starting its own (a stack start is the slow tier's main cost). The holder must start it
+    (none may run before). Afterwards, the stack and every process of it is gone (bounded by
+    `SHARED_STACK_GONE_S`): the no-orphan check of the tests that shared it."""
+    import nemo_gym_env
+    from verifiers_nemogym.backends import SharedStack
+
+    env = nemo_gym_env.load_environment(**options)
+    async with env.serving():
+        stack = env.stack
+        assert isinstance(stack, SharedStack), env.start_error
+        assert stack.lease.started, "a shared stack for this config set already ran"
+        held = HeldStack(stack.lease.marker, stack.lease.directory)
+        yield held
+    assert await gone(f"{STACK_MARKER_VAR}={held.marker}") == []
 
 
 def wait_gone(pids: list[int] | int, seconds: float) -> bool:

@@ -60,7 +60,8 @@ def test_cited_files_exist(page: Path) -> None:
 
 def _test_names() -> set[str]:
     source = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
-    return set(re.findall(r"^(?:async )?def (test_\w+)", source, re.MULTILINE))
+    # Module-level tests and the methods of test classes (`Test*`, indented).
+    return set(re.findall(r"^(?:    )?(?:async )?def (test_\w+)", source, re.MULTILINE))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=IDS)

@@ -15,14 +15,17 @@ import signal
 import sys
 import textwrap
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import verifiers.v1 as vf
 from helpers import (
+    HeldStack,
     error_text,
     gone,
+    hold_shared_stack,
     model_context,
     run_command,
     run_tag,
@@ -73,75 +76,133 @@ async def run_all(
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 
 
-async def test_model_faults_fail_only_their_own_rollouts(
-    policy: ScriptedPolicy, tmp_path: Path, secret_watch: Any, caplog: pytest.LogCaptureFixture
-):
-    caplog.set_level(logging.DEBUG)
-    faults = ["[fault:500] a", "[fault:429] b", "[fault:garbage] c", "[fault:hang] d"]
-    texts = [f"weather in city {i}?" for i in range(6)] + faults
-    env = nemo_gym_env.load_environment(
-        jsonl_path=str(write_rows(tmp_path / "rows.jsonl", texts)),
-        task={"run_timeout": 20},
-    )
-    tasks = list(env.taskset)
-    async with env.serving():
-        secret_watch.watch(env)
-        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
-        eps = await run_all(env, model_context(policy), tasks, concurrency=16)
-    assert len(eps) == len(texts)  # none lost
-    by_text = {e.task.data.prompt_text: e for e in eps}
-    for text in texts[:6]:
-        assert by_text[text].ok and by_text[text].traces[0].reward == 1.0
-    expected = {faults[0]: "500", faults[1]: "429", faults[2]: "malformed"}
-    expected[faults[3]] = "did not return within 20 s"
-    for text, reason in expected.items():
-        episode = by_text[text]
-        assert not episode.ok, f"{text} should be an error"
-        assert episode.traces[0].rewards.get("nemo_gym") is None  # an error, not reward 0
-        assert reason in error_text(episode), error_text(episode)
-    no_cross_routing(policy, [t for e in eps for t in e.traces])
-    # Neither the proxy's secret nor any rollout's reached a trace, an error or the log.
-    seen = {f"trace {t.id}": json.dumps(t.to_record()) for e in eps for t in e.traces}
-    seen |= {f"errors of {e.task.data.prompt_text}": error_text(e) for e in eps}
-    secret_watch.assert_absent({**seen, "log": caplog.text})
-    assert await gone(marker) == []
+@pytest.fixture(scope="class")
+async def held() -> AsyncIterator[HeldStack]:
+    """The shared stack for ENV, started once for the tests of a class (a lease held meanwhile);
+    the stack and every process of it is gone after the last one (`hold_shared_stack`)."""
+    async with hold_shared_stack(nemo_env=ENV) as held:
+        yield held
 
 
-async def test_rollout_deadline_cancels_run_and_late_calls_go_nowhere(
-    policy: ScriptedPolicy, tmp_path: Path
-):
-    policy.hang_seconds = 6  # the upstream answers after the rollout's deadline has passed
-    late_answer = asyncio.Event()
-    scripted_reply = policy.reply
+class TestOnOneSharedStack:
+    """Faults and load on one shared stack (`held`): each test's env attaches to it and leaves
+    it."""
 
-    def reply(body: dict[str, Any]) -> dict[str, Any]:  # the hung call is being answered
-        if "[fault:hang]" in json.dumps(body.get("input")):
-            late_answer.set()
-        return scripted_reply(body)
+    async def test_model_faults_fail_only_their_own_rollouts(
+        self,
+        held: HeldStack,
+        policy: ScriptedPolicy,
+        tmp_path: Path,
+        secret_watch: Any,
+        caplog: pytest.LogCaptureFixture,
+    ):
+        caplog.set_level(logging.DEBUG)
+        faults = ["[fault:500] a", "[fault:429] b", "[fault:garbage] c", "[fault:hang] d"]
+        texts = [f"weather in city {i}?" for i in range(6)] + faults
+        env = nemo_gym_env.load_environment(
+            jsonl_path=str(write_rows(tmp_path / "rows.jsonl", texts)),
+            task={"run_timeout": 20},
+        )
+        tasks = list(env.taskset)
+        async with env.serving():
+            assert held.owns(env)
+            secret_watch.watch(env)
+            eps = await run_all(env, model_context(policy), tasks, concurrency=16)
+        assert len(eps) == len(texts)  # none lost
+        by_text = {e.task.data.prompt_text: e for e in eps}
+        for text in texts[:6]:
+            assert by_text[text].ok and by_text[text].traces[0].reward == 1.0
+        expected = {faults[0]: "500", faults[1]: "429", faults[2]: "malformed"}
+        expected[faults[3]] = "did not return within 20 s"
+        for text, reason in expected.items():
+            episode = by_text[text]
+            assert not episode.ok, f"{text} should be an error"
+            assert episode.traces[0].rewards.get("nemo_gym") is None  # an error, not reward 0
+            assert reason in error_text(episode), error_text(episode)
+        no_cross_routing(policy, [t for e in eps for t in e.traces])
+        # Neither the proxy's secret nor any rollout's reached a trace, an error or the log.
+        seen = {f"trace {t.id}": json.dumps(t.to_record()) for e in eps for t in e.traces}
+        seen |= {f"errors of {e.task.data.prompt_text}": error_text(e) for e in eps}
+        secret_watch.assert_absent({**seen, "log": caplog.text})
+        await held.released()
 
-    policy.reply = reply  # observe the model double, nothing more
-    texts = ["[fault:hang] slow", "weather now?"]
-    rows = str(write_rows(tmp_path / "r.jsonl", texts))
-    config = {"taskset": {"id": "nemo-gym-env", "jsonl_path": rows}}
-    env = vf.load_environment(
-        vf.resolve_env_config({**config, "agent": {"timeout": {"rollout": 2}}})
-    )
-    slow, fast = list(env.taskset)
-    async with env.serving():
-        live = env.taskset.config.task._live
-        ctx = model_context(policy)
-        timed_out = await env.run_episode(slow, ctx)
-        assert live.proxy.open_routes == 0  # the route closed with the cancelled /run
-        # The hung call's late answer is sent before the next rollout starts.
-        await asyncio.wait_for(late_answer.wait(), timeout=policy.hang_seconds + 60)
-        after = await env.run_episode(fast, ctx)
-    trace = timed_out.traces[0]
-    assert trace.stop_condition is not None or not timed_out.ok
-    assert trace.rewards.get("nemo_gym") is None
-    assert after.ok and after.traces[0].reward == 1.0
-    no_cross_routing(policy, [trace, after.traces[0]])
-    late = [c for c in policy.calls if c.session_id == trace.id]
-    assert len(late) == 1  # the hung call only: nothing of it reached the endpoint afterwards
+    async def test_rollout_deadline_cancels_run_and_late_calls_go_nowhere(
+        self, held: HeldStack, policy: ScriptedPolicy, tmp_path: Path
+    ):
+        policy.hang_seconds = 6  # the upstream answers after the rollout's deadline has passed
+        late_answer = asyncio.Event()
+        scripted_reply = policy.reply
+
+        def reply(body: dict[str, Any]) -> dict[str, Any]:  # the hung call is being answered
+            if "[fault:hang]" in json.dumps(body.get("input")):
+                late_answer.set()
+            return scripted_reply(body)
+
+        policy.reply = reply  # observe the model double, nothing more
+        texts = ["[fault:hang] slow", "weather now?"]
+        rows = str(write_rows(tmp_path / "r.jsonl", texts))
+        config = {"taskset": {"id": "nemo-gym-env", "jsonl_path": rows}}
+        env = vf.load_environment(
+            vf.resolve_env_config({**config, "agent": {"timeout": {"rollout": 2}}})
+        )
+        slow, fast = list(env.taskset)
+        async with env.serving():
+            assert held.owns(env)
+            live = env.taskset.config.task._live
+            ctx = model_context(policy)
+            timed_out = await env.run_episode(slow, ctx)
+            assert live.proxy.open_routes == 0  # the route closed with the cancelled /run
+            # The hung call's late answer is sent before the next rollout starts.
+            await asyncio.wait_for(late_answer.wait(), timeout=policy.hang_seconds + 60)
+            after = await env.run_episode(fast, ctx)
+        trace = timed_out.traces[0]
+        assert trace.stop_condition is not None or not timed_out.ok
+        assert trace.rewards.get("nemo_gym") is None
+        assert after.ok and after.traces[0].reward == 1.0
+        no_cross_routing(policy, [trace, after.traces[0]])
+        late = [c for c in policy.calls if c.session_id == trace.id]
+        assert len(late) == 1  # the hung call only: nothing of it reached the endpoint afterwards
+        await held.released()
+
+    async def test_thousand_rollouts_256_in_flight(self, held: HeldStack, policy: ScriptedPolicy):
+        env = nemo_gym_env.load_environment(nemo_env=ENV)
+        tasks = list(env.taskset)
+        async with env.serving():
+            assert held.owns(env)
+            eps = await run_all(env, model_context(policy), tasks * 200, concurrency=256)
+            assert env.taskset.config.task._live.proxy.open_routes == 0
+        assert len(eps) == 1000
+        failed = [error_text(e) for e in eps if not e.ok]
+        assert failed == [], failed[:3]
+        traces = [t for e in eps for t in e.traces]
+        assert len({t.id for t in traces}) == 1000
+        assert all(t.reward == 1.0 for t in traces)
+        sessions = {c.session_id for c in policy.calls}
+        assert len(policy.calls) == 2000 and len(sessions) == 1000
+        no_cross_routing(policy, traces)
+        await held.released()
+
+    async def test_fifty_megabyte_model_call_and_answer(
+        self, held: HeldStack, policy: ScriptedPolicy, tmp_path: Path
+    ):
+        big = "weather? " + "x" * (50 * 1024 * 1024)
+        texts = [big, "[fault:huge] tell me", "weather in paris?"]
+        env = nemo_gym_env.load_environment(
+            jsonl_path=str(write_rows(tmp_path / "big.jsonl", texts)), task={"run_timeout": 300}
+        )
+        async with env.serving():
+            assert held.owns(env)
+            eps = await run_all(env, model_context(policy), list(env.taskset), concurrency=3)
+        assert len(eps) == 3
+        # 50 MB each way through agent, proxy, interception and policy; every rollout ends ok with
+        # NeMo Gym's reward (its verifier gives example_single_tool_call rollouts 1.0).
+        for episode in eps:
+            assert episode.ok, error_text(episode)
+            assert episode.traces[0].reward == 1.0
+            assert episode.traces[0].info["nemo_gym"]["reward"] == 1.0
+        for episode in eps[:2]:  # the big prompt and the big answer are on the recorded trajectory
+            assert len(episode.traces[0].model_dump_json()) > 50 * 1024 * 1024
+        await held.released()
 
 
 @pytest.mark.parametrize("victim", ["resources", "agent"])
@@ -168,46 +229,6 @@ async def test_killed_server_is_reported_and_fails_remaining_rollouts(
         later = await run_all(env, ctx, tasks, concurrency=5)
     assert len(later) == len(tasks) and not any(e.ok for e in later)
     assert all(live.failure in error_text(e) for e in later), [error_text(e) for e in later]
-    assert await gone(marker) == []
-
-
-async def test_thousand_rollouts_256_in_flight(policy: ScriptedPolicy):
-    env = nemo_gym_env.load_environment(nemo_env=ENV)
-    tasks = list(env.taskset)
-    async with env.serving():
-        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
-        eps = await run_all(env, model_context(policy), tasks * 200, concurrency=256)
-        assert env.taskset.config.task._live.proxy.open_routes == 0
-    assert len(eps) == 1000
-    failed = [error_text(e) for e in eps if not e.ok]
-    assert failed == [], failed[:3]
-    traces = [t for e in eps for t in e.traces]
-    assert len({t.id for t in traces}) == 1000
-    assert all(t.reward == 1.0 for t in traces)
-    sessions = {c.session_id for c in policy.calls}
-    assert len(policy.calls) == 2000 and len(sessions) == 1000
-    no_cross_routing(policy, traces)
-    assert await gone(marker) == []
-
-
-async def test_fifty_megabyte_model_call_and_answer(policy: ScriptedPolicy, tmp_path: Path):
-    big = "weather? " + "x" * (50 * 1024 * 1024)
-    texts = [big, "[fault:huge] tell me", "weather in paris?"]
-    env = nemo_gym_env.load_environment(
-        jsonl_path=str(write_rows(tmp_path / "big.jsonl", texts)), task={"run_timeout": 300}
-    )
-    async with env.serving():
-        marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
-        eps = await run_all(env, model_context(policy), list(env.taskset), concurrency=3)
-    assert len(eps) == 3
-    # 50 MB each way through agent, proxy, interception and policy; every rollout ends ok with
-    # NeMo Gym's reward (its verifier gives example_single_tool_call rollouts 1.0).
-    for episode in eps:
-        assert episode.ok, error_text(episode)
-        assert episode.traces[0].reward == 1.0
-        assert episode.traces[0].info["nemo_gym"]["reward"] == 1.0
-    for episode in eps[:2]:  # the big prompt and the big answer are on the recorded trajectory
-        assert len(episode.traces[0].model_dump_json()) > 50 * 1024 * 1024
     assert await gone(marker) == []
 
 

@@ -16,12 +16,15 @@ import os
 import re
 import signal
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import (
+    HeldStack,
     gone,
+    hold_shared_stack,
     model_context,
     read_episodes,
     run_command,
@@ -126,6 +129,27 @@ def catalog_07(nemo_venv_07: NeMoGymVenv) -> Catalog:
     return Catalog(nemo_venv_07)
 
 
+HELD_ENVS = ["opencode_math", "claude_code_math"]
+"""The config set of the stack the Python API tests here share (`held`)."""
+
+
+def _on_07(runtime: NeMoGymVenv) -> dict[str, Any]:
+    """load_environment options choosing NeMo Gym 0.7.0 on `runtime`'s Python."""
+    return {
+        "nemo_gym_version": "0.7.0",
+        "python": str(runtime.python),
+        "allow_python_below_floor": True,
+    }
+
+
+@pytest.fixture(scope="module")
+async def held(nemo_venv_07: NeMoGymVenv) -> AsyncIterator[HeldStack]:
+    """One shared stack of HELD_ENVS for the tests that run rollouts in this process (a
+    harness stack start is the costly part); no process of it is left afterwards."""
+    async with hold_shared_stack(nemo_env=HELD_ENVS, **_on_07(nemo_venv_07)) as held:
+        yield held
+
+
 async def test_harness_environments_score_and_never_cross_route(
     nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, tmp_path: Path
 ) -> None:
@@ -172,24 +196,21 @@ async def test_harness_environments_score_and_never_cross_route(
 
 
 async def test_train_mode_records_token_ids_of_every_harness_call(
-    nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, tmp_path: Path
+    nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, held: HeldStack, tmp_path: Path
 ) -> None:
     """verifiers' train client on harness environments: opencode's streamed Chat Completions
     calls reach the train client as they are, claude_code's streamed Anthropic Messages calls
     are carried as Chat Completions; every call of every rollout has token ids."""
-    case_rows(catalog_07, ["opencode_math", "claude_code_math"], tmp_path / "rows.jsonl")
+    case_rows(catalog_07, HELD_ENVS, tmp_path / "rows.jsonl")
     env = nemo_gym_env.load_environment(
-        nemo_env=["opencode_math", "claude_code_math"],
-        jsonl_path=str(tmp_path / "rows.jsonl"),
-        shared_stack=False,
-        nemo_gym_version="0.7.0",
-        python=str(nemo_venv_07.python),
-        allow_python_below_floor=True,
+        nemo_env=HELD_ENVS, jsonl_path=str(tmp_path / "rows.jsonl"), **_on_07(nemo_venv_07)
     )
     tasks = list(env.taskset)
     async with TokenServer(packaged_tokenizer()) as tokens, env.serving():
+        assert held.owns(env)
         ctx = train_context(tokens.base_url)
         episodes = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
+    await held.released()
     for episode in episodes:
         assert episode.ok, [t.errors for t in episode.traces]
         for trace in episode.traces:
@@ -214,26 +235,25 @@ def _cli_processes(marker: str) -> list[int]:
 
 
 async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
-    nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, tmp_path: Path
+    nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, held: HeldStack, tmp_path: Path
 ) -> None:
     """A rollout whose model never answers hits its deadline: it is an error, and its CLI (which
     NeMo Gym's agent would leave running until its own 900 s timeout) is stopped at once. Then
     vf-eval interrupted (Ctrl-C) mid-rollout leaves no process at all, CLIs included."""
     key, _ = case_rows(catalog_07, ["opencode_math"], tmp_path / "rows.jsonl")
     async with AnswerKeyPolicy(rows=key, delay=600.0) as policy:
+        # On the held stack (its config set has opencode_math; the rows are opencode_math's).
         env = nemo_gym_env.load_environment(
-            nemo_env="opencode_math",
+            nemo_env=HELD_ENVS,
             jsonl_path=str(tmp_path / "rows.jsonl"),
-            shared_stack=False,
-            nemo_gym_version="0.7.0",
-            python=str(nemo_venv_07.python),
-            allow_python_below_floor=True,
             task={"run_timeout": 20.0},
+            **_on_07(nemo_venv_07),
         )
         task = next(iter(env.taskset))
 
         async with env.serving():
-            marker = env._stack.process.marker
+            assert held.owns(env)
+            marker = held.marker
             rollout = asyncio.ensure_future(env.run_episode(task, model_context(policy)))
             running: list[int] = []
             for _ in range(100):  # bounded: until the CLI runs (it waits on the model)
@@ -247,6 +267,7 @@ async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
             assert len(policy.log) >= 1  # the CLI was running, waiting on the model
             left = _cli_processes(marker)
             assert left == [], [argv_of(pid) for pid in left]  # stopped, the stack still up
+        await held.released()
 
         # Ctrl-C: vf-eval interrupted while its rollouts' CLIs wait on the model.
         cmd = [

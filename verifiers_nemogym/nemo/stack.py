@@ -182,7 +182,7 @@ async def start_stack(
     `start_timeout` seconds from now, with a warning each time; otherwise (and after the last
     attempt) the error stands, as `NeMoGymStack.start` raised it. Nothing of a failed attempt
     survives: its start already stopped it, and the folder it kept for its log is removed when
-    the start is tried again (the warning quotes the error)."""
+    the start is tried again (the warning says why)."""
     deadline = time.monotonic() + start_timeout
     attempt = 1
     while True:

@@ -49,7 +49,7 @@ from verifiers_nemogym.nemo.remote import (
     describe_gate,
     describe_remote,
 )
-from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack
+from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack, start_stack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 logger = logging.getLogger(__name__)
@@ -262,15 +262,13 @@ async def open_stack(
                 log=logger,
             )
         )  # fmt: skip
-    process = NeMoGymStack(
-        runtime, config_paths, policy_host=proxy.host, policy_port=proxy.port,
-        start_timeout=start_timeout, judge=judge, ray=ray,
+    process = await start_stack(
+        lambda seconds: NeMoGymStack(
+            runtime, config_paths, policy_host=proxy.host, policy_port=proxy.port,
+            start_timeout=seconds, judge=judge, ray=ray,
+        ),
+        start_timeout,
     )  # fmt: skip
-    try:
-        await process.start()
-    except BaseException:
-        await process.stop()
-        raise
     return PrivateStack(process)
 
 

@@ -881,33 +881,14 @@ def _metrics_lines(reports: Sequence[EnvReport]) -> list[str]:
     return lines
 
 
-RAY_NODE_TIMEOUT = "The current node timed out during startup"
-"""Ray's error when its node does not come up within its fixed 30 s: load on the machine, not
-the environments (docs/conformance.md, "Load"), so the same stack is tried again."""
-RAY_ATTEMPTS = 3
-"""Starts of one stack that Ray's node timeout may cost before the stack counts as failed."""
-
-
-async def _run_batch(batch: list[str], options: dict[str, Any]) -> list[EnvReport]:
-    """`run_conformance(batch)`, tried again (up to `RAY_ATTEMPTS` starts in all) while Ray's
-    node times out during the start."""
-    for _ in range(RAY_ATTEMPTS - 1):
-        try:
-            return await run_conformance(batch, **options)
-        except StackError as e:
-            if RAY_NODE_TIMEOUT not in str(e):
-                raise
-            logger.warning("conformance: Ray's node timed out during the start (load); again")
-    return await run_conformance(batch, **options)
-
-
 async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
     """`run_conformance` on successive stacks of at most `STACK_ENVS` environments (in order).
 
     A stack that does not start (`StackError`) costs only the environments that broke it: a
     batch that fails is run again one environment per stack, and an environment whose own stack
     fails gets `EnvReport.start_error` (the run goes on). A start that fails because Ray's node
-    timed out (`RAY_NODE_TIMEOUT`: the machine's load) is first tried again as it was. Bad
+    timed out (the machine's load) was already tried again by the start itself
+    (`nemo.stack.start_stack`). Bad
     input (`ConfigError`, e.g. an unknown name) ends the run at the batch holding it, before
     that batch's stack starts."""
     names = list(dict.fromkeys(envs))
@@ -917,7 +898,7 @@ async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
         if len(batches) > 1:
             logger.info("conformance: stack %d/%d: %s", number, len(batches), ", ".join(batch))
         try:
-            reports += await _run_batch(batch, options)
+            reports += await run_conformance(batch, **options)
             continue
         except StackError as e:
             if len(batch) == 1:
@@ -930,7 +911,7 @@ async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
             )
         for name in batch:
             try:
-                reports += await _run_batch([name], options)
+                reports += await run_conformance([name], **options)
             except StackError as e:
                 logger.warning("conformance: the stack of %s did not start", name)
                 reports.append(EnvReport(name, start_error=_start_error_line(str(e))))

@@ -8,12 +8,15 @@ The model is the only double: `ScriptedPolicy` with its `[fault:MODE]` triggers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import textwrap
+import threading
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -39,7 +42,14 @@ from verifiers.v1.types import content_text
 import nemo_gym_env
 from verifiers_nemogym.backends import PrivateStack
 from verifiers_nemogym.env import NeMoGymEnv
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.supervisor import (
+    MARKER_ENV_VAR,
+    count_stack_programs,
+    cwd_of,
+    descendants,
+    env_value,
+    processes_with_env,
+)
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 ENV = "example_single_tool_call"
@@ -287,3 +297,75 @@ async def test_signal_to_vf_eval_mid_run_leaves_nothing(
     proc.send_signal(sig)
     await asyncio.wait_for(proc.wait(), timeout=120)
     assert await gone(tag, seconds=60) == []
+
+
+class RayletFreeze(threading.Thread):
+    """Stops (SIGSTOP) the first raylet a stack of this process starts, so that Ray's node
+    times out for real (Ray waits a fixed 30 s for the raylet to register with its GCS), and
+    continues it once that start's ng_run has exited (its teardown then ends it). Records the
+    frozen start's marker, Ray temp dir and workdir (the raylet's environment and cwd)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.done = threading.Event()
+        self.frozen = threading.Event()
+        self.marker = self.ray_tmpdir = self.workdir = ""
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            for pid in descendants(os.getpid()):
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                        self._freeze(pid)
+                        return
+            time.sleep(0.02)  # in a thread: the raylet must not register before it is stopped
+
+    def _freeze(self, pid: int) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        self.marker = env_value(pid, MARKER_ENV_VAR) or ""
+        self.ray_tmpdir = env_value(pid, "RAY_TMPDIR") or ""
+        self.workdir = str(cwd_of(pid) or "")
+        self.frozen.set()
+        entry = f"{MARKER_ENV_VAR}={self.marker}"
+        ends = time.monotonic() + 180
+        while time.monotonic() < ends and not self.done.is_set():
+            if count_stack_programs(entry)["ng_run"] == 0:
+                break
+            time.sleep(0.5)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+async def test_ray_node_timeout_at_start_is_tried_again_with_a_fresh_stack(
+    policy: ScriptedPolicy, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO)
+    env = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=False)
+    tasks = list(env.taskset)
+    freeze = RayletFreeze()
+    freeze.start()
+    try:
+        async with env.serving():
+            assert env.start_error is None, env.start_error
+            assert freeze.frozen.is_set(), "no raylet was seen to freeze"
+            first = f"{MARKER_ENV_VAR}={freeze.marker}"
+            assert freeze.marker and freeze.marker != env.stack_marker
+            marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
+            warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert any("1/3 failed because Ray's node timed out" in w for w in warnings), warnings
+            assert any("the machine's load" in w for w in warnings), warnings
+            # Ray's timeout comes before NeMo Gym touches a server venv: a warm start stays warm.
+            assert "warm start failed" not in caplog.text
+            # Nothing of the frozen start is left: no process, no Ray temp dir, no workdir.
+            assert processes_with_env(first) == []
+            assert freeze.ray_tmpdir.startswith("/tmp/vfng-")
+            assert not Path(freeze.ray_tmpdir).exists()
+            assert Path(freeze.workdir).name.startswith("vf-nemogym-stack-")
+            assert not Path(freeze.workdir).exists()
+            eps = await run_all(env, model_context(policy), tasks, concurrency=5)
+    finally:
+        freeze.done.set()
+        freeze.join(timeout=10)
+    assert len(eps) == len(tasks) > 0
+    assert all(e.ok and e.traces[0].reward == 1.0 for e in eps), [error_text(e) for e in eps]
+    assert await gone(marker) == []

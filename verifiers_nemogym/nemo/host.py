@@ -37,7 +37,7 @@ from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo.gate import StackGate
 from verifiers_nemogym.nemo.lease import HostSpec, receive, send
-from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack
+from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack, start_stack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.net import LOOPBACK
 from verifiers_nemogym.tls import parse_listen
@@ -127,17 +127,20 @@ class StackHost:
     async def _run(self) -> None:
         try:
             await self.front.start()
-            self.stack = NeMoGymStack(
-                self.venv,
-                [Path(p) for p in self.spec.config_paths],
-                policy_host=self.front.host,
-                policy_port=self.front.port,
-                start_timeout=self.spec.start_timeout,
-                judge=self.spec.judge_with(self.secrets),
-                on_judge_failure=self._tell_judge_failure,
-                ray=self.spec.ray_with(self.secrets),
+            self.stack = await start_stack(
+                lambda seconds: NeMoGymStack(
+                    self.venv,
+                    [Path(p) for p in self.spec.config_paths],
+                    policy_host=self.front.host,
+                    policy_port=self.front.port,
+                    start_timeout=seconds,
+                    judge=self.spec.judge_with(self.secrets),
+                    on_judge_failure=self._tell_judge_failure,
+                    ray=self.spec.ray_with(self.secrets),
+                ),
+                self.spec.start_timeout,
+                logger,
             )
-            await self.stack.start()
             # Listening last: a user that can connect finds a ready stack.
             self._server = await asyncio.start_unix_server(
                 self._serve, sock=self._bind(), limit=lease.LINE_LIMIT

@@ -148,6 +148,62 @@ def prune_stale_workdirs(
     return removed
 
 
+RAY_NODE_TIMEOUT = "The current node timed out during startup"
+"""Ray's error when the raylet does not register with its GCS within Ray's fixed 30 s
+(`RAY_NODE_WAIT`; no setting changes it): load on the machine, not the stack's config."""
+RAY_NODE_WAIT = 30.0
+"""Seconds Ray waits for its node (hard-coded in Ray's `_private/node.py`)."""
+START_ATTEMPTS = 3
+"""Starts `start_stack` makes in all while Ray's node times out, before its error stands."""
+
+
+def ray_node_timed_out(error: BaseException) -> bool:
+    """Whether a failed start's `error` is Ray's node timeout and nothing else: a StackError
+    whose first line (ng_run's exit and its cause; a server's death or the start deadline
+    put their own there) quotes `RAY_NODE_TIMEOUT`. A log tail below may quote anything."""
+    return isinstance(error, StackError) and RAY_NODE_TIMEOUT in str(error).split("\n", 1)[0]
+
+
+def retry_start(error: BaseException, attempt: int, remaining: float) -> bool:
+    """Whether a start that failed with `error`, the `attempt`-th (from 1) of one
+    `start_stack`, `remaining` seconds before its deadline, is tried again with a fresh stack:
+    only Ray's node timeout (`ray_node_timed_out`), before `START_ATTEMPTS` starts, and with
+    more than `RAY_NODE_WAIT` s left (an attempt with less could not outlast Ray's own wait
+    under the load that timed it out; it would only replace Ray's error by the deadline's)."""
+    return ray_node_timed_out(error) and attempt < START_ATTEMPTS and remaining > RAY_NODE_WAIT
+
+
+async def start_stack(
+    make: Callable[[float], NeMoGymStack], start_timeout: float, log: logging.Logger = logger
+) -> NeMoGymStack:
+    """A started stack from `make(seconds)` (a fresh `NeMoGymStack` whose `start_timeout` is
+    `seconds`), every start path's one way to start one. A start that fails only because Ray's
+    node timed out is tried again with a fresh stack while `retry_start` allows, all within
+    `start_timeout` seconds from now, with a warning each time; otherwise (and after the last
+    attempt) the error stands, as `NeMoGymStack.start` raised it. Nothing of a failed attempt
+    survives: its start already stopped it, and the folder it kept for its log is removed when
+    the start is tried again (the warning says why)."""
+    deadline = time.monotonic() + start_timeout
+    attempt = 1
+    while True:
+        stack = make(deadline - time.monotonic())
+        try:
+            await stack.start()
+            return stack
+        except StackError as e:
+            if not retry_start(e, attempt, deadline - time.monotonic()):
+                raise
+            stack.discard_workdir()
+            log.warning(
+                "NeMo Gym stack start %d/%d failed because Ray's node timed out during startup "
+                "(the machine's load: Ray waits %.0f s for its node); starting a fresh stack",
+                attempt,
+                START_ATTEMPTS,
+                RAY_NODE_WAIT,
+            )
+        attempt += 1
+
+
 class NeMoGymStack:
     """NeMo Gym servers for `config_paths`, with `policy_model` served by the proxy at
     `policy_host:policy_port` (which must answer `GET /` and `POST /v1/responses`). With a
@@ -232,7 +288,9 @@ class NeMoGymStack:
         except BaseException as exc:
             # Cancellation and Ctrl-C included: nothing may outlive a failed start.
             self._failed = True
-            if self._warm and isinstance(exc, Exception):
+            # Ray's node timing out is ng_run's first step, before NeMo Gym touches any server
+            # venv: the stamp stays, and a start tried again (`start_stack`) stays warm.
+            if self._warm and isinstance(exc, Exception) and not ray_node_timed_out(exc):
                 # The stamp only says a start of this config set once succeeded; per-server
                 # venvs are shared with other sets, and a start of another set interrupted
                 # mid-install leaves one half-built, which a warm start never repairs. The next
@@ -687,6 +745,12 @@ class NeMoGymStack:
             raise StackError(
                 f"NeMo Gym processes survived SIGKILL: {survivors} (marker {self.marker})"
             )
+
+    def discard_workdir(self) -> None:
+        """Remove the workdir a failed start kept for its log, if this stack created it (a
+        given workdir is the caller's); nothing else of the stack is left after its stop."""
+        if self._own_workdir and self._failed and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     async def _sweep(self) -> list[int]:
         """Kill whatever still carries our marker (normally nothing: the supervisor did it)."""

@@ -9,8 +9,8 @@ import asyncio
 import json
 import subprocess
 import tracemalloc
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -79,6 +79,23 @@ async def listeners(
         }
 
 
+T = TypeVar("T")
+
+
+async def peak_growth_mb(work: Awaitable[T]) -> tuple[T, float]:
+    """`work`'s result and the peak of this process's Python memory (tracemalloc) above what it
+    held when `work` began, in MB."""
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        result = await work
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, (peak - base) / MB
+
+
 async def test_unauthenticated_load_on_every_listener_holds_at_most_the_budget(listeners):
     """64 concurrent 4 MB bodies without a credential to each listener (192 connections, 768 MB
     in all), sent from another process: each answered 401, and this process's Python memory
@@ -87,16 +104,10 @@ async def test_unauthenticated_load_on_every_listener_holds_at_most_the_budget(l
     Without the gate, aiohttp's own buffer of each connection came on top (up to 0.36 MB)."""
     gate = wire.shared_gate()
     gate.budget.peak = 0
-    tracemalloc.start()
-    try:
-        base, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        statuses = await unauthenticated_load(list(listeners.values()), CALLERS, 4 * MB)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    statuses, growth = await peak_growth_mb(
+        unauthenticated_load(list(listeners.values()), CALLERS, 4 * MB)
+    )
     assert statuses == [401] * len(listeners) * CALLERS, statuses
-    growth = (peak - base) / MB
     print(f"peak Python memory growth {growth:.1f} MB for {len(statuses)} connections")
     assert growth < UNAUTHENTICATED_BUDGET / MB, f"peak Python memory grew {growth:.1f} MB"
     assert gate.budget.peak == CONNECTIONS_SHARE and gate.budget.used == 0
@@ -112,18 +123,10 @@ async def test_slow_large_request_heads_hold_at_most_the_connections_share(liste
     the waiting ones too, and every allowance comes back."""
     gate = wire.shared_gate()
     gate.budget.peak = 0
-    tracemalloc.start()
-    try:
-        base, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        answers = await unauthenticated_load(
-            list(listeners.values()), CALLERS, 62 * 4016, heads=True, timeout=60
-        )
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    answers, growth = await peak_growth_mb(
+        unauthenticated_load(list(listeners.values()), CALLERS, 62 * 4016, heads=True, timeout=60)
+    )
     assert set(answers) == {"closed"}, answers
-    growth = (peak - base) / MB
     print(f"peak Python memory growth {growth:.1f} MB for {len(answers)} connections")
     assert growth < CONNECTIONS_SHARE / MB, f"peak Python memory grew {growth:.1f} MB"
     assert gate.budget.peak == CONNECTIONS_SHARE and gate.budget.used == 0

@@ -3,6 +3,8 @@
 Helper processes (scripted policy, echo server, proxy) run as separate Python processes so that
 client, proxy and upstream never share an event loop or a core's GIL. Every helper is started
 with `spawn()` and must be stopped with `Helper.stop()` (also on errors: use `async with`).
+Every child a benchmark starts goes through `start_child()`, which also stops it when the
+benchmark dies without stopping it (SIGTERM, SIGKILL): no helper outlives its benchmark.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verifiers_nemogym.nemo.supervisor import rss_bytes
+from verifiers_nemogym.nemo.supervisor import die_with_parent, rss_bytes
 from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
 
 ENV = "example_single_tool_call"
@@ -69,9 +71,20 @@ class Helper:
         await self.stop()
 
 
+async def start_child(*cmd: str, **options: Any) -> asyncio.subprocess.Process:
+    """`asyncio.create_subprocess_exec(*cmd, **options)` for a child that gets SIGTERM from the
+    kernel when this process dies, however it dies: a benchmark stopped by SIGTERM (whose
+    default action skips every `finally`) or SIGKILL leaves no helper behind. Call it from the
+    thread running the benchmark's event loop for good (the signal follows the forking
+    thread); the child's own children need the same (a private stack's supervisor has it)."""
+    die = die_with_parent(os.getpid(), signal.SIGTERM)
+    return await asyncio.create_subprocess_exec(*cmd, preexec_fn=die, **options)
+
+
 async def spawn(module: str, *args: str) -> Helper:
-    """Start `python -m module args...`; it must print one JSON line once it serves."""
-    proc = await asyncio.create_subprocess_exec(
+    """Start `python -m module args...` (by `start_child`); it must print one JSON line once it
+    serves."""
+    proc = await start_child(
         sys.executable, "-m", module, *args,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -166,7 +179,7 @@ async def timed_vf_eval(cmd: list[str], outdir: Path, expected_ok: int) -> float
     """Wall seconds of the vf-eval command `cmd` (results in `outdir`); raises unless it exits 0
     with `expected_ok` rollouts ok."""
     began = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
+    proc = await start_child(
         *cmd,
         env={**os.environ, "SCRIPTED_KEY": "unused"},
         stdout=asyncio.subprocess.PIPE,

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ENV, cpu_s, percentile, spawn_policy, summary
+from benchmarks.common import ENV, cpu_s, percentile, spawn_policy, start_child, summary
 from benchmarks.netns import DEVICES, A, Hosts, handover
 
 RESULTS = Path(__file__).with_name("results")
@@ -235,7 +235,7 @@ class Driver:
     @classmethod
     async def start(cls, hosts: Hosts, host: str, spec: dict[str, Any], log: Path) -> Driver:
         with log.open("wb") as stderr:
-            proc = await asyncio.create_subprocess_exec(
+            proc = await start_child(
                 *hosts.run(host), sys.executable, "-m", "benchmarks.link", "--driver",
                 json.dumps(spec), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,

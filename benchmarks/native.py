@@ -15,7 +15,7 @@ import re
 import time
 from pathlib import Path
 
-from benchmarks.common import ENV, ROWS, cpu_s
+from benchmarks.common import ENV, ROWS, cpu_s, start_child
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.supervisor import argv_of, processes_with_marker
@@ -130,7 +130,7 @@ async def collect_rollouts(
         what, command = "gym eval run", [str(runtime.bin("gym")), "eval", "run", "--no-serve"]
     else:
         what, command = "ng_collect_rollouts", [str(runtime.bin("ng_collect_rollouts"))]
-    proc = await asyncio.create_subprocess_exec(
+    proc = await start_child(
         *command,
         f"+agent_name={agent}",
         f"+input_jsonl_fpath={rows}",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,9 +26,10 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.common import ENV, bench_runtime, env_with
+from benchmarks.common import ENV, bench_runtime, env_with, start_child
 from benchmarks.native import native_stack
 from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.supervisor import die_with_parent
 from verifiers_nemogym.net import free_port
 
 LOAD = (
@@ -55,7 +57,7 @@ async def load_once(version: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="vfng-bench-load-") as cache:
         env = env_with(VF_NEMOGYM_CACHE=cache)
         began = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
+        proc = await start_child(
             sys.executable, "-c", LOAD, json.dumps(_taskset(version)),
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
@@ -86,6 +88,7 @@ async def first_reward_once(version: str, policy_url: str) -> float:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent(os.getpid(), signal.SIGTERM),  # as `start_child`'s children
     )
     client = EnvClient(address)
     try:

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ENV, rss_mb, spawn_policy
+from benchmarks.common import ENV, rss_mb, spawn_policy, start_child
 
 RESULTS = Path(__file__).with_name("results")
 SIDES = ("ours", "native")
@@ -217,8 +217,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 async def run_child(side: str, total: int, in_flight: int, window: int) -> dict[str, Any]:
     """Run one side in a fresh `python -m benchmarks.soak --child SIDE` process; its samples
-    stream to this process's stderr, its result is the one JSON line it prints."""
-    proc = await asyncio.create_subprocess_exec(
+    stream to this process's stderr, its result is the one JSON line it prints. It dies with
+    this process (`start_child`), its policy with it, and its stack's supervisor then stops the
+    stack."""
+    proc = await start_child(
         sys.executable, "-m", "benchmarks.soak", "--child", side, "--rollouts", str(total),
         "--in-flight", str(in_flight), "--window", str(window),
         stdout=asyncio.subprocess.PIPE,

@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import ENV, bench_runtime, spawn_policy
+from benchmarks.common import ENV, bench_runtime, spawn_policy, start_child
 from benchmarks.native import native_stack, timed_start
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
@@ -32,7 +32,7 @@ async def measure(mode: str, cold: bool) -> dict[str, Any]:
     cache = tempfile.mkdtemp(prefix="vfng-bench-cache-") if cold else None
     env = {**os.environ, **({CACHE_ENV_VAR: cache} if cache else {})}
     try:
-        proc = await asyncio.create_subprocess_exec(
+        proc = await start_child(
             sys.executable, "-m", "benchmarks.stack_start", mode, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

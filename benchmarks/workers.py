@@ -47,7 +47,7 @@ from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
 
 from benchmarks import warm
-from benchmarks.common import ENV, rss_mb, spawn_policy
+from benchmarks.common import ENV, rss_mb, spawn_policy, start_child
 from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import (
@@ -114,7 +114,7 @@ async def start_pool(workers: int, shared_stack: bool) -> Pool:
     address = f"tcp://127.0.0.1:{free_port()}"
     tag = f"{TAG_VAR}={uuid.uuid4().hex}"
     args = {"config": config, "workers": workers, "address": address}
-    proc = await asyncio.create_subprocess_exec(
+    proc = await start_child(
         sys.executable, "-c", _SERVE, json.dumps(args),
         env={**os.environ, "SCRIPTED_KEY": "unused", TAG_VAR: tag.split("=", 1)[1]},
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,

@@ -6,7 +6,9 @@ a `finally`. What it shows: NeMo Gym's head and servers are the cluster's driver
 stack runs (and no private Ray starts), rollouts score, the cluster's token given by value
 reaches no process's environment or command line, no log and no NeMo Gym config; after the
 stack stops the cluster is up with nothing of ours left in it (no live job or actor, no worker
-process) and no process of ours left; a wrong or missing token is one line, in seconds."""
+process) and no process of ours left; a wrong or missing token is one line, in seconds. A
+cluster whose head runs in a network namespace (another machine) is one line naming this
+machine's address and the cluster's nodes, and `stack up` there starts and leaves nothing."""
 
 from __future__ import annotations
 
@@ -26,13 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SESSION_VAR, gone, model_context, until
+from helpers import SESSION_VAR, gone, model_context, run_command, run_tag, script, until
 
 import nemo_gym_env
+from benchmarks.netns import A, B, Hosts
 from verifiers_nemogym.backends import SharedStack
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.nemo import lease
+from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.attach import check_ray
+from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
 from verifiers_nemogym.nemo.supervisor import (
@@ -77,10 +81,12 @@ class Cluster:
     """The environment of the cluster's processes (its token file, its folder)."""
     python: Path
     state_script: Path
+    on_host: list[str]
+    """The command prefix running a command on the cluster's host (empty: this machine)."""
 
     def state(self) -> dict[str, Any]:
         out = subprocess.run(
-            [str(self.python), "-I", str(self.state_script), self.address],
+            [*self.on_host, str(self.python), "-I", str(self.state_script), self.address],
             env=self.env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
@@ -91,11 +97,14 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
-async def ray_head(runtime: NeMoGymVenv) -> AsyncIterator[Cluster]:
+async def ray_head(runtime: NeMoGymVenv, hosts: Hosts | None = None) -> AsyncIterator[Cluster]:
     """A one-node Ray cluster on loopback with token auth, stopped (every process of it) on
     exit. Ray's loopback-only mode (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`) keeps every
     listener on 127.0.0.1 (`--node-ip-address 127.0.0.1` alone is rewritten to the machine's
-    address); every port is chosen, none of Ray's fixed defaults."""
+    address); every port is chosen, none of Ray's fixed defaults. With `hosts`, the cluster
+    runs on host A of those namespaces instead, at its address `A`: another machine."""
+    on_host, node_ip = (hosts.run("a"), A) if hosts else ([], "127.0.0.1")
+    node_flag = ["--node-ip-address", A] if hosts else []
     folder = Path(tempfile.mkdtemp(prefix="vfray-", dir="/tmp"))  # short: Ray's sockets
     token = uuid.uuid4().hex * 2
     (folder / "token").write_text(token)
@@ -106,10 +115,12 @@ async def ray_head(runtime: NeMoGymVenv) -> AsyncIterator[Cluster]:
         "PATH": os.environ["PATH"], "HOME": str(folder), CLUSTER_VAR: marker.split("=")[1],
         SESSION_VAR: os.environ[SESSION_VAR], "RAY_TMPDIR": str(folder),
         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(folder / "token"),
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
         # The cluster's choice: no idle workers prestarted for drivers (a 2-core machine).
         "RAY_prestart_worker_first_driver": "0",
     }  # fmt: skip
+    if not hosts:
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     head: subprocess.Popen[bytes] | None = None
     try:
         # Ray gives its raylet 30 s to register, which a loaded 2-core machine can miss: the
@@ -117,10 +128,12 @@ async def ray_head(runtime: NeMoGymVenv) -> AsyncIterator[Cluster]:
         for _ in range(3):
             port = free_port()
             cluster = Cluster(
-                f"127.0.0.1:{port}", token, marker, env, runtime.bin("python"), folder / "state.py"
-            )
+                f"{node_ip}:{port}", token, marker, env, runtime.bin("python"),
+                folder / "state.py", on_host,
+            )  # fmt: skip
             command = [
-                str(runtime.bin("ray")), "start", "--head", "--block", "--port", str(port),
+                *on_host, str(runtime.bin("ray")), "start", "--head", "--block",
+                "--port", str(port), *node_flag,
                 "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats",
                 "--dashboard-port", str(free_port()),
                 "--ray-client-server-port", str(free_port()),
@@ -135,7 +148,7 @@ async def ray_head(runtime: NeMoGymVenv) -> AsyncIterator[Cluster]:
                 if head.poll() is not None:
                     return True  # exited: no use waiting
                 try:  # the GCS answers before the head's raylet has registered its node
-                    return (await asyncio.to_thread(cluster.state))["nodes"] == ["127.0.0.1"]
+                    return (await asyncio.to_thread(cluster.state))["nodes"] == [node_ip]
                 except AssertionError:
                     return False
 
@@ -228,3 +241,50 @@ async def test_a_stack_joins_the_users_ray_cluster_and_leaves_nothing_in_it(
             )
             assert time.monotonic() - began < 30
         assert cluster.state()["jobs"] == state["jobs"]  # the checks joined nothing
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+async def test_a_cluster_this_machine_is_no_node_of_is_one_line_and_starts_nothing(
+    nemo_venv: NeMoGymVenv, tmp_path: Path
+) -> None:
+    """The cluster's head runs on host A (a network namespace), `stack up` on host B: B reaches
+    the cluster and holds its token, but no node of it is B. B's /tmp is a folder of the test's
+    (a mount namespace), so whatever the command leaves there is seen."""
+    hosts = Hosts(f"vfng{uuid.uuid4().hex[:6]}")
+    try:
+        hosts.create()
+        async with ray_head(nemo_venv, hosts) as cluster:
+            entry, env = run_tag(RAY_AUTH_TOKEN=cluster.token)  # given by value: a file in /tmp
+            env.pop("RAY_AUTH_TOKEN_PATH", None)
+            private_tmp = tmp_path / "tmp"
+            private_tmp.mkdir(mode=0o1777)
+            on_b_with_private_tmp = [
+                "unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount --bind "$0" /tmp && exec "$@"', str(private_tmp), *hosts.run("b"),
+            ]  # fmt: skip
+            began = time.monotonic()
+            code, output = await run_command(
+                [*on_b_with_private_tmp, script("nemo-gym-env"), "stack", "up", ENV,
+                 "--ray-address", cluster.address],
+                env, timeout=120,
+            )  # fmt: skip
+            elapsed = time.monotonic() - began
+            assert (code, output.strip().splitlines()[-1]) == (2, (
+                f"nemo-gym-env: the Ray cluster at {cluster.address} has no live node at this "
+                f"machine's address {B} (its nodes: {A}); join it first "
+                f"(`ray start --address={cluster.address}`)"
+            )), output[-3000:]  # fmt: skip
+            assert elapsed < 60  # `CHECK_TIMEOUT`, and far less in fact
+            # Nothing started or left: no process, nothing in /tmp (the check's folder with the
+            # token file is gone), no job in the cluster, no host in the stack's cache folder.
+            assert processes_with_env(entry) == []
+            assert list(private_tmp.iterdir()) == []
+            assert cluster.state()["jobs"] == []
+            paths = Catalog(nemo_venv).env(ENV).config_paths
+            directory = attach.stack_dir(
+                attach.stack_key(nemo_venv, paths, None, RayCluster(cluster.address))
+            )
+            assert list(directory.iterdir()) == []  # made (checked private) before the check
+            directory.rmdir()
+    finally:
+        hosts.destroy()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.nemo.supervisor import die_with_parent
 from verifiers_nemogym.policies.local_model import (
     ChatTemplate,
     LocalModelServer,
@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 # Any value works: the local server checks no key, but verifiers reads one from this variable.
 _KEY_VAR = "VF_NEMOGYM_LOCAL_KEY"
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -82,13 +81,6 @@ TRAIN_RENDERER_ARGS = [
     "--client.renderer.name", "default", "--client.renderer.tool-parser", "qwen3",
     "--client.renderer.reasoning-parser", "think",
 ]  # fmt: skip
-
-
-def _die_with_parent() -> None:
-    """In the vf-eval child: SIGTERM when we die, so a killed `eval-local` leaves no vf-eval
-    running (vf-eval's stack supervisor then sees its owner go and stops the stack)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def vf_eval_command(
@@ -153,10 +145,11 @@ def run_local_eval(options: LocalEvalOptions) -> int:
         cmd = vf_eval_command(options, server.model_name, base_url, tokenizer, judge_url)
         logger.info("running: %s", " ".join(cmd[1:]))
         # Same process group: a Ctrl-C reaches vf-eval (which stops its NeMo Gym stack) and us
-        # (which stops the model server once vf-eval has exited).
-        proc = subprocess.Popen(
-            cmd, env={**os.environ, _KEY_VAR: "local"}, preexec_fn=_die_with_parent
-        )
+        # (which stops the model server once vf-eval has exited). SIGTERM when we die, so a
+        # killed `eval-local` leaves no vf-eval running (vf-eval's stack supervisor then sees
+        # its owner go and stops the stack).
+        die = die_with_parent(os.getpid(), signal.SIGTERM)
+        proc = subprocess.Popen(cmd, env={**os.environ, _KEY_VAR: "local"}, preexec_fn=die)
         try:
             return proc.wait()
         except KeyboardInterrupt:

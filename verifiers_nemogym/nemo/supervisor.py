@@ -24,7 +24,8 @@ supervisor needs one that imports nothing), which the tests and benchmarks use t
 only a port's owner and CPU time themselves): `pids`, `environ_of`, `env_value`, `argv_of`,
 `parent_of`, `cwd_of`, `uid_of`, `alive`, `rss_bytes`, `processes_with_env` (the scan by an
 environment entry), `descendants`, and `count_stack_programs` (the count of a stack's programs
-among the processes of a scan).
+among the processes of a scan). Its `die_with_parent` (the parent-death signal of a child it
+starts) serves the package's and the benchmarks' other child processes too.
 """
 
 from __future__ import annotations
@@ -281,7 +282,7 @@ class _Supervisor:
                 stderr=subprocess.STDOUT,
                 # Own session: signals we send to the group reach ng_run and its servers only.
                 start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
             )
         # From here on children are reaped by `reap()` (we are a subreaper), not by Popen. The
         # Popen is kept: a dropped one polls its child on deletion, and would reap (and hide
@@ -369,18 +370,22 @@ def _still_below(tree: dict[int, int], me: int) -> Callable[[int], bool]:
     return lambda pid: parent_of(pid) in (tree[pid], me)
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """A `preexec_fn` giving the child SIGINT when `parent` (the supervisor) dies.
+def die_with_parent(parent: int, sig: int = signal.SIGINT) -> Callable[[], None]:
+    """A `preexec_fn` giving the child `sig` when `parent` (the process calling Popen, whose
+    PID it is) dies, however it dies (SIGKILL included); also at once if it died before.
 
-    SIGINT, not SIGKILL: it is what the teardown sends first, and ng_run answers it by shutting
-    its servers down; SIGKILL would leave them running, orphaned. Best effort (Linux only)."""
+    The kernel ties the signal to the thread that forked: the thread calling Popen must live as
+    long as the parent (the main thread, or an event loop's). The supervisor's default is
+    SIGINT, not SIGKILL: it is what its teardown sends first, and ng_run answers it by shutting
+    its servers down; SIGKILL would leave them running, orphaned. Other owners pass SIGTERM (a
+    child started from a background shell ignores SIGINT). Best effort (Linux only)."""
 
     def preexec() -> None:
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:  # died before the prctl took effect
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sig)
 
     return preexec
 

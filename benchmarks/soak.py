@@ -1,5 +1,5 @@
 """Long runs, ours and native side by side: `uv run python -m benchmarks.soak [--rollouts N]
-[--in-flight K] [--window W] [--side ours|native ...]`
+[--in-flight K] [--window W] [--side ours|native ...] [--together] [--trace-malloc]`
 
 Each side runs `--rollouts` rollouts of example_single_tool_call against the scripted policy
 (its own process) with `--in-flight` at a time, in a fresh Python process of its own, so that
@@ -8,16 +8,24 @@ Each side runs `--rollouts` rollouts of example_single_tool_call against the scr
   private stack `env.serving()` starts; the driver process is the env process.
 - `native`: an aiohttp driver posting the rows to the agent's `/run` on a stack whose
   `policy_model` is the policy itself (NeMo Gym alone, as `steady_state`'s `raw_direct`).
-Every `--window` finished rollouts a sample is taken: rollouts/s over the window, resident
-memory (MiB) and open file descriptors of the driver, of every process of the stack (NeMo Gym's
-servers, Ray, the supervisor: summed, and the largest one) and of the policy, and the bytes of
-the stack's working folder (logs included). Growth per 10,000 rollouts is the least-squares
-slope over the samples after the first fifth of the run (warm-up: imports, connection pools,
-Ray workers). Errors are counted (and the first quoted), never retried.
+The sides run one after the other, or with `--together` at the same time (one run, the same
+machine load for both: their slopes compare, their rates share the cores).
+The rollouts run in windows of `--window`; after each, with nothing in flight and after a full
+garbage collection in the driver, a sample is taken: rollouts/s over the window, resident memory
+(MiB) and open file descriptors of the driver, of every process of the stack (NeMo Gym's
+servers, Ray, the supervisor: summed, and the largest one) and of the policy, the driver's
+allocated Python memory blocks, and the bytes of the stack's working folder (logs included).
+Sampling drained measures what is retained: a sample taken mid-flight reads the working set of
+whichever rollouts are in the driver at that instant, which follows the machine's load. Growth
+per 10,000 rollouts is the least-squares slope over the samples after the first fifth of the run
+(warm-up: imports, connection pools, Ray workers, caches filling). Errors are counted (and the
+first quoted), never retried.
 
 Writes `benchmarks/results/<date>-soak.json` (or `--out`) and prints one line per sample. The
 sides inherit this process's environment: `MALLOC_ARENA_MAX=2 python -m benchmarks.soak` measures
-both with glibc's malloc arenas capped (recorded in the result).
+both with glibc's malloc arenas capped (recorded in the result). `--trace-malloc` also lists the
+allocation sites whose retained bytes changed most in the driver from the first sample after the
+first fifth to the last (`tracemalloc`, which slows the driver about threefold).
 """
 
 from __future__ import annotations
@@ -26,10 +34,12 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import gc
 import json
 import os
 import sys
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -91,42 +101,90 @@ async def drive(
     window: int,
     one: Callable[[int], Awaitable[None]],
     measure: Callable[[], dict[str, Any]],
+    malloc: MallocTrace | None = None,
 ) -> Run:
-    """Run `one(i)` for i < total with `in_flight` workers; every `window` finished rollouts
-    append `measure()` plus the window's rate. Returns the samples, the error count and the
-    first error's text."""
+    """Run `one(i)` for i < total, `in_flight` at a time, in windows of `window` rollouts. After
+    each window, with nothing in flight and after a full garbage collection, append `measure()`
+    plus the window's rate and this (the driver's) process's allocated Python memory blocks:
+    retained memory, not the working set of whichever rollouts happen to be in flight. `malloc`,
+    if given, starts tracing at the first sample after the first fifth and is read at the last.
+    Returns the samples, the error count and the first error's text."""
     samples: list[dict[str, Any]] = []
     errors = 0
     first_error: str | None = None
-    done = 0
-    issued = 0
-    window_began = began = time.monotonic()
+    began = time.monotonic()
+    for start in range(0, total, window):
+        end = min(start + window, total)
+        issued = start
+        window_began = time.monotonic()
 
-    async def worker() -> None:
-        nonlocal done, issued, errors, first_error, window_began
-        while issued < total:
-            i = issued
-            issued += 1
-            try:
-                await one(i)
-            except Exception as exc:  # counted, reported; a soak does not stop at one error
-                errors += 1
-                first_error = first_error or f"{type(exc).__name__}: {exc}"[:500]
-            done += 1
-            if done % window == 0:
-                now = time.monotonic()
-                point = {"done": done, "seconds": now - began, "rps": window / (now - window_began)}
-                point |= measure()
-                point["errors"] = errors
-                samples.append(point)
-                window_began = now
-                print(json.dumps(point), file=sys.stderr, flush=True)
+        async def worker(end: int) -> None:
+            nonlocal issued, errors, first_error
+            while issued < end:
+                i = issued
+                issued += 1
+                try:
+                    await one(i)
+                except Exception as exc:  # counted, reported; a soak does not stop at one error
+                    errors += 1
+                    first_error = first_error or f"{type(exc).__name__}: {exc}"[:500]
 
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
+        await asyncio.gather(*(worker(end) for _ in range(min(in_flight, end - start))))
+        now = time.monotonic()
+        gc.collect()
+        point = {"done": end, "seconds": now - began, "rps": (end - start) / (now - window_began)}
+        point |= measure()
+        point["driver_py_blocks"] = sys.getallocatedblocks()
+        point["errors"] = errors
+        samples.append(point)
+        print(json.dumps(point), file=sys.stderr, flush=True)
+        if malloc and (end >= total or (not malloc.tracing and end >= total // 5)):
+            malloc.mark()
     return samples, errors, first_error
 
 
-async def run_side(side: str, total: int, in_flight: int, window: int) -> dict[str, Any]:
+class MallocTrace:
+    """Where the driver's retained Python memory grew (`--trace-malloc`): `tracemalloc`
+    (one frame, so allocation sites, not callers; it slows the driver about threefold) from a
+    first mark to a second, both taken with nothing in flight; `top()` lists the sites whose
+    retained bytes changed most, as paths below site-packages or the repository."""
+
+    def __init__(self) -> None:
+        self.tracing = False
+        self.snapshots: list[tracemalloc.Snapshot] = []
+
+    def mark(self) -> None:
+        if not self.tracing:
+            tracemalloc.start(1)
+            self.tracing = True
+        self.snapshots.append(tracemalloc.take_snapshot())
+
+    def top(self, n: int = 15) -> dict[str, Any]:
+        first, last = self.snapshots[0], self.snapshots[-1]
+        ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+        stats = last.filter_traces(ignore).compare_to(first.filter_traces(ignore), "lineno")
+        return {
+            "total_kib": sum(s.size_diff for s in stats) / 1024,
+            "sites": [_site(stat) for stat in stats[:n]],
+        }
+
+
+def _site(stat: tracemalloc.StatisticDiff) -> dict[str, Any]:
+    """One allocation site's change, its path without the machine's part (from its package,
+    the repository or the standard library on)."""
+    frame = stat.traceback[0]
+    path = frame.filename
+    for root in ("site-packages/", f"{Path(__file__).parent.parent}/", "/lib/"):
+        if root in path:
+            path = path.split(root, 1)[1]
+            break
+    kib = stat.size_diff / 1024
+    return {"site": f"{path}:{frame.lineno}", "kib": kib, "blocks": stat.count_diff}
+
+
+async def run_side(
+    side: str, total: int, in_flight: int, window: int, trace_malloc: bool = False
+) -> dict[str, Any]:
     """One side's soak in this process (see the module doc)."""
     import aiohttp
     import verifiers.v1 as vf
@@ -139,6 +197,7 @@ async def run_side(side: str, total: int, in_flight: int, window: int) -> dict[s
     from verifiers_nemogym.nemo.supervisor import processes_with_marker
 
     os.environ.setdefault("SCRIPTED_KEY", "unused")
+    malloc = MallocTrace() if trace_malloc else None
     async with await spawn_policy() as policy:
         env: Any = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=False)
         tasks = list(env.taskset)
@@ -148,7 +207,7 @@ async def run_side(side: str, total: int, in_flight: int, window: int) -> dict[s
                 stack_pids = processes_with_marker(stack.marker)
                 return sample(os.getpid(), stack_pids, policy.pid, stack.workdir)
 
-            return drive(total, in_flight, window, one, measure)
+            return drive(total, in_flight, window, one, measure, malloc)
 
         if side == "ours":
             client = EvalClientConfig(base_url=policy.info["base_url"], api_key_var="SCRIPTED_KEY")
@@ -185,11 +244,15 @@ async def run_side(side: str, total: int, in_flight: int, window: int) -> dict[s
             finally:
                 await stack.stop()
                 await http.close()
-    return {"samples": samples, "errors": errors, "first_error": first}
+    result = {"samples": samples, "errors": errors, "first_error": first}
+    if malloc and len(malloc.snapshots) > 1:
+        result["malloc_growth"] = malloc.top()
+    return result
 
 
-GROWTH_KEYS = ("driver_rss_mb", "stack_rss_mb", "stack_max_rss_mb", "policy_rss_mb",
-               "driver_fds", "stack_fds", "policy_fds", "workdir_mb", "rps")  # fmt: skip
+GROWTH_KEYS = ("driver_rss_mb", "driver_py_blocks", "stack_rss_mb", "stack_max_rss_mb",
+               "policy_rss_mb", "driver_fds", "stack_fds", "policy_fds", "workdir_mb",
+               "rps")  # fmt: skip
 
 
 def growth_per_10k(samples: list[dict[str, Any]], key: str) -> float | None:
@@ -215,7 +278,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-async def run_child(side: str, total: int, in_flight: int, window: int) -> dict[str, Any]:
+async def run_child(
+    side: str, total: int, in_flight: int, window: int, trace_malloc: bool
+) -> dict[str, Any]:
     """Run one side in a fresh `python -m benchmarks.soak --child SIDE` process; its samples
     stream to this process's stderr, its result is the one JSON line it prints. It dies with
     this process (`start_child`), its policy with it, and its stack's supervisor then stops the
@@ -223,6 +288,7 @@ async def run_child(side: str, total: int, in_flight: int, window: int) -> dict[
     proc = await start_child(
         sys.executable, "-m", "benchmarks.soak", "--child", side, "--rollouts", str(total),
         "--in-flight", str(in_flight), "--window", str(window),
+        *(["--trace-malloc"] if trace_malloc else []),
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, _ = await proc.communicate()
@@ -238,10 +304,20 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=2_000)
     parser.add_argument("--side", action="append", choices=SIDES)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--trace-malloc", action="store_true",
+        help="also list where the driver's retained Python memory grew (tracemalloc; ~3x slower)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--together", action="store_true",
+        help="run the sides at the same time (each still in its own process) rather than in turn",
+    )  # fmt: skip
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        side_result = asyncio.run(run_side(args.child, args.rollouts, args.in_flight, args.window))
+        side_result = asyncio.run(
+            run_side(args.child, args.rollouts, args.in_flight, args.window, args.trace_malloc)
+        )
         print(json.dumps(side_result), flush=True)
         return
     sides = args.side or list(SIDES)
@@ -253,18 +329,32 @@ def main() -> None:
         "rollouts": args.rollouts,
         "in_flight": args.in_flight,
         "window": args.window,
+        "trace_malloc": args.trace_malloc,
+        "together": args.together,
         "load_average_start": os.getloadavg(),
         # glibc's arenas: per-thread heaps a long-lived threaded process fragments (docs).
         "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX"),
     }
     path = args.out or RESULTS / f"{day}-soak.json"
-    for side in sides:
+
+    async def one(side: str) -> None:
         began = time.monotonic()
-        result[side] = asyncio.run(run_child(side, args.rollouts, args.in_flight, args.window))
+        result[side] = await run_child(
+            side, args.rollouts, args.in_flight, args.window, args.trace_malloc
+        )
         result[side]["wall_s"] = time.monotonic() - began
         result["load_average_end"] = os.getloadavg()
         # Written after each side: a long soak's first side survives a stop during the second.
         path.write_text(json.dumps(result, indent=2) + "\n")
+
+    async def run_sides() -> None:
+        if args.together:
+            await asyncio.gather(*map(one, sides))
+        else:
+            for side in sides:
+                await one(side)
+
+    asyncio.run(run_sides())
     for side in sides:
         print(side, json.dumps(result[side]["growth_per_10k"]))
     print(f"wrote {path}")

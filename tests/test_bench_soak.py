@@ -1,0 +1,70 @@
+"""The soak's sampling (fast tier, nothing started): samples are taken drained, growth is a
+least-squares slope after the first fifth, and `--trace-malloc` names the sites that grew."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import random
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def soak(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """`benchmarks.soak` (the benchmarks live at the repository root, not in the package)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    return importlib.import_module("benchmarks.soak")
+
+
+def test_samples_are_taken_with_nothing_in_flight(soak: ModuleType) -> None:
+    in_flight = 0
+    most = 0
+
+    async def one(i: int) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(random.random() / 1000)
+        in_flight -= 1
+        if i % 7 == 3:
+            raise ValueError(f"rollout {i} failed")
+
+    samples, errors, first = asyncio.run(
+        soak.drive(45, 8, 10, one, lambda: {"in_flight": in_flight})
+    )
+    assert [s["done"] for s in samples] == [10, 20, 30, 40, 45]
+    assert [s["in_flight"] for s in samples] == [0] * 5
+    assert most == 8
+    assert (errors, first) == (6, "ValueError: rollout 3 failed")
+    assert all(s["driver_py_blocks"] > 0 and s["rps"] > 0 for s in samples)
+
+
+def test_growth_is_the_slope_after_the_first_fifth(soak: ModuleType) -> None:
+    # The first fifth (two samples) climbs steeply, as warm-up does; the rest rises 3 per 10,000.
+    samples = [{"done": d, "m": 500.0 if d <= 2000 else 100 + 3 * d / 10_000}
+               for d in range(1000, 11_000, 1000)]  # fmt: skip
+    assert soak.growth_per_10k(samples, "m") == pytest.approx(3.0)
+    assert soak.growth_per_10k(samples[:2], "m") is None
+
+
+def test_trace_malloc_names_the_site_that_grew(soak: ModuleType) -> None:
+    trace = soak.MallocTrace()
+    kept: list[Any] = []
+    trace.mark()
+    kept.extend(bytearray(1000) for _ in range(2000))  # ~2 MB retained between the marks
+    trace.mark()
+    import tracemalloc
+
+    tracemalloc.stop()
+    growth = trace.top()
+    top = growth["sites"][0]
+    assert top["site"].startswith("tests/test_bench_soak.py:")
+    assert top["kib"] > 1900 and top["blocks"] >= 2000
+    assert growth["total_kib"] > 1900
+    assert len(kept) == 2000

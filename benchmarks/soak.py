@@ -1,11 +1,14 @@
 """Long runs, ours and native side by side: `uv run python -m benchmarks.soak [--rollouts N]
-[--in-flight K] [--window W] [--side ours|native ...] [--together] [--trace-malloc]`
+[--in-flight K] [--window W] [--side ours|shared|native ...] [--together] [--trace-malloc]`
 
 Each side runs `--rollouts` rollouts of example_single_tool_call against the scripted policy
 (its own process) with `--in-flight` at a time, in a fresh Python process of its own, so that
 "the driver" is measured alone:
 - `ours`: `env.run_episode` (verifiers' rollout machinery, our harness and model proxy) on a
   private stack `env.serving()` starts; the driver process is the env process.
+- `shared`: as `ours`, on the machine's shared stack (`shared_stack=True`, the default): the
+  stack's host process (front, model-call relay, leases) is counted with the stack and also
+  alone, and the stack's folder is the shared stack's.
 - `native`: an aiohttp driver posting the rows to the agent's `/run` on a stack whose
   `policy_model` is the policy itself (NeMo Gym alone, as `steady_state`'s `raw_direct`).
 The sides run one after the other, or with `--together` at the same time (one run, the same
@@ -47,7 +50,7 @@ from typing import Any
 from benchmarks.common import ENV, rss_mb, spawn_policy, start_child
 
 RESULTS = Path(__file__).with_name("results")
-SIDES = ("ours", "native")
+SIDES = ("ours", "native", "shared")
 
 
 def fds(pid: int) -> int:
@@ -192,24 +195,29 @@ async def run_side(
 
     import nemo_gym_env
     from benchmarks.native import native_stack
-    from verifiers_nemogym.backends import PrivateStack
-    from verifiers_nemogym.nemo.stack import NeMoGymStack
+    from verifiers_nemogym.backends import PrivateStack, SharedStack
     from verifiers_nemogym.nemo.supervisor import processes_with_marker
 
     os.environ.setdefault("SCRIPTED_KEY", "unused")
     malloc = MallocTrace() if trace_malloc else None
     async with await spawn_policy() as policy:
-        env: Any = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=False)
+        shared = side == "shared"
+        env: Any = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=shared)
         tasks = list(env.taskset)
 
-        def soak(stack: NeMoGymStack, one: Callable[[int], Awaitable[None]]) -> Awaitable[Run]:
+        def soak(
+            marker: str, workdir: Path | None, one: Callable[[int], Awaitable[None]], host: int = 0
+        ) -> Awaitable[Run]:
             def measure() -> dict[str, Any]:
-                stack_pids = processes_with_marker(stack.marker)
-                return sample(os.getpid(), stack_pids, policy.pid, stack.workdir)
+                pids = sorted(set(processes_with_marker(marker)) | ({host} if host else set()))
+                figures = sample(os.getpid(), pids, policy.pid, workdir)
+                if host:  # the shared stack's host process, also counted with the stack
+                    figures |= {"host_rss_mb": _rss(host), "host_fds": fds(host)}
+                return figures
 
             return drive(total, in_flight, window, one, measure, malloc)
 
-        if side == "ours":
+        if side in ("ours", "shared"):
             client = EvalClientConfig(base_url=policy.info["base_url"], api_key_var="SCRIPTED_KEY")
             ctx = vf.ModelContext(model="scripted", client=client)
 
@@ -219,9 +227,15 @@ async def run_side(
                     raise RuntimeError(f"rollout failed: {episode.errors}")
 
             async with env.serving():
-                if not isinstance(env.stack, PrivateStack):  # start() logs and carries on
+                stack = env.stack
+                if isinstance(stack, PrivateStack):
+                    run = soak(stack.process.marker, stack.process.workdir, ours)
+                elif isinstance(stack, SharedStack):
+                    lease = stack.lease
+                    run = soak(lease.marker, lease.directory, ours, host=lease.host_pid)
+                else:  # start() logs and carries on
                     raise RuntimeError(f"the stack did not start: {env.start_error}")
-                samples, errors, first = await soak(env.stack.process, ours)
+                samples, errors, first = await run
         else:
             port = int(policy.info["port"])
             stack = native_stack(env.taskset.nemo_venv, env.taskset.config_paths(), port)
@@ -240,7 +254,7 @@ async def run_side(
 
             try:
                 await stack.start()
-                samples, errors, first = await soak(stack, native)
+                samples, errors, first = await soak(stack.marker, stack.workdir, native)
             finally:
                 await stack.stop()
                 await http.close()
@@ -252,7 +266,7 @@ async def run_side(
 
 GROWTH_KEYS = ("driver_rss_mb", "driver_py_blocks", "stack_rss_mb", "stack_max_rss_mb",
                "policy_rss_mb", "driver_fds", "stack_fds", "policy_fds", "workdir_mb",
-               "rps")  # fmt: skip
+               "rps", "host_rss_mb", "host_fds")  # fmt: skip
 
 
 def growth_per_10k(samples: list[dict[str, Any]], key: str) -> float | None:
@@ -271,10 +285,11 @@ def growth_per_10k(samples: list[dict[str, Any]], key: str) -> float | None:
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """`result` plus `growth_per_10k` per key and the first/last sample's figures."""
     samples = result["samples"]
-    result["growth_per_10k"] = {key: growth_per_10k(samples, key) for key in GROWTH_KEYS}
+    keys = [key for key in GROWTH_KEYS if samples and key in samples[0]]
+    result["growth_per_10k"] = {key: growth_per_10k(samples, key) for key in keys}
     if samples:
-        result["first"] = {k: samples[0][k] for k in GROWTH_KEYS}
-        result["last"] = {k: samples[-1][k] for k in GROWTH_KEYS}
+        result["first"] = {k: samples[0][k] for k in keys}
+        result["last"] = {k: samples[-1][k] for k in keys}
     return result
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import itertools
 import random
 from pathlib import Path
 from types import ModuleType
@@ -68,3 +69,32 @@ def test_trace_malloc_names_the_site_that_grew(soak: ModuleType) -> None:
     assert top["kib"] > 1900 and top["blocks"] >= 2000
     assert growth["total_kib"] > 1900
     assert len(kept) == 2000
+
+
+def test_pydantic_json_string_cache_is_bounded() -> None:
+    """docs/performance.md "Long runs": verifiers' and our JSON parsing (`pydantic_core.
+    from_json`) keeps short strings in a process-wide cache. It grows with the first ~30,000
+    unique strings (ids: a few per rollout) and then stays at ~1.3 MiB: warm-up, not a leak."""
+    import tracemalloc
+    import uuid
+
+    import pydantic_core
+
+    salt = uuid.uuid4().hex[:8]  # strings no earlier test left in the cache
+    count = iter(range(10**9))
+
+    def parse(n: int) -> None:
+        for i in itertools.islice(count, n):
+            pydantic_core.from_json(f'{{"id": "resp_{salt}{i}", "call": "c{salt}{i}"}}'.encode())
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        parse(25_000)
+        filled = tracemalloc.get_traced_memory()[0] - base
+        parse(25_000)
+        later = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert 0.5 * 2**20 < filled < 2 * 2**20
+    assert abs(later - filled) < 64 * 2**10

@@ -567,9 +567,9 @@ async def test_the_front_lets_calls_beyond_its_pool_wait_too(http):
     from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 
     async with (
-        slow_upstream(12.0) as (_, endpoint),
+        slow_upstream(2.0) as (_, endpoint),
         NeMoGymModelProxy() as proxy,
-        FrontForwarder(pool_size=2) as front,
+        FrontForwarder(pool_size=2, connect_timeout=1) as front,
     ):
         front.add(FrontUser(1, proxy.url, secret_digest(proxy.secret)))
         routes = [proxy.open_route(endpoint, "s") for _ in range(3)]
@@ -578,7 +578,7 @@ async def test_the_front_lets_calls_beyond_its_pool_wait_too(http):
             async with http.post(f"{front.url}/v1/responses", json=body(proxy, route)) as r:
                 return r.status
 
-        # The third waits ~12 s for a connection: beyond the front's 10 s connect bound.
+        # The third waits ~2 s for a connection: beyond the front's 1 s connect bound.
         assert await asyncio.gather(*(call(r) for r in routes)) == [200, 200, 200]
 
 

@@ -2,7 +2,14 @@
 
 Each test counts every rollout (ok, or an error on its own trace), checks through the scripted
 policy that no model call reached another rollout, and checks the process tree afterwards.
-The model is the only double: `ScriptedPolicy` with its `[fault:MODE]` triggers.
+A provider's error answer (relayed by verifiers' interception with the provider's own status)
+makes its rollout an error naming that status, never a reward. A 429, a 503 or a garbled answer
+that clears up within the proxy's retries is a success with exactly the turns (and, in train
+mode, the sampled tokens) of a rollout that saw no fault: the failed attempts left no node, only
+their error records on `trace.calls`; one that does not clear up is the rollout's error after 3
+attempts, counted where they arrive; a 400 after exactly one.
+The models are the only doubles: `ScriptedPolicy` and the token server (train mode), with their
+`[fault:MODE]` / `[fault:MODExN]` triggers.
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ from helpers import (
     model_context,
     run_command,
     run_tag,
+    run_timed,
     script,
     server_pid,
+    train_context,
     until,
     write_rows,
 )
@@ -51,9 +60,21 @@ from verifiers_nemogym.nemo.supervisor import (
     processes_with_env,
 )
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"
+STATUSES = [400, 401, 403, 404, 409, 422, 429, 500]
+"""Provider error statuses, each answered every time by the scripted policy's `[fault:S]`."""
+STATUS_RUN_TIMEOUT = 20
+RETRY_RUN_TIMEOUT = 60
+CLEAN = "weather in Rome?"
+RECOVERS = {  # trigger -> failed attempts before the success
+    "[fault:429x1]": 1,
+    "[fault:503x2]": 2,
+    "[fault:garbagex1]": 1,
+}
+FAILS = {"[fault:503]": (503, 3), "[fault:400]": (400, 1)}  # -> (status, attempts)
 
 
 def first_user_text(prompt: Any) -> str:
@@ -84,6 +105,46 @@ async def run_all(
             return await env.run_episode(task, ctx)
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def _committed(trace: vf.Trace) -> list[Any]:
+    return [c for c in trace.calls if c.node is not None]
+
+
+def check_retries(
+    mode: str, by_text: dict[str, vf.Episode], durations: dict[str, float], sent: dict[str, int]
+) -> None:
+    """The retry outcomes of one mode's rollouts (RECOVERS, FAILS and CLEAN); `sent`: calls the
+    model server saw per trigger."""
+    clean = by_text[CLEAN].traces[0]
+    assert by_text[CLEAN].ok and clean.reward == 1.0, error_text(by_text[CLEAN])
+    turns = len(_committed(clean))
+    assert turns == 2  # the tool call, then the answer
+    for trigger, failed in RECOVERS.items():
+        episode = by_text[f"{trigger} {CLEAN}"]
+        trace = episode.traces[0]
+        assert episode.ok and trace.reward == 1.0, (mode, trigger, error_text(episode))
+        # Exactly the clean rollout's turns; each failed attempt left an error record, no node.
+        assert len(_committed(trace)) == turns, (mode, trigger)
+        assert len(trace.nodes) == len(clean.nodes), (mode, trigger)
+        assert len([c for c in trace.calls if c.error is not None]) == failed, (mode, trigger)
+        assert sent[trigger] == failed + (turns if mode == "eval" else 0), (mode, trigger, sent)
+        if mode == "train":
+            # One sample, with exactly the sampled tokens of the clean rollout: none twice.
+            (branch,) = trace.branches
+            (clean_branch,) = clean.branches
+            assert sum(branch.sampled_mask) == sum(clean_branch.sampled_mask) > 0, trigger
+    for trigger, (status, attempts) in FAILS.items():
+        text = f"{trigger} {CLEAN}"
+        episode = by_text[text]
+        trace = episode.traces[0]
+        assert not episode.ok and trace.rewards.get("nemo_gym") is None, (mode, trigger)
+        assert [e.status_code for e in trace.errors] == [status], (mode, error_text(episode))
+        assert sent[trigger] == attempts, (mode, trigger, sent)
+        assert len(trace.calls) == attempts and not _committed(trace), (mode, trigger)
+        # Ended by the retries running out (backoff at most 1.5 s), not by the deadline.
+        assert durations[text] < RETRY_RUN_TIMEOUT / 3, (mode, trigger, durations[text])
+        print(f"RETRIES {mode} {trigger}: {durations[text]:.1f} s: {error_text(episode)[:200]}")
 
 
 @pytest.fixture(scope="class")
@@ -212,6 +273,89 @@ class TestOnOneSharedStack:
             assert episode.traces[0].info["nemo_gym"]["reward"] == 1.0
         for episode in eps[:2]:  # the big prompt and the big answer are on the recorded trajectory
             assert len(episode.traces[0].model_dump_json()) > 50 * 1024 * 1024
+        await held.released()
+
+    async def test_every_provider_status_is_an_error_naming_it(
+        self,
+        held: HeldStack,
+        policy: ScriptedPolicy,
+        tmp_path: Path,
+        secret_watch: Any,
+        caplog: pytest.LogCaptureFixture,
+    ):
+        caplog.set_level(logging.DEBUG)
+        faults = {status: f"[fault:{status}] weather {status}?" for status in STATUSES}
+        texts = [*faults.values(), "[fault:hang] weather?", "weather in Rome?", "weather in Oslo?"]
+        env = nemo_gym_env.load_environment(
+            jsonl_path=str(write_rows(tmp_path / "rows.jsonl", texts)),
+            task={"run_timeout": STATUS_RUN_TIMEOUT},
+        )
+        tasks = list(env.taskset)
+        async with env.serving():
+            assert held.owns(env)
+            secret_watch.watch(env)
+            live = env.taskset.config.task._live
+            episodes, durations = await run_timed(env, tasks, model_context(policy))
+            assert live.proxy.open_routes == 0
+        assert len(episodes) == len(texts)  # none lost
+        by_text = {e.task.data.prompt_text: e for e in episodes}
+        for text in texts[-2:]:
+            episode = by_text[text]
+            assert episode.ok and episode.traces[0].reward == 1.0, error_text(episode)
+        for status, text in faults.items():
+            episode = by_text[text]
+            trace = episode.traces[0]
+            assert not episode.ok and not trace.ok, f"{status} must be an error"
+            assert trace.rewards.get("nemo_gym") is None  # an error, not a reward
+            # verifiers re-raises the provider's error it stashed for the call as the rollout's
+            # real cause (our harness's AgentRunError, naming the same status, is its __cause__).
+            assert [(e.type, e.status_code) for e in trace.errors] == [("ProviderError", status)]
+            assert f"scripted fault {status}" in trace.errors[0].message, trace.errors[0].message
+            print(f"PROVIDER-STATUS {status} ({durations[text]:.2f} s): {trace.errors[0].type}: ")
+            print(f"    {trace.errors[0].message}")
+            # Ended by the provider's answer, not by the rollout's deadline.
+            assert durations[text] < STATUS_RUN_TIMEOUT / 2, durations[text]
+            # The per-call record verifiers keeps on the trace agrees.
+            assert any(c.error is not None and c.error.status_code == status for c in trace.calls)
+        hung = by_text["[fault:hang] weather?"]
+        assert not hung.ok and f"did not return within {STATUS_RUN_TIMEOUT} s" in error_text(hung)
+        print(f"PROVIDER-STATUS hang: {hung.traces[0].errors[0].type}: {error_text(hung)}")
+        seen = {f"trace {e.traces[0].id}": json.dumps(e.traces[0].to_record()) for e in episodes}
+        seen |= {f"errors of {e.task.data.prompt_text}": error_text(e) for e in episodes}
+        secret_watch.assert_absent({**seen, "log": caplog.text})
+        assert len(secret_watch.secrets) == 1 + len(texts)  # the proxy's and one per rollout
+        await held.released()
+
+    async def test_transient_errors_are_retried_without_duplicating_turns_or_tokens(
+        self, held: HeldStack, tmp_path: Path
+    ):
+        texts = [CLEAN, *(f"{t} {CLEAN}" for t in [*RECOVERS, *FAILS])]
+        env = nemo_gym_env.load_environment(
+            jsonl_path=str(write_rows(tmp_path / "rows.jsonl", texts)),
+            task={"run_timeout": RETRY_RUN_TIMEOUT},
+        )
+        tasks = list(env.taskset)
+        async with (
+            ScriptedPolicy(retry_after="1") as policy,
+            TokenServer(packaged_tokenizer()) as tokens,
+            env.serving(),
+        ):
+            assert held.owns(env)
+            live = env.taskset.config.task._live
+            results: dict[str, tuple[dict[str, vf.Episode], dict[str, float]]] = {}
+            contexts = (("eval", model_context(policy)), ("train", train_context(tokens.base_url)))
+            for mode, ctx in contexts:
+                episodes, durations = await run_timed(env, tasks, ctx)
+                results[mode] = ({e.task.data.prompt_text: e for e in episodes}, durations)
+            assert live.proxy.open_routes == 0
+        triggers = [*RECOVERS, *FAILS]
+        eval_sent = {t: sum(t in c.prompt for c in policy.calls) for t in triggers}
+        # The token server records its fault answers by trigger (its successes are in `calls`).
+        train_sent = {t: tokens.faults.count(t[len("[fault:") : -1]) for t in triggers}
+        # Retries carry the SDK's marker, so verifiers would replay a turn it had committed.
+        assert {c.retry_count for c in policy.calls} == {None, "1", "2"}
+        check_retries("eval", *results["eval"], eval_sent)
+        check_retries("train", *results["train"], train_sent)
         await held.released()
 
 

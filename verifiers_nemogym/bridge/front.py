@@ -42,11 +42,21 @@ class FrontUser:
 class FrontForwarder(AppServer):
     """See the module contract. `add`/`remove` register the proxies of the stack's users."""
 
-    def __init__(self, host: str = LOOPBACK, port: int = 0, *, pool_size: int = 1024) -> None:
+    def __init__(
+        self,
+        host: str = LOOPBACK,
+        port: int = 0,
+        *,
+        pool_size: int = 1024,
+        connect_timeout: float = 10.0,
+    ) -> None:
         self.host = host
         self.port = port
         self.pool_size = pool_size
         """Connections to the proxies open at most; a call beyond waits for one."""
+        self.connect_timeout = connect_timeout
+        """Seconds a new connection to a proxy may take (the wait for a free one is not
+        counted)."""
         self.users: dict[bytes, FrontUser] = {}
         self.calls = 0
         self._http: aiohttp.ClientSession | None = None
@@ -64,8 +74,10 @@ class FrontForwarder(AppServer):
             connector=aiohttp.TCPConnector(limit=self.pool_size),
             cookie_jar=aiohttp.DummyCookieJar(),
             # sock_connect, not connect: a call beyond the pool waits for a free connection;
-            # aiohttp's `connect` would fail it after 10 s, as if its env process were gone.
-            timeout=aiohttp.ClientTimeout(total=FRONT_CALL_TIMEOUT, sock_connect=10),
+            # aiohttp's `connect` would fail it after the bound, as if its env process were gone.
+            timeout=aiohttp.ClientTimeout(
+                total=FRONT_CALL_TIMEOUT, sock_connect=self.connect_timeout
+            ),
         )
         await super().start()
 

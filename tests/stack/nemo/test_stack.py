@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +20,7 @@ from helpers import REPO, gone, server_pid
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec
-from verifiers_nemogym.nemo.stack import NeMoGymStack
+from verifiers_nemogym.nemo.stack import NeMoGymStack, start_stack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_marker
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
@@ -31,12 +33,54 @@ def single_tool_env(catalog: Catalog) -> EnvSpec:
     return catalog.env(ENV_NAME)
 
 
-async def test_stack_runs_a_rollout_and_stops_clean(
-    nemo_venv: NeMoGymVenv, single_tool_env: EnvSpec, policy: ScriptedPolicy
-) -> None:
-    stack = _stack_for(nemo_venv, single_tool_env, policy)
-    try:
-        await stack.start()
+@dataclass(frozen=True)
+class Started:
+    """A started stack of `ENV_NAME` whose policy model is `policy`, started with `home` as HOME
+    (to see that Ray never touches `~/.ray`)."""
+
+    stack: NeMoGymStack
+    policy: ScriptedPolicy
+    home: Path
+
+
+@pytest.fixture(scope="class")
+async def started(
+    nemo_venv: NeMoGymVenv, single_tool_env: EnvSpec, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Started]:
+    """One stack for the tests of a class that only look at a running stack (a stack start is
+    the slow tier's main cost), started by `start_stack` (which tries again a start Ray's node
+    timed out). After the last test: `stop()` leaves no process of it, a second `stop()` is a
+    no-op, and nothing wrote `~/.ray`."""
+    from verifiers_nemogym.util import uv_cache_dir
+
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("UV_CACHE_DIR", str(uv_cache_dir()))  # HOME moves; uv's cache does not
+        env.setenv("HOME", str(home))
+        async with ScriptedPolicy() as policy:
+            stack = await start_stack(
+                lambda seconds: _stack_for(nemo_venv, single_tool_env, policy, seconds), 300
+            )
+            try:
+                yield Started(stack, policy, home)
+            finally:
+                await stack.stop()
+            assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
+            await stack.stop()  # idempotent
+    assert not (home / ".ray").exists()
+
+
+_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+class TestOneStartedStack:
+    """Tests that only look at a running stack share one (`started`); its stop is checked when
+    the last one is done."""
+
+    async def test_stack_runs_a_rollout_and_stops_clean(
+        self, started: Started, single_tool_env: EnvSpec
+    ) -> None:
+        stack, policy = started.stack, started.policy
         assert processes_with_marker(stack.marker), "the stack should be running under its marker"
         agent_url = stack.agents[single_tool_env.agent.name]
         assert agent_url.startswith("http://127.0.0.1:")
@@ -51,10 +95,37 @@ async def test_stack_runs_a_rollout_and_stops_clean(
         assert result["reward"] == 1.0
         assert len(policy.calls) == 2
         await stack.check_alive()
-    finally:
-        await stack.stop()
-    assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
-    await stack.stop()  # idempotent
+
+    async def test_stack_ray_token_is_private_to_the_stack(self, started: Started) -> None:
+        """Ray's token lives in the stack's 0700 RAY_TMPDIR, mode 0600, unreadable by another
+        uid, and Ray neither reads nor writes `~/.ray` (a HOME of its own here, to see it)."""
+        stack = started.stack
+        ray_tmpdir = stack._ray_tmpdir
+        assert ray_tmpdir is not None
+        token = ray_tmpdir / "auth_token"
+        assert token.stat().st_mode & 0o777 == 0o600
+        assert ray_tmpdir.stat().st_mode & 0o777 == 0o700
+        # Every Ray process of the stack reads that token, none falls back to ~/.ray.
+        gcs = [
+            pid
+            for pid in processes_with_marker(stack.marker)
+            if Path(f"/proc/{pid}/exe").resolve().name == "gcs_server"
+        ]
+        assert len(gcs) == 1
+        environ = Path(f"/proc/{gcs[0]}/environ").read_bytes().split(b"\0")
+        assert f"RAY_AUTH_TOKEN_PATH={token}".encode() in environ
+        assert b"RAY_AUTH_MODE=token" in environ
+        assert not (started.home / ".ray").exists()
+        # A second real uid can read neither the token nor anything else of Ray's state.
+        for path in (token, ray_tmpdir):
+            probe = subprocess.run(
+                [*_NOBODY, "ls", "-l", str(path)], capture_output=True, text=True, check=False
+            )
+            assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe
+        probe = subprocess.run(
+            [*_NOBODY, "cat", str(token)], capture_output=True, text=True, check=False
+        )
+        assert probe.returncode != 0 and probe.stdout == "", probe
 
 
 _OWNER_SCRIPT = textwrap.dedent(
@@ -198,61 +269,17 @@ async def test_check_alive_names_the_server_that_died_first(
     assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
 
 
-def _stack_for(venv: NeMoGymVenv, env: EnvSpec, policy: ScriptedPolicy) -> NeMoGymStack:
+def _stack_for(
+    venv: NeMoGymVenv, env: EnvSpec, policy: ScriptedPolicy, timeout: float = 300
+) -> NeMoGymStack:
     """A stack (not started) running `env` with `policy` as its `policy_model`."""
     return NeMoGymStack(
-        venv, env.config_paths, policy_host=policy.host, policy_port=policy.port, start_timeout=300
+        venv,
+        env.config_paths,
+        policy_host=policy.host,
+        policy_port=policy.port,
+        start_timeout=timeout,
     )
-
-
-_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-async def test_stack_ray_token_is_private_to_the_stack(
-    nemo_venv: NeMoGymVenv,
-    single_tool_env: EnvSpec,
-    policy: ScriptedPolicy,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Ray's token lives in the stack's 0700 RAY_TMPDIR, mode 0600, unreadable by another uid,
-    and Ray neither reads nor writes `~/.ray` (a HOME of its own here, to see it)."""
-    from verifiers_nemogym.util import uv_cache_dir
-
-    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache_dir()))  # HOME moves; uv's cache does not
-    monkeypatch.setenv("HOME", str(tmp_path))
-    stack = _stack_for(nemo_venv, single_tool_env, policy)
-    try:
-        await stack.start()
-        ray_tmpdir = stack._ray_tmpdir
-        assert ray_tmpdir is not None
-        token = ray_tmpdir / "auth_token"
-        assert token.stat().st_mode & 0o777 == 0o600
-        assert ray_tmpdir.stat().st_mode & 0o777 == 0o700
-        # Every Ray process of the stack reads that token, none falls back to ~/.ray.
-        gcs = [
-            pid
-            for pid in processes_with_marker(stack.marker)
-            if Path(f"/proc/{pid}/exe").resolve().name == "gcs_server"
-        ]
-        assert len(gcs) == 1
-        environ = Path(f"/proc/{gcs[0]}/environ").read_bytes().split(b"\0")
-        assert f"RAY_AUTH_TOKEN_PATH={token}".encode() in environ
-        assert b"RAY_AUTH_MODE=token" in environ
-        assert not (tmp_path / ".ray").exists()
-        # A second real uid can read neither the token nor anything else of Ray's state.
-        for path in (token, ray_tmpdir):
-            probe = subprocess.run(
-                [*_NOBODY, "ls", "-l", str(path)], capture_output=True, text=True, check=False
-            )
-            assert probe.returncode != 0 and "Permission denied" in probe.stderr, probe
-        probe = subprocess.run(
-            [*_NOBODY, "cat", str(token)], capture_output=True, text=True, check=False
-        )
-        assert probe.returncode != 0 and probe.stdout == "", probe
-    finally:
-        await stack.stop()
-    assert not (tmp_path / ".ray").exists()
 
 
 async def test_failed_warm_start_drops_the_warm_stamp(

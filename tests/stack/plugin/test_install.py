@@ -163,16 +163,29 @@ async def _run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float) -> tu
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-async def test_vf_eval_from_the_installed_wheel(install: Install, tmp_path: Path):
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+async def test_vf_eval_and_conformance_from_the_installed_wheel(
+    install: Install, tmp_path: Path, nemo_venv: NeMoGymVenv
+):
+    """`vf-eval` and `nemo-gym-env conformance --strict` from the installed wheel, at once: the
+    same config set, so one of them starts the shared stack (its host from the installed wheel)
+    and the other attaches to it (a stack start is the slow tier's main cost); the host stops
+    after its idle grace once both left."""
+    lines = Catalog(nemo_venv).env(ENV).example_rollouts.read_text().splitlines()
+    recorded = len([line for line in lines if line.strip()])
+    eval_tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    conformance_tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
+    conformance = [str(install.bin / "nemo-gym-env"), "conformance", "--strict", ENV]
     async with ScriptedPolicy() as policy:
-        cmd = [
+        vf_eval = [
             str(install.bin / "vf-eval"), "nemo-gym-env", "-m", "scripted",
             "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
             "-n", "2", "--no-push", "-o", str(tmp_path / "out"),
             "--env.taskset.nemo-env", ENV,
         ]  # fmt: skip
-        code, out, err = await _run_tagged(cmd, tmp_path, tag, timeout=900)
+        (code, out, err), (c_code, c_out, c_err) = await asyncio.gather(
+            _run_tagged(vf_eval, tmp_path, eval_tag, timeout=900),
+            _run_tagged(conformance, tmp_path, conformance_tag, timeout=900),
+        )
     assert code == 0, (out + err)[-5000:]
     episodes = read_episodes(tmp_path / "out")
     traces = [t for e in episodes for t in e["traces"]]
@@ -181,23 +194,13 @@ async def test_vf_eval_from_the_installed_wheel(install: Install, tmp_path: Path
     assert [t["rewards"]["nemo_gym"]["score"] for t in traces] == [1.0, 1.0]
     assert ANSWER in json.dumps(traces[0])  # the policy's answer is in verifiers' trajectory
     assert len(policy.calls) == 4  # tool call + answer per rollout, all through the installed env
-    # The shared stack's host (started from the installed wheel) stops after its idle grace.
-    assert await gone(tag) == []
-
-
-async def test_conformance_from_the_installed_wheel(
-    install: Install, tmp_path: Path, nemo_venv: NeMoGymVenv
-):
-    lines = Catalog(nemo_venv).env(ENV).example_rollouts.read_text().splitlines()
-    recorded = len([line for line in lines if line.strip()])
-    tag = f"VF_NEMOGYM_TEST_RUN={uuid.uuid4().hex}"
-    cmd = [str(install.bin / "nemo-gym-env"), "conformance", "--strict", ENV]
-    code, out, err = await _run_tagged(cmd, tmp_path, tag, timeout=900)
-    assert code == 0, (out + err)[-5000:]
-    assert f"| {ENV} | {recorded} | {recorded} | 0 | {recorded}/{recorded} |" in out, out
-    assert "Mismatches" not in out
-    # The shared stack's host outlives the command by its idle grace, then stops everything.
-    assert await gone(tag) == []
+    assert c_code == 0, (c_out + c_err)[-5000:]
+    assert f"| {ENV} | {recorded} | {recorded} | 0 | {recorded}/{recorded} |" in c_out, c_out
+    assert "Mismatches" not in c_out
+    # The shared stack's host (started from the installed wheel by one of the two commands)
+    # outlives them by its idle grace, then stops everything.
+    assert await gone(eval_tag) == []
+    assert await gone(conformance_tag) == []
 
 
 def test_the_env_wheel_next_to_the_library_and_the_cost_of_sharing_a_module(install: Install):

@@ -39,6 +39,7 @@ import contextlib
 import datetime
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -269,9 +270,10 @@ GROWTH_KEYS = ("driver_rss_mb", "driver_py_blocks", "stack_rss_mb", "stack_max_r
                "rps", "host_rss_mb", "host_fds")  # fmt: skip
 
 
-def growth_per_10k(samples: list[dict[str, Any]], key: str) -> float | None:
+def growth_per_10k(samples: list[dict[str, Any]], key: str) -> tuple[float, float] | None:
     """Least-squares slope of `key` against finished rollouts, per 10,000 rollouts, over the
-    samples after the first fifth of the run; None with fewer than 3 such samples."""
+    samples after the first fifth of the run, and the slope's standard error (how far noise
+    alone moves it); None with fewer than 3 such samples."""
     points = samples[len(samples) // 5 :]
     if len(points) < 3:
         return None
@@ -279,14 +281,19 @@ def growth_per_10k(samples: list[dict[str, Any]], key: str) -> float | None:
     ys = [float(p[key]) for p in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var * 10_000
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return slope * 10_000, math.sqrt(residual / (len(xs) - 2) / var) * 10_000
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """`result` plus `growth_per_10k` per key and the first/last sample's figures."""
+    """`result` plus, per key, `growth_per_10k` and its standard error `growth_se_per_10k`
+    (`growth_per_10k`), and the first/last sample's figures."""
     samples = result["samples"]
     keys = [key for key in GROWTH_KEYS if samples and key in samples[0]]
-    result["growth_per_10k"] = {key: growth_per_10k(samples, key) for key in keys}
+    fits = {key: growth_per_10k(samples, key) for key in keys}
+    result["growth_per_10k"] = {key: fit and fit[0] for key, fit in fits.items()}
+    result["growth_se_per_10k"] = {key: fit and fit[1] for key, fit in fits.items()}
     if samples:
         result["first"] = {k: samples[0][k] for k in keys}
         result["last"] = {k: samples[-1][k] for k in keys}
@@ -327,6 +334,10 @@ def main() -> None:
         "--together", action="store_true",
         help="run the sides at the same time (each still in its own process) rather than in turn",
     )  # fmt: skip
+    parser.add_argument(
+        "--summarize", type=Path, metavar="RESULT",
+        help="recompute the growth figures of a result file from its samples, and exit",
+    )  # fmt: skip
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -334,6 +345,13 @@ def main() -> None:
             run_side(args.child, args.rollouts, args.in_flight, args.window, args.trace_malloc)
         )
         print(json.dumps(side_result), flush=True)
+        return
+    if args.summarize:
+        earlier = json.loads(args.summarize.read_text())
+        for side in SIDES:
+            if side in earlier:
+                summarize(earlier[side])
+        args.summarize.write_text(json.dumps(earlier, indent=2) + "\n")
         return
     sides = args.side or list(SIDES)
     day = datetime.date.today().isoformat()

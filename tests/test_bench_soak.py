@@ -50,8 +50,12 @@ def test_growth_is_the_slope_after_the_first_fifth(soak: ModuleType) -> None:
     # The first fifth (two samples) climbs steeply, as warm-up does; the rest rises 3 per 10,000.
     samples = [{"done": d, "m": 500.0 if d <= 2000 else 100 + 3 * d / 10_000}
                for d in range(1000, 11_000, 1000)]  # fmt: skip
-    assert soak.growth_per_10k(samples, "m") == pytest.approx(3.0)
+    assert soak.growth_per_10k(samples, "m") == pytest.approx((3.0, 0.0))
     assert soak.growth_per_10k(samples[:2], "m") is None
+    # Noise around a flat line: a slope within a few standard errors of 0.
+    noisy = [{"done": d, "m": 100.0 + (1 if d % 2000 else -1)} for d in range(1000, 21_000, 1000)]
+    slope, se = soak.growth_per_10k(noisy, "m")
+    assert abs(slope) < 3 * se and 0 < se < 1
 
 
 def test_trace_malloc_names_the_site_that_grew(soak: ModuleType) -> None:

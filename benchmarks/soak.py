@@ -300,6 +300,47 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+TABLE = (
+    ("driver_rss_mb", "driver RSS, MB (ours, shared: the env process)", 1, 1),
+    ("driver_py_blocks", "driver's allocated Python blocks, thousands", 1_000, 1),
+    ("stack_rss_mb", "stack processes summed, MB", 1, 1),
+    ("stack_max_rss_mb", "largest stack process, MB", 1, 1),
+    ("host_rss_mb", "the shared stack's host process, MB", 1, 1),
+    ("driver_fds", "driver file descriptors", 1, 0),
+    ("stack_fds", "stack file descriptors, summed", 1, 0),
+    ("workdir_mb", "stack folder (logs included), MB", 1, 2),
+    ("rps", "rollouts/s", 1, 1),
+)
+"""The docs' soak table: key, label, divisor, decimals."""
+
+
+def table(sides: dict[str, dict[str, Any]]) -> list[str]:
+    """docs/performance.md's soak table (Markdown rows) for summarized sides (`summarize`): per
+    figure and side, growth per 10,000 rollouts ± its standard error, then first -> last."""
+    names = [side for side in SIDES if side in sides]
+    rows = [
+        "| per 10,000 rollouts: slope ± standard error (first -> last sample) | "
+        + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]  # fmt: skip
+    for key, label, divisor, decimals in TABLE:
+        cells = []
+        for side in names:
+            result = sides[side]
+            growth = result["growth_per_10k"].get(key)
+            if growth is None:
+                cells.append("-")
+                continue
+            se = result["growth_se_per_10k"][key]
+            first, last = result["first"][key] / divisor, result["last"][key] / divisor
+            cells.append(
+                f"{growth / divisor:+.{decimals}f} ± {se / divisor:.{decimals}f} "
+                f"({first:.{decimals}f} -> {last:.{decimals}f})"
+            )
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return rows
+
+
 async def run_child(
     side: str, total: int, in_flight: int, window: int, trace_malloc: bool
 ) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import datetime
 import gc
 import json
@@ -109,7 +110,8 @@ async def drive(
 ) -> Run:
     """Run `one(i)` for i < total, `in_flight` at a time, in windows of `window` rollouts. After
     each window, with nothing in flight and after a full garbage collection, append `measure()`
-    plus the window's rate and this (the driver's) process's allocated Python memory blocks:
+    plus the window's rate, this (the driver's) process's allocated Python memory blocks and its
+resident memory once its allocator returned its free pages (`_trimmed_rss_mb`):
     retained memory, not the working set of whichever rollouts happen to be in flight. `malloc`,
     if given, starts tracing at the first sample after the first fifth and is read at the last.
     Returns the samples, the error count and the first error's text."""
@@ -139,12 +141,22 @@ async def drive(
         point = {"done": end, "seconds": now - began, "rps": (end - start) / (now - window_began)}
         point |= measure()
         point["driver_py_blocks"] = sys.getallocatedblocks()
+        point["driver_rss_trimmed_mb"] = _trimmed_rss_mb()
         point["errors"] = errors
         samples.append(point)
         print(json.dumps(point), file=sys.stderr, flush=True)
         if malloc and (end >= total or (not malloc.tracing and end >= total // 5)):
             malloc.mark()
     return samples, errors, first_error
+
+
+def _trimmed_rss_mb() -> float:
+    """This process's resident memory (MiB) after glibc's `malloc_trim(0)` gave the free pages
+    its allocator keeps back to the system: memory in use plus fragmentation, without the
+    high-water mark of a burst freed since (the untrimmed RSS swings by tens of MB with them)."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: the untrimmed figure
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_mb(os.getpid())
 
 
 class MallocTrace:
@@ -265,8 +277,8 @@ async def run_side(
     return result
 
 
-GROWTH_KEYS = ("driver_rss_mb", "driver_py_blocks", "stack_rss_mb", "stack_max_rss_mb",
-               "policy_rss_mb", "driver_fds", "stack_fds", "policy_fds", "workdir_mb",
+GROWTH_KEYS = ("driver_rss_mb", "driver_rss_trimmed_mb", "driver_py_blocks", "stack_rss_mb",
+               "stack_max_rss_mb", "policy_rss_mb", "driver_fds", "stack_fds", "policy_fds", "workdir_mb",
                "rps", "host_rss_mb", "host_fds")  # fmt: skip
 
 
@@ -302,6 +314,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 TABLE = (
     ("driver_rss_mb", "driver RSS, MB (ours, shared: the env process)", 1, 1),
+    ("driver_rss_trimmed_mb", "driver RSS after malloc_trim, MB", 1, 1),
     ("driver_py_blocks", "driver's allocated Python blocks, thousands", 1_000, 1),
     ("stack_rss_mb", "stack processes summed, MB", 1, 1),
     ("stack_max_rss_mb", "largest stack process, MB", 1, 1),

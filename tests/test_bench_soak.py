@@ -44,6 +44,7 @@ def test_samples_are_taken_with_nothing_in_flight(soak: ModuleType) -> None:
     assert most == 8
     assert (errors, first) == (6, "ValueError: rollout 3 failed")
     assert all(s["driver_py_blocks"] > 0 and s["rps"] > 0 for s in samples)
+    assert all(0 < s["driver_rss_trimmed_mb"] < 4096 for s in samples)
 
 
 def test_growth_is_the_slope_after_the_first_fifth(soak: ModuleType) -> None:

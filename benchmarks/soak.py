@@ -111,8 +111,8 @@ async def drive(
     """Run `one(i)` for i < total, `in_flight` at a time, in windows of `window` rollouts. After
     each window, with nothing in flight and after a full garbage collection, append `measure()`
     plus the window's rate, this (the driver's) process's allocated Python memory blocks and its
-resident memory once its allocator returned its free pages (`_trimmed_rss_mb`):
-    retained memory, not the working set of whichever rollouts happen to be in flight. `malloc`,
+    resident memory once its allocator returned its free pages (`_trimmed_rss_mb`): retained
+    memory, not the working set of whichever rollouts happen to be in flight. `malloc`,
     if given, starts tracing at the first sample after the first fifth and is read at the last.
     Returns the samples, the error count and the first error's text."""
     samples: list[dict[str, Any]] = []
@@ -278,8 +278,8 @@ async def run_side(
 
 
 GROWTH_KEYS = ("driver_rss_mb", "driver_rss_trimmed_mb", "driver_py_blocks", "stack_rss_mb",
-               "stack_max_rss_mb", "policy_rss_mb", "driver_fds", "stack_fds", "policy_fds", "workdir_mb",
-               "rps", "host_rss_mb", "host_fds")  # fmt: skip
+               "stack_max_rss_mb", "policy_rss_mb", "driver_fds", "stack_fds", "policy_fds",
+               "workdir_mb", "rps", "host_rss_mb", "host_fds")  # fmt: skip
 
 
 def growth_per_10k(samples: list[dict[str, Any]], key: str) -> tuple[float, float] | None:

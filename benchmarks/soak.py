@@ -337,6 +337,8 @@ def table(sides: dict[str, dict[str, Any]]) -> list[str]:
         "|---|" + "---|" * len(names),
     ]  # fmt: skip
     for key, label, divisor, decimals in TABLE:
+        if all(key not in sides[side]["growth_per_10k"] for side in names):
+            continue  # a figure no side measured (an older run, or not this kind of stack)
         cells = []
         for side in names:
             result = sides[side]

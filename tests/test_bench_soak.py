@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
+import json
 import random
 from pathlib import Path
 from types import ModuleType
@@ -103,3 +104,16 @@ def test_pydantic_json_string_cache_is_bounded() -> None:
         tracemalloc.stop()
     assert 0.5 * 2**20 < filled < 2 * 2**20
     assert abs(later - filled) < 64 * 2**10
+
+
+def test_performance_doc_quotes_the_result_files(soak: ModuleType) -> None:
+    """docs/performance.md's soak table is `table()` of the committed results, row for row (a
+    rerun that changes a figure fails here until the page quotes it)."""
+    results = ROOT / "benchmarks/results"
+    together = json.loads((results / "2026-11-27-soak-100k.json").read_text())
+    shared = json.loads((results / "2026-11-27-soak-100k-shared.json").read_text())
+    sides = {"ours": together["ours"], "native": together["native"], "shared": shared["shared"]}
+    assert all(s["errors"] == 0 and s["samples"][-1]["done"] == 100_000 for s in sides.values())
+    doc = (ROOT / "docs/performance.md").read_text().splitlines()
+    missing = [row for row in soak.table(sides) if row not in doc]
+    assert missing == []

@@ -17,7 +17,8 @@ The rollouts run in windows of `--window`; after each, with nothing in flight an
 garbage collection in the driver, a sample is taken: rollouts/s over the window, resident memory
 (MiB) and open file descriptors of the driver, of every process of the stack (NeMo Gym's
 servers, Ray, the supervisor: summed, and the largest one) and of the policy, the driver's
-allocated Python memory blocks, and the bytes of the stack's working folder (logs included).
+allocated Python memory blocks and its resident memory after glibc's `malloc_trim(0)` (without
+the free pages its allocator keeps), and the bytes of the stack's working folder (logs included).
 Sampling drained measures what is retained: a sample taken mid-flight reads the working set of
 whichever rollouts are in the driver at that instant, which follows the machine's load. Growth
 per 10,000 rollouts is the least-squares slope over the samples after the first fifth of the run

@@ -16,9 +16,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SESSION_VAR, gone, model_context, run_command, run_tag, script, until
+from helpers import REPO, SESSION_VAR, gone, model_context, run_command, run_tag, script, until
 
 import nemo_gym_env
 from benchmarks.netns import A, B, Hosts
@@ -48,6 +50,7 @@ from verifiers_nemogym.nemo.supervisor import (
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.util import cache_root
 
 ENV = "example_single_tool_call"
 CLUSTER_VAR = "VF_NEMOGYM_TEST_RAY_CLUSTER"
@@ -243,6 +246,30 @@ async def test_a_stack_joins_the_users_ray_cluster_and_leaves_nothing_in_it(
         assert cluster.state()["jobs"] == state["jobs"]  # the checks joined nothing
 
 
+def with_private_tmp(private_tmp: Path, command: list[str]) -> tuple[list[str], set[Path]]:
+    """`command` in a mount namespace whose /tmp is `private_tmp`, so that whatever it leaves in
+    /tmp is seen there; and the folders made in `private_tmp` for that.
+
+    What the command runs from and may lie under /tmp (CI's clean clone and its
+    `VF_NEMOGYM_CACHE` are made with `mktemp -d`: the project's venv, the NeMo Gym runtime, the
+    release's files) is bound back at its own path, on a folder made for it in `private_tmp`."""
+    tmp = Path("/tmp").resolve()
+    wanted = sorted({p.resolve() for p in (REPO, Path(sys.prefix), cache_root())})
+    kept = [p for p in wanted if p.is_relative_to(tmp)]
+    kept = [p for p in kept if not any(p != q and p.is_relative_to(q) for q in kept)]
+    binds, made = [], set()
+    for path in kept:
+        assert not private_tmp.resolve().is_relative_to(path), (path, private_tmp)
+        mountpoint = private_tmp / path.relative_to(tmp)
+        mountpoint.mkdir(parents=True)
+        made |= {mountpoint, *(p for p in mountpoint.parents if p.is_relative_to(private_tmp))}
+        binds.append(f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(mountpoint))} && ")
+    made.discard(private_tmp)
+    shell = f'{"".join(binds)}mount --rbind {shlex.quote(str(private_tmp))} /tmp && exec "$@"'
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    return [*unshare, "sh", "-c", shell, "sh", *command], made
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 async def test_a_cluster_this_machine_is_no_node_of_is_one_line_and_starts_nothing(
     nemo_venv: NeMoGymVenv, tmp_path: Path
@@ -258,16 +285,13 @@ async def test_a_cluster_this_machine_is_no_node_of_is_one_line_and_starts_nothi
             env.pop("RAY_AUTH_TOKEN_PATH", None)
             private_tmp = tmp_path / "tmp"
             private_tmp.mkdir(mode=0o1777)
-            on_b_with_private_tmp = [
-                "unshare", "--mount", "--propagation", "private", "sh", "-c",
-                'mount --bind "$0" /tmp && exec "$@"', str(private_tmp), *hosts.run("b"),
-            ]  # fmt: skip
-            began = time.monotonic()
-            code, output = await run_command(
-                [*on_b_with_private_tmp, script("nemo-gym-env"), "stack", "up", ENV,
+            command, made = with_private_tmp(
+                private_tmp,
+                [*hosts.run("b"), script("nemo-gym-env"), "stack", "up", ENV,
                  "--ray-address", cluster.address],
-                env, timeout=120,
             )  # fmt: skip
+            began = time.monotonic()
+            code, output = await run_command(command, env, timeout=120)
             elapsed = time.monotonic() - began
             assert (code, output.strip().splitlines()[-1]) == (2, (
                 f"nemo-gym-env: the Ray cluster at {cluster.address} has no live node at this "
@@ -278,7 +302,7 @@ async def test_a_cluster_this_machine_is_no_node_of_is_one_line_and_starts_nothi
             # Nothing started or left: no process, nothing in /tmp (the check's folder with the
             # token file is gone), no job in the cluster, no host in the stack's cache folder.
             assert processes_with_env(entry) == []
-            assert list(private_tmp.iterdir()) == []
+            assert [p for p in private_tmp.rglob("*") if p not in made] == []
             assert cluster.state()["jobs"] == []
             paths = Catalog(nemo_venv).env(ENV).config_paths
             directory = attach.stack_dir(

@@ -4,30 +4,22 @@ nemo-gym release, and that ours is then told exactly the release and Python nati
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+import benchmarks.__main__ as bench
+from benchmarks import common
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
-ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["--nemo-gym-version", "0.7.0", "--python", "/py/3.13.0/bin/python3"]
-
-
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """`benchmarks.__main__` (the benchmarks live at the repository root, not in the package)."""
-    monkeypatch.syspath_prepend(str(ROOT))
-    return importlib.import_module("benchmarks.__main__")
 
 
 @pytest.mark.parametrize(
     "only", [["e2e"], ["warm"], ["e2e", "warm"], ["start"], ["e2e", "start", "warm"]]
 )
-def test_release_figures_accept_another_release(bench: ModuleType, only: list[str]) -> None:
+def test_release_figures_accept_another_release(only: list[str]) -> None:
     args = bench.parse_args(
         ["--only", *only, *FLAGS, "--allow-python-below-floor", "--cold-repeats", "0"]
     )
@@ -50,7 +42,7 @@ def test_release_figures_accept_another_release(bench: ModuleType, only: list[st
     ],
 )
 def test_bad_combinations_are_one_line_errors(
-    bench: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     with pytest.raises(SystemExit) as exited:
         bench.parse_args(argv)
@@ -58,8 +50,7 @@ def test_bad_combinations_are_one_line_errors(
     assert message in capsys.readouterr().err.splitlines()[-1]
 
 
-def test_ours_runs_the_release_and_python_native_runs(bench: ModuleType) -> None:
-    common = importlib.import_module("benchmarks.common")
+def test_ours_runs_the_release_and_python_native_runs() -> None:
     runtime = NeMoGymVenv(
         venv=Path("/cache/nemo-gym-0.7.0-py3.13.0-below-floor"),
         python=Path("/py/3.13.0/bin/python3"),

@@ -3,25 +3,18 @@ the one-line errors, the rotation of placements, and ratios taken within a repea
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from benchmarks import link
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def link(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """`benchmarks.link` (the benchmarks live at the repository root, not in the package)."""
-    monkeypatch.syspath_prepend(str(ROOT))
-    return importlib.import_module("benchmarks.link")
-
-
-def test_defaults(link: ModuleType) -> None:
+def test_defaults() -> None:
     args = link.parse_args([])
     assert (args.rollouts, args.in_flight, args.repeats, args.delay_ms) == (500, [64, 256], 3, 1.0)
     assert args.placement == ["local", "tls_local", "link", "link_delay"]
@@ -41,7 +34,7 @@ def test_defaults(link: ModuleType) -> None:
     ],
 )
 def test_bad_arguments_are_one_line_errors(
-    link: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     with pytest.raises(SystemExit) as exited:
         link.parse_args(argv)
@@ -49,14 +42,14 @@ def test_bad_arguments_are_one_line_errors(
     assert message in capsys.readouterr().err.splitlines()[-1]
 
 
-def test_each_placement_leads_in_turn(link: ModuleType) -> None:
+def test_each_placement_leads_in_turn() -> None:
     placements = ["local", "tls_local", "link"]
     orders = [link.order(placements, r) for r in range(4)]
     assert [o[0] for o in orders] == ["local", "tls_local", "link", "local"]
     assert all(sorted(o) == sorted(placements) for o in orders)
 
 
-def test_batch_figures(link: ModuleType) -> None:
+def test_batch_figures() -> None:
     latencies = [i / 1000 for i in range(1, 101)]  # 1..100 ms
     figures = link.batch_figures(2.0, latencies, 0.5, 100)
     assert figures["rollouts_per_s"] == 50.0
@@ -70,7 +63,7 @@ def _batch(repeat: int, placement: str, rate: float, p50: float, errors: int = 0
             "errors": errors}  # fmt: skip
 
 
-def test_ratios_are_taken_within_a_repeat(link: ModuleType) -> None:
+def test_ratios_are_taken_within_a_repeat() -> None:
     """A slow repeat of `local` pairs with the same repeat of `link`: the ratio of medians (30 /
     20 = 1.5) would hide that `link` is 0.9x `local` in every repeat."""
     batches = [
@@ -88,7 +81,7 @@ def test_ratios_are_taken_within_a_repeat(link: ModuleType) -> None:
     assert "rate_vs_local" not in level["local"]
 
 
-def test_performance_doc_quotes_the_result_file(link: ModuleType) -> None:
+def test_performance_doc_quotes_the_result_file() -> None:
     """docs/performance.md's link table is the committed result's `table`, row for row (a rerun
     that changes a figure fails here until the page quotes it)."""
     result = json.loads((ROOT / "benchmarks/results/2026-11-26-link.json").read_text())

@@ -4,27 +4,20 @@ least-squares slope after the first fifth, and `--trace-malloc` names the sites 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import itertools
 import json
 import random
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from benchmarks import soak
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def soak(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """`benchmarks.soak` (the benchmarks live at the repository root, not in the package)."""
-    monkeypatch.syspath_prepend(str(ROOT))
-    return importlib.import_module("benchmarks.soak")
-
-
-def test_samples_are_taken_with_nothing_in_flight(soak: ModuleType) -> None:
+def test_samples_are_taken_with_nothing_in_flight() -> None:
     in_flight = 0
     most = 0
 
@@ -48,7 +41,7 @@ def test_samples_are_taken_with_nothing_in_flight(soak: ModuleType) -> None:
     assert all(0 < s["driver_rss_trimmed_mb"] < 4096 for s in samples)
 
 
-def test_growth_is_the_slope_after_the_first_fifth(soak: ModuleType) -> None:
+def test_growth_is_the_slope_after_the_first_fifth() -> None:
     # The first fifth (two samples) climbs steeply, as warm-up does; the rest rises 3 per 10,000.
     samples = [{"done": d, "m": 500.0 if d <= 2000 else 100 + 3 * d / 10_000}
                for d in range(1000, 11_000, 1000)]  # fmt: skip
@@ -60,7 +53,7 @@ def test_growth_is_the_slope_after_the_first_fifth(soak: ModuleType) -> None:
     assert abs(slope) < 3 * se and 0 < se < 1
 
 
-def test_trace_malloc_names_the_site_that_grew(soak: ModuleType) -> None:
+def test_trace_malloc_names_the_site_that_grew() -> None:
     trace = soak.MallocTrace()
     kept: list[Any] = []
     trace.mark()
@@ -106,7 +99,7 @@ def test_pydantic_json_string_cache_is_bounded() -> None:
     assert abs(later - filled) < 64 * 2**10
 
 
-def test_performance_doc_quotes_the_result_files(soak: ModuleType) -> None:
+def test_performance_doc_quotes_the_result_files() -> None:
     """docs/performance.md's soak table is `table()` of the committed results, row for row (a
     rerun that changes a figure fails here until the page quotes it)."""
     results = ROOT / "benchmarks/results"

@@ -141,6 +141,7 @@ async def test_observability_on_a_shared_stack_routes_through_the_front(
     env = nemo_gym_env.load_environment(
         nemo_env=ENV,
         config_paths=[str(extra)],
+        stack_idle_grace=0,  # its only user: it stops as it leaves
         nemo_gym_version=nemo_venv_07.nemo_gym_version,
         python=str(nemo_venv_07.python),
         allow_python_below_floor=nemo_venv_07.below_floor,
@@ -156,7 +157,7 @@ async def test_observability_on_a_shared_stack_routes_through_the_front(
     assert [t.reward for t in traces] == [1.0] * len(eps)
     check_calls(policy, [t.model_dump() for t in traces])
     assert prefixed == len(policy.calls) == 2 * len(eps)
-    assert await gone(marker) == []  # the last user left: the stack stops after its grace
+    assert await gone(marker) == []  # the last user left: the stack stops
 
 
 async def test_observability_on_routes_rollout_prefixed_model_calls(

@@ -424,6 +424,7 @@ async def test_signal_to_vf_eval_mid_run_leaves_nothing(
         script("vf-eval"), "nemo-gym-env", "-m", "scripted",
         "--client.base-url", policy.base_url, "-n", "4", "-r", "2", "-c", "8", "--no-push",
         "-o", str(tmp_path / "out"), "--env.taskset.jsonl-path", str(rows),
+        "--env.taskset.stack-idle-grace", "0",
     ]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *cmd,

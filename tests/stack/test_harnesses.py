@@ -169,6 +169,7 @@ async def test_harness_environments_score_and_never_cross_route(
             "--env.taskset.nemo-env", ",".join(envs),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.config-paths", json.dumps([str(override)]),
+            "--env.taskset.stack-idle-grace", "0",
             *_flags(nemo_venv_07),
         ]  # fmt: skip
         tag, env = run_tag(ANSWERS_KEY="unused")
@@ -276,6 +277,7 @@ async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
             "-n", "2", "-r", "1", "-c", "2", "--no-push", "-o", str(tmp_path / "out"),
             "--env.taskset.nemo-env", "opencode_math",
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            "--env.taskset.stack-idle-grace", "0",
             *_flags(nemo_venv_07),
         ]  # fmt: skip
         tag, environ = run_tag(ANSWERS_KEY="unused")

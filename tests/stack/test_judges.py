@@ -125,6 +125,7 @@ async def test_the_judge_key_reaches_no_process_config_log_or_trace(
         env = nemo_gym_env.load_environment(
             nemo_env="equivalence_llm_judge",
             judge=_judge(judge, "VF_NEMOGYM_TEST_JUDGE_KEY", api="responses"),
+            stack_idle_grace=0,
         )
         tasks = _tasks(env)
         async with env.serving():

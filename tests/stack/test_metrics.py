@@ -89,6 +89,7 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
         "-n", str(ROWS), "-r", str(REPEATS), "-c", "4", "--no-push", "-o", str(out),
         "--env.taskset.nemo-env", env, *flags,  # on the default path: a shared stack
+        "--env.taskset.stack-idle-grace", "0",
     ]  # fmt: skip
     tag, environ = run_tag(SCRIPTED_KEY="unused")
     # Both sides at once (their own stacks; the policy answers each call the same): the test

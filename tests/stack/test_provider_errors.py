@@ -27,6 +27,7 @@ async def test_turn_limit_stop_keeps_reward_through_vf_eval(policy: ScriptedPoli
         "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
         "-n", "3", "-r", "1", "-c", "3", "--no-push", "-o", str(out),
         "--env.taskset.nemo-env", ENV, "--env.agent.max-turns", "1",
+        "--env.taskset.stack-idle-grace", "0",
     ]  # fmt: skip
     code, log = await run_command(cmd, env, timeout=600)
     assert code == 0, log[-3000:]

@@ -4,7 +4,7 @@ reward, and a judge that fails turns every rollout of a judge environment into a
 the judge, never the score the release gives such a rollout (0.4.0: a 500 from `/verify`;
 0.5.0+: a 200 with `reward: 0.0` and `_ng_failure_class: judge_failed`; 0.7.0 also
 `mask_sample: true`). One shared stack (the default) per release, two rows per environment;
-it stops after its last user leaves."""
+it stops as its last user leaves (idle grace 0)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ async def test_a_release_scores_rollouts_and_a_failing_judge_is_an_error(
             python=str(release.python),
             allow_python_below_floor=release.below_floor,
             judge={"base_url": judge.base_url, "model": "scripted-judge", "api_key_var": ""},
+            stack_idle_grace=0,
         )
         assert env.taskset.nemo_venv == release
         tasks = list(env.taskset)[:4]  # environments in turn: two rows of each

@@ -127,6 +127,7 @@ async def test_train_mode_records_tokens_on_every_call(
         nemo_env=",".join(ENVS),
         jsonl_path=str(tmp_path / "rows.jsonl"),
         task={"run_timeout": RUN_TIMEOUT},
+        stack_idle_grace=0,
     )
     tasks = list(env.taskset)
     assert len(tasks) == len(rows)
@@ -278,6 +279,7 @@ async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path
             "--client.renderer.reasoning-parser", "think",
             "-n", "3", "-r", "1", "-c", "3", "--no-push", "-o", str(out),
             "--env.taskset.nemo-env", ENVS[0], "--env.agent.max-turns", "1",
+            "--env.taskset.stack-idle-grace", "0",
         ]  # fmt: skip
         code, log = await run_command(cmd, env, timeout=600)
     assert code == 0, log[-3000:]

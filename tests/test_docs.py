@@ -83,3 +83,35 @@ def test_relative_links_resolve(page: Path) -> None:
         elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
             broken.append(f"{target} (no heading #{anchor} in {linked.name})")
     assert broken == [], f"{page.relative_to(ROOT)}: broken links: {broken}"
+
+
+def test_runtime_page_quotes_the_070_survey() -> None:
+    """docs/runtime.md's NeMo Gym 0.7.0 figures are the committed `list --resolve` survey's:
+    its count line, its table's rows, and the reasons of the ones that do not resolve."""
+    survey = (ROOT / "docs/surveys/nemo-gym-0.7.0-environments.md").read_text()
+    found = re.search(
+        r"^resolvable: (\d+) of (\d+) resources_servers, (\d+) of (\d+) environments$",
+        survey,
+        re.MULTILINE,
+    )
+    assert found is not None
+    rs, all_rs, env, all_env = map(int, found.groups())
+    rows = [line.split(" | ") for line in survey.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == all_rs + all_env
+    unresolved = [row for row in rows if row[2] == "-"]
+    assert len(unresolved) == all_rs + all_env - rs - env
+    no_agent = [row for row in unresolved if "defines no agent server" in row[5]]
+    moved = [row for row in unresolved if " moved to " in row[5]]
+    rejected = [row for row in unresolved if "NeMo Gym cannot merge" in row[5]]
+    assert len(no_agent) + len(moved) + len(rejected) == len(unresolved)
+    page = " ".join((ROOT / "docs/runtime.md").read_text().split())
+    assert (
+        f"NeMo Gym 0.7.0, {rs} of {all_rs} resources servers and {env} of {all_env} "
+        "`environments/` entries ([the survey](surveys/nemo-gym-0.7.0-environments.md))"
+    ) in page
+    assert (
+        f"The other {len(unresolved)} get a one-line reason: {len(no_agent)} default configs "
+        f"define no agent"
+    ) in page
+    assert f", {len(moved)} moved stubs, and {rejected[0][0].removeprefix('| ')}," in page
+    assert len(rejected) == 1

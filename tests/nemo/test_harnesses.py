@@ -133,3 +133,30 @@ def test_npm_error_is_the_line_that_says_what_went_wrong() -> None:
     )
     assert harnesses.npm_error(printed) == "notarget No matching version found for cline@0.0.1."
     assert harnesses.npm_error("") == "no output"
+
+
+def test_resolver_error_names_the_almost_server_and_why() -> None:
+    """What `gym env resolve` (NeMo Gym 0.7.0) printed for environments/nemo_user_sim: the
+    validation error on stderr between rule lines, the `Error:` line on stdout followed at once
+    by the config it dumps. The reason says which server failed and why, and no rule line."""
+    rule = "═" * 51
+    stderr = (
+        f"{rule}\nConfiguration Warnings: Almost-Servers Detected\n{rule}\n\n"
+        "    Almost-Server Detected: 'policy_model'\n"
+        "    This server configuration failed validation:\n\n"
+        "  - function-after -> responses_api_models: Dictionary should have at most 1 \n"
+        "item after validation, not more\n\n"
+        "    This server will NOT be started.\n    \n"
+        f"{rule}\n\n"
+    )
+    stdout = (
+        "Error: Found 1 almost-server(s) with validation errors. Fix the issues above or \n"
+        "set error_on_almost_servers=false to bypass this error.\n"
+        "Found global config dict yaml:\nenvironment_server_routes:\n  a: b\n"
+    )
+    assert resolver_error(stderr + "\n" + stdout, 1) == (
+        "Found 1 almost-server(s) with validation errors. Fix the issues above or set "
+        "error_on_almost_servers=false to bypass this error. (policy_model: function-after -> "
+        "responses_api_models: Dictionary should have at most 1 item after validation, not more)"
+    )
+    assert resolver_error(f"{rule}\nsome reason\n{rule}\n", 1) == "some reason"

@@ -62,7 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("setup", help="create (or show) the cached NeMo Gym runtime venv")
-    commands.add_parser("list", help="list the NeMo Gym environments the runtime ships")
+    listing = commands.add_parser("list", help="list the NeMo Gym environments the runtime ships")
+    listing.add_argument(
+        "--resolve",
+        action="store_true",
+        help="resolve every environment as a run would (NeMo Gym's resolver merges include/"
+        "inherit configs: minutes when cold): merged configs' agents, or why one does not resolve",
+    )
     conf = commands.add_parser(
         "conformance", help="replay NeMo Gym's recorded rollouts, compare rewards"
     )
@@ -368,24 +374,39 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _list_table(runtime: object) -> str:
+def _list_table(runtime: object, resolve: bool = False) -> str:
     """A Markdown table of both layouts: name, layout, agents, judge, runs here (yes: it ran
-    here, in conformance runs or the harness survey; no: why not, or not run yet), why."""
+    here, in conformance runs or the harness survey; no: why not, or not run yet), why.
+    With `resolve`, every environment is resolved as a run would resolve it (`Catalog.env`):
+    a merged config shows its agents and judge, one that does not resolve says why, and a line
+    above the table counts the resolvable ones per layout."""
     from verifiers_nemogym.conformance import offline_status
-    from verifiers_nemogym.nemo.catalog import load_config
+    from verifiers_nemogym.nemo.catalog import (
+        ENVIRONMENTS,
+        RESOURCES_SERVERS,
+        EnvSpec,
+        load_config,
+    )
     from verifiers_nemogym.nemo.judges import judge_need, judge_refs
     from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
     assert isinstance(runtime, NeMoGymVenv)
-    entries = Catalog(runtime).entries()
+    catalog = Catalog(runtime)
+    found = catalog.resolve_each() if resolve else [(e, None) for e in catalog.entries()]
     lines = [
         f"NeMo Gym {runtime.nemo_gym_version} (Python {runtime.python_version}): "
-        f"{len(entries)} environments",
+        f"{len(found)} environments",
         "",
-        "| name | layout | agents | judge | runs here | why |",
-        "|---|---|---|---|---|---|",
     ]
-    for entry in entries:
+    if resolve:
+        counts = [
+            f"{sum(1 for e, s in found if e.layout == layout and isinstance(s, EnvSpec))} of "
+            f"{sum(1 for e, _ in found if e.layout == layout)} {layout}"
+            for layout in (RESOURCES_SERVERS, ENVIRONMENTS)
+        ]
+        lines += [f"resolvable: {', '.join(counts)}", ""]
+    lines += ["| name | layout | agents | judge | runs here | why |", "|---|---|---|---|---|---|"]
+    for entry, spec in found:
         offline, why = offline_status(
             entry.root.name, entry.problem, entry.facts, runtime.nemo_gym_version
         )
@@ -393,6 +414,14 @@ def _list_table(runtime: object) -> str:
         # The file itself (a merged config's judge is known once NeMo Gym merged it).
         judge = judge_need(entry.root.name, judge_refs(load_config(entry.config))) if (
             entry.config and not entry.merged) else "-"  # fmt: skip
+        if isinstance(spec, EnvSpec):
+            agents = ", ".join(a.name for a in spec.agents)
+            merged = catalog.merged_config(spec.config_paths[0])
+            judge = judge_need(entry.root.name, judge_refs(merged))
+        elif spec is not None:
+            # Paths inside the release as the release names them, not this machine's.
+            reason = str(spec).replace(f"{catalog.root}/", "").replace("|", "\\|")
+            agents, offline, why = "-", False, reason
         lines.append(
             f"| {entry.name} | {entry.layout} | {agents} | {judge} | "
             f"{'yes' if offline else 'no'} | {why} |"
@@ -433,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{runtime.venv}"
             )
         elif args.command == "list":
-            print(_list_table(runtime))
+            print(_list_table(runtime, args.resolve))
         elif args.command == "eval-local":
             from verifiers_nemogym.cli.local_eval import (
                 LocalEvalOptions,

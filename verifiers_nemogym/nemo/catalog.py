@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.errors import ConfigError, NeMoGymError
 from verifiers_nemogym.nemo.release import ReleaseFiles
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.util import private_cache
@@ -405,6 +405,18 @@ class Catalog:
             found.append(self._entry(ENVIRONMENTS, name, shown))
         return found
 
+    def resolve_each(self) -> list[tuple[CatalogEntry, EnvSpec | NeMoGymError]]:
+        """Every entry of `entries()` with what `env(name)` gives it: its EnvSpec, or the
+        one-line error saying why it does not resolve. Runs NeMo Gym's resolver on every
+        include/inherit config (minutes when its cache is cold)."""
+        resolved: list[tuple[CatalogEntry, EnvSpec | NeMoGymError]] = []
+        for entry in self.entries():
+            try:
+                resolved.append((entry, self.env(entry.name)))
+            except NeMoGymError as e:
+                resolved.append((entry, e))
+        return resolved
+
     def env(self, name: str, config: str | None = None) -> EnvSpec:
         """The environment `name`, run with `config` (a file name among its YAMLs, with or
         without ".yaml"; default: see `_default_config`). A bare name is a resources server
@@ -672,7 +684,7 @@ class Catalog:
             ) from None
         if out.returncode != 0:
             # NeMo Gym prints some errors on stdout; the merged config never reached it here.
-            reason = resolver_error(out.stderr.strip() or out.stdout.strip(), out.returncode)
+            reason = resolver_error(f"{out.stderr}\n{out.stdout}", out.returncode)
             raise ConfigError(f"NeMo Gym cannot merge {config_path}: {reason}")
         merged = parse_config(out.stdout, f"`gym env resolve` of {config_path}")
         tmp = folder / f".{key}.{uuid.uuid4().hex[:8]}.tmp"
@@ -682,15 +694,31 @@ class Catalog:
 
 
 def resolver_error(text: str, status: int) -> str:
-    """The one-line reason of a failed `gym env resolve`: its `Error: ...` paragraph (NeMo Gym
-    wraps it over lines, then adds advice), else its last line."""
+    """The one-line reason of a failed `gym env resolve` (`text`: its stderr, then its stdout):
+    its `Error: ...` paragraph (NeMo Gym wraps it over lines, then adds advice or dumps the
+    config), with the servers that failed validation and why ("almost-servers", which NeMo
+    Gym describes in a framed block); else its last line with words in it."""
     lines = [line.strip() for line in text.splitlines()]
+    almost = []
+    for i, line in enumerate(lines):
+        if found := re.match(r"Almost-Server Detected: '([^']+)'", line):
+            # Its first validation finding: "- ..." up to the next blank line.
+            first = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("- ")), None)
+            if first is not None:
+                end = next((j for j in range(first, len(lines)) if not lines[j]), len(lines))
+                finding = " ".join(lines[first:end]).removeprefix("- ")
+                almost.append(f"{found.group(1)}: {finding}")
     for start, line in enumerate(lines):
         if line.startswith("Error:"):
-            end = lines.index("", start) if "" in lines[start:] else len(lines)
-            return " ".join(lines[start:end]).removeprefix("Error:").strip()[:300]
-    last = [line for line in lines if line]
-    return (last[-1] if last else f"exit {status}")[:300]
+            end = start + 1
+            while end < len(lines) and lines[end] and not lines[end].endswith(":"):
+                end += 1  # to a blank line, or the heading of what NeMo Gym prints next
+            reason = " ".join(lines[start:end]).removeprefix("Error:").strip()
+            if almost:
+                reason += f" ({'; '.join(almost)})"
+            return reason[:300]
+    worded = [line for line in lines if re.search(r"\w", line)]
+    return (worded[-1] if worded else f"exit {status}")[:300]
 
 
 def _needs_merge(raw: dict[str, Any]) -> bool:

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -379,3 +380,34 @@ async def unauthenticated_load(
             load.kill()
             await load.wait()
     return list(json.loads(out))
+
+
+@dataclass(frozen=True)
+class ListSurvey:
+    """What `nemo-gym-env list --resolve` printed: its count line and its table's rows (each
+    split on " | ", the header dropped; column 2 is the agents, "-" when it does not resolve)."""
+
+    resolvable: tuple[int, int]
+    """Resolvable resources servers, resolvable `environments/` entries."""
+    total: tuple[int, int]
+    """All resources servers, all `environments/` entries."""
+    rows: list[list[str]]
+
+    @classmethod
+    def read(cls, printed: str) -> ListSurvey:
+        found = re.search(
+            r"^resolvable: (\d+) of (\d+) resources_servers, (\d+) of (\d+) environments$",
+            printed,
+            re.MULTILINE,
+        )
+        assert found is not None, printed[:2000]
+        rs, all_rs, env, all_env = map(int, found.groups())
+        rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ")][1:]
+        survey = cls((rs, env), (all_rs, all_env), rows)
+        assert len(rows) == sum(survey.total)
+        assert len(survey.unresolved) == sum(survey.total) - sum(survey.resolvable)
+        return survey
+
+    @property
+    def unresolved(self) -> list[list[str]]:
+        return [row for row in self.rows if row[2] == "-"]

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import ListSurvey
 
 from verifiers_nemogym.options import REGENERATE, options, options_markdown
 
@@ -88,18 +89,9 @@ def test_relative_links_resolve(page: Path) -> None:
 def test_runtime_page_quotes_the_070_survey() -> None:
     """docs/runtime.md's NeMo Gym 0.7.0 figures are the committed `list --resolve` survey's:
     its count line, its table's rows, and the reasons of the ones that do not resolve."""
-    survey = (ROOT / "docs/surveys/nemo-gym-0.7.0-environments.md").read_text()
-    found = re.search(
-        r"^resolvable: (\d+) of (\d+) resources_servers, (\d+) of (\d+) environments$",
-        survey,
-        re.MULTILINE,
-    )
-    assert found is not None
-    rs, all_rs, env, all_env = map(int, found.groups())
-    rows = [line.split(" | ") for line in survey.splitlines() if line.startswith("| ")][1:]
-    assert len(rows) == all_rs + all_env
-    unresolved = [row for row in rows if row[2] == "-"]
-    assert len(unresolved) == all_rs + all_env - rs - env
+    survey = ListSurvey.read((ROOT / "docs/surveys/nemo-gym-0.7.0-environments.md").read_text())
+    (rs, env), (all_rs, all_env) = survey.resolvable, survey.total
+    unresolved = survey.unresolved
     no_agent = [row for row in unresolved if "defines no agent server" in row[5]]
     moved = [row for row in unresolved if " moved to " in row[5]]
     rejected = [row for row in unresolved if "NeMo Gym cannot merge" in row[5]]

@@ -5,18 +5,15 @@ releases are tests/nemo/test_catalog_releases.py."""
 
 from __future__ import annotations
 
-import re
-import subprocess
+import os
 import time
 
 import pytest
-from helpers import script
+from helpers import ListSurvey, run_command, script
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, RESOURCES_SERVERS, Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-
-RESOLVABLE = r"^resolvable: (\d+) of (\d+) resources_servers, (\d+) of (\d+) environments$"
 
 
 @pytest.fixture(scope="module")
@@ -73,28 +70,21 @@ def test_07_dataset_declared_on_the_resources_server(catalog_07: Catalog) -> Non
     assert spec.dataset("example").is_file()
 
 
-def test_list_resolve_resolves_every_environment_or_says_why(nemo_venv: NeMoGymVenv) -> None:
+async def test_list_resolve_resolves_every_environment_or_says_why(
+    nemo_venv: NeMoGymVenv,
+) -> None:
     """`nemo-gym-env list --resolve` on 0.4.0 (the default release here): the survey of every
     environment, each resolved as a run resolves it or given a one-line reason. 0.7.0's survey
     runs NeMo Gym's resolver over some 50 include/inherit configs (a minute or more when cold),
     so it is a committed report instead: docs/surveys/nemo-gym-0.7.0-environments.md."""
-    code, printed = run(
+    code, printed = await run_command(
         [script("nemo-gym-env"), "--nemo-gym-version", nemo_venv.nemo_gym_version, "list",
-         "--resolve"]
+         "--resolve"],
+        dict(os.environ),
     )  # fmt: skip
     assert code == 0, printed[-3000:]
-    counts = re.search(RESOLVABLE, printed, re.MULTILINE)
-    assert counts is not None, printed[:2000]
-    resolved_rs, all_rs, resolved_env, all_env = map(int, counts.groups())
-    assert (resolved_rs, resolved_env) >= (94, 12) and (all_rs, all_env) == (95, 12)
-    rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ")][1:]
-    assert len(rows) == all_rs + all_env
-    unresolved = [row for row in rows if row[2] == "-"]
-    assert len(unresolved) == all_rs + all_env - resolved_rs - resolved_env
-    for row in unresolved:  # one line saying why, not running here
+    survey = ListSurvey.read(printed)
+    assert survey.total == (95, 12)
+    assert survey.resolvable[0] >= 94 and survey.resolvable[1] >= 12
+    for row in survey.unresolved:  # one line saying why, not running here
         assert row[4] == "no" and row[5].removesuffix(" |").strip(), row
-
-
-def run(command: list[str]) -> tuple[int, str]:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    return done.returncode, done.stdout + done.stderr

@@ -94,6 +94,9 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         # rollouts run (an env server's worker, or vf-eval's process).
         runtime = await asyncio.to_thread(lambda: taskset.nemo_venv)
         config_paths = await asyncio.to_thread(taskset.config_paths)
+        if config.stack_url is None:
+            # Rows whose container image is missing: one line now, not an error per rollout.
+            await asyncio.to_thread(taskset.check_container_images)
         logger.info(
             "NeMo Gym %s on Python %s%s (runtime %s)",
             runtime.nemo_gym_version,

@@ -20,10 +20,12 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 from verifiers.v1.dialects.responses import ResponsesDialect
 from verifiers.v1.runtimes import Runtime
 
+from verifiers_nemogym.containers.docker import daemon, missing_images
+from verifiers_nemogym.containers.sandbox import row_image, sandbox_plan
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
-from verifiers_nemogym.nemo.catalog import Catalog, load_config
+from verifiers_nemogym.nemo.catalog import AGENTS, Catalog, load_config, server_blocks
 from verifiers_nemogym.nemo.judges import JudgeRef, active, judge_refs
 from verifiers_nemogym.nemo.ray_cluster import parse_ray_address
 from verifiers_nemogym.nemo.release import ReleaseFiles, check_release, release_files
@@ -308,7 +310,7 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
         for name in self.config.nemo_env:
             paths.extend(catalog.env(name).config_paths)
         if self.config.jsonl_path is not None:
-            known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
+            known = self._known_agents(catalog)
             wanted = {t.data.agent for t in self.load() if t.data.agent is not None}
             for agent in wanted - known:
                 paths.extend(catalog.agent_env(agent).config_paths)
@@ -342,11 +344,43 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
                 "set agent_ref in the rows or --env.taskset.agent"
             )
         if self.config.jsonl_path is not None:
-            known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
+            known = self._known_agents(catalog)
             for agent in sorted({str(t.data.agent) for t in tasks} - known):
-                catalog.agent_env(agent)  # an agent no environment defines fails here
+                catalog.agent_env(agent)  # an agent no environment or config defines fails here
         if self.config.stack_url is None:
             self._check_judge()
+
+    def _known_agents(self, catalog: Catalog) -> set[str]:
+        """Agent instances `nemo_env`'s environments and the extra `config_paths` define (a
+        benchmark pairing such as `benchmarks/swebench/pro/opencode.yaml` as NeMo Gym merges
+        it)."""
+        known = {a.name for n in self.config.nemo_env for a in catalog.env(n).agents}
+        for extra in self.config.config_paths:
+            known.update(server_blocks(catalog.merged_config(catalog.config_path(extra)), AGENTS))
+        return known
+
+    def check_container_images(self) -> None:
+        """For configs whose servers run rows in docker containers (`containers.sandbox`): a
+        one-line error naming the first row whose image the docker daemon does not have (and
+        how many are missing), or no daemon, before any rollout starts. Builds the runtime if
+        a config must be merged; reads no image of a provider other than docker."""
+        catalog = Catalog(self.nemo_venv)
+        plan = sandbox_plan(catalog.merged_config(path) for path in self.config_paths())
+        if plan is None or plan.docker is None:
+            return
+        daemon()
+        wanted: dict[str, str] = {}
+        for task in self.load():
+            if task.data.agent is not None:
+                image = row_image(task.data.row, task.data.agent, plan.merged)
+                if image is not None:
+                    wanted.setdefault(image, task.data.source)
+        if missing := missing_images(wanted):
+            more = f" ({len(missing)} images missing)" if len(missing) > 1 else ""
+            raise ConfigError(
+                f"{wanted[missing[0]]}: the row runs in image {missing[0]!r}, which the docker "
+                f"daemon does not have; build or load it first{more}"
+            )
 
     def judge_refs(self) -> dict[str, list[JudgeRef]]:
         """Environment (or extra config) -> the judge references a judge must serve on this

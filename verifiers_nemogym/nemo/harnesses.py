@@ -147,11 +147,7 @@ def harness_config(agents: list[HarnessAgent], capture_dir: Path) -> dict[str, A
     write model-call captures once observability is on (it requires one)."""
     if not agents:
         return {}
-    config: dict[str, Any] = {
-        # Rollout correlation: agents give their CLI `.../ng-rollout/<rollout id>/v1`.
-        "observability_enabled": True,
-        "model_call_capture_dir": str(capture_dir),
-    }
+    config = rollout_correlation(capture_dir)
     for agent in agents:
         if agent.direct:
             model_server = {"type": MODELS, "name": POLICY_INSTANCE}
@@ -159,6 +155,13 @@ def harness_config(agents: list[HarnessAgent], capture_dir: Path) -> dict[str, A
                 AGENTS: {agent.cli.agent_type: {"model_server": model_server}}
             }
     return config
+
+
+def rollout_correlation(capture_dir: Path) -> dict[str, Any]:
+    """The config entries that turn NeMo Gym's rollout correlation on: agents then give their CLI
+    (on the host or in a container) `<model server>/ng-rollout/<rollout id>/v1`. NeMo Gym
+    requires a folder for its own model servers' call captures (a judge's) once it is on."""
+    return {"observability_enabled": True, "model_call_capture_dir": str(capture_dir)}
 
 
 def cli_env() -> dict[str, str]:

@@ -34,6 +34,19 @@ from typing import IO, Any
 import aiohttp
 import yaml
 
+from verifiers_nemogym.containers.docker import (
+    ContainerNetwork,
+    check_requests,
+    daemon,
+    sweep_dead_stacks,
+)
+from verifiers_nemogym.containers.door import ModelDoor
+from verifiers_nemogym.containers.sandbox import (
+    STACK_LABEL,
+    check_providers,
+    sandbox_plan,
+    stack_config,
+)
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.judge.endpoint import Judge
@@ -66,6 +79,7 @@ from verifiers_nemogym.nemo.supervisor import (
     cwd_of,
     pids,
     processes_with_env,
+    remove_docker_objects,
     signal_with_env,
 )
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, private_ray_auth
@@ -271,6 +285,10 @@ class NeMoGymStack:
         self._started = False
         self._failed = False
         self._merged: list[dict[str, Any]] | None = None
+        self.door: ModelDoor | None = None
+        """The door containers reach their rollout's model route through (`containers.door`),
+        while started, when a server of the configs starts containers."""
+        self._docker_label: str | None = None
 
     @property
     def log_path(self) -> Path:
@@ -334,6 +352,8 @@ class NeMoGymStack:
         cli_folders, harness = await self._prepare_harnesses(deadline)
         if harness:
             extra.append(harness)
+        if containers := await self._prepare_containers():
+            extra.append(containers)
         await self._acquire_build_lock_if_cold(deadline)
         # Cold (no start of this config set succeeded yet): let NeMo Gym build or repair every
         # per-server venv. With `skip_venv_if_present` it would start a server as soon as
@@ -374,6 +394,7 @@ class NeMoGymStack:
             [sys.executable, "-I", str(_SUPERVISOR), "--marker", self.marker,
              "--log", str(self.log_path), "--cwd", str(self.workdir),
              *(arg for folder in orphan_cleanup for arg in ("--remove-if-orphaned", folder)),
+             *(["--docker-label", self._docker_label] if self._docker_label else []),
              "--", *command],
             cwd=self.workdir,
             env=env,
@@ -424,6 +445,59 @@ class NeMoGymStack:
         config = harness_config(agents, self.workdir / "model-calls")
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return folders, path
+
+    async def _prepare_containers(self) -> Path | None:
+        """For configs whose servers start sandboxes (`containers.sandbox`): check the provider
+        (docker: its daemon, and resource requests it would refuse), sweep what dead stacks
+        left, make the stack's container network and start the door on it, and write the config
+        that labels, isolates and routes the containers; None without sandboxes."""
+        plan = sandbox_plan(await asyncio.to_thread(self._merged_configs))
+        if plan is None:
+            return None
+        assert self.workdir is not None
+        await asyncio.to_thread(check_providers, plan, self.venv.bin("python"))
+        self.log.info("servers starting sandboxes: %s", plan.describe())
+        if plan.docker is None:
+            self.log.warning(
+                "sandbox provider(s) %s: nemo-gym-env does not isolate their containers; they "
+                "reach what the provider's network allows (docker stacks are isolated)",
+                ", ".join(plan.providers),
+            )
+            config = stack_config(plan, label=None, network=None, door=None, workdir=self.workdir)
+        else:
+            host = await asyncio.to_thread(daemon)
+            check_requests(plan, host)
+            await asyncio.to_thread(sweep_dead_stacks, self.log)
+            self._docker_label = f"{STACK_LABEL}={self.marker}"
+            network = await asyncio.to_thread(ContainerNetwork.create, self.marker)
+            self.door = ModelDoor(network.gateway, f"http://{self.policy_host}:{self.policy_port}")
+            await self.door.start()
+            if await asyncio.to_thread(network.firewall, self.door.port):
+                reach = "the door only (firewall)"
+            else:
+                reach = "the door, and whatever the host serves on all its addresses (no root)"
+                self.log.warning(
+                    "cannot firewall docker network %s (not root or no iptables): its "
+                    "containers reach every host service listening on all addresses",
+                    network.name,
+                )
+            self.log.info(
+                "containers join docker network %s (internal, no traffic between containers); "
+                "on the host they reach %s: %s, rollout routes only",
+                network.name,
+                reach,
+                self.door.url,
+            )
+            config = stack_config(
+                plan,
+                label=self._docker_label,
+                network=network.name,
+                door=(network.gateway, self.door.port),
+                workdir=self.workdir,
+            )
+        path = self.workdir / "vf_nemogym_containers.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
 
     async def _start_judge(self) -> Path:
         """Start the judge relay, check the judge answers, and write the judge config."""
@@ -729,6 +803,11 @@ class NeMoGymStack:
             if proc.stdin is not None:
                 proc.stdin.close()
         survivors = await self._sweep()
+        if self._docker_label is not None:
+            # The supervisor removed them; this covers a start that failed before it ran.
+            await asyncio.to_thread(remove_docker_objects, self._docker_label)
+        if self.door is not None:
+            await self.door.stop()
         if self.relay is not None:
             await self.relay.stop()
         self._release_build_lock()

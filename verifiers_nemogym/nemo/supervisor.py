@@ -3,7 +3,8 @@
 Contract: run as a script (stdlib only, so the owner starts it with its own `sys.executable` by
 file path without importing this package):
 
-    python supervisor.py --marker ID --log FILE --cwd DIR [--remove-if-orphaned DIR] -- ng_run ...
+    python supervisor.py --marker ID --log FILE --cwd DIR [--remove-if-orphaned DIR]
+        [--docker-label KEY=VALUE] -- ng_run ...
 
 It starts the command in its own session with `VF_NEMOGYM_STACK=ID` in its environment, appends
 its output to FILE, and reads its own stdin until EOF. EOF (the owner closed the pipe or died),
@@ -15,6 +16,9 @@ environment and left the session is still one). Processes are signalled through 
 and re-checked after the scan, so a PID reused meanwhile is never hit. If the supervisor itself
 dies (SIGKILL), the command gets SIGINT from the kernel (PR_SET_PDEATHSIG), so that ng_run still
 runs its own shutdown of its servers.
+With `--docker-label`, the teardown then removes every docker container and network carrying
+that label and every iptables rule commented with it (`remove_docker_objects`): the containers a
+stack's sandbox provider started, whatever stopped the stack.
 Exit status: the command's exit status, or 0 if it was stopped by the teardown.
 
 Its argument parsing and exit stay here rather than in `verifiers_nemogym.cli`: it is a program
@@ -33,8 +37,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import itertools
 import os
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -397,6 +403,51 @@ def _become_subreaper() -> None:
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+DOCKER_SECONDS = 60.0
+"""Seconds one docker or iptables command of `remove_docker_objects` may take."""
+
+
+def remove_docker_objects(label: str) -> list[str]:
+    """Remove the containers (forced), then the networks, carrying the docker label `label`
+    (`key=value`), then the iptables INPUT rules whose comment is `label`. Returns what could
+    not be removed, one line each (empty: all gone, or no docker/iptables here)."""
+    failed: list[str] = []
+    docker = shutil.which("docker")
+    if docker is not None:
+        for kind, listing in (("container", ["ps", "-aq"]), ("network", ["network", "ls", "-q"])):
+            ids = _run_lines([docker, *listing, "--filter", f"label={label}"], failed)
+            if ids:
+                remove = ["rm", "-f"] if kind == "container" else ["network", "rm"]
+                _run_lines([docker, *remove, *ids], failed)
+    iptables = shutil.which("iptables")
+    if iptables is not None and os.geteuid() == 0:
+        for rule in _run_lines([iptables, "-S", "INPUT"], failed):
+            args = shlex.split(rule)  # a comment may be printed quoted
+            if args[:2] == ["-A", "INPUT"] and _commented(args, label):
+                _run_lines([iptables, "-D", *args[1:]], failed)
+    return failed
+
+
+def _commented(args: list[str], label: str) -> bool:
+    """Whether the rule `args` (`iptables -S` split) carries the comment `label`."""
+    return any(a == "--comment" and b == label for a, b in itertools.pairwise(args))
+
+
+def _run_lines(argv: list[str], failed: list[str]) -> list[str]:
+    """`argv`'s stdout lines; a failure (exit status, timeout) appends one line to `failed`."""
+    try:
+        out = subprocess.run(
+            argv, capture_output=True, text=True, timeout=DOCKER_SECONDS, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        failed.append(f"{' '.join(argv[:3])}: {exc}")
+        return []
+    if out.returncode != 0:
+        failed.append(f"{' '.join(argv[:3])}: {out.stderr.strip()[:200]}")
+        return []
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--marker", required=True)
@@ -408,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         type=Path,
         help="a folder to delete after teardown if the owner died (it would clean it up itself)",
+    )
+    parser.add_argument(
+        "--docker-label",
+        default=None,
+        help="after teardown, remove docker containers/networks and iptables rules with it",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -435,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     supervisor.note(f"tearing down: {reason}")
     stopped_by_us = supervisor.child_status is None
     supervisor.teardown()
+    if args.docker_label is not None:
+        for line in remove_docker_objects(args.docker_label):
+            supervisor.note(f"could not remove a container object: {line}")
     supervisor.note("teardown complete")
     if os.getppid() != supervisor.owner:
         for folder in args.remove_if_orphaned:

@@ -1,0 +1,211 @@
+"""The docker daemon, as NeMo Gym's `docker` sandbox provider uses it on a stack of ours.
+
+Contract:
+- `daemon()` is the daemon's CPUs and memory, or a one-line StackError (no `docker` command, no
+  daemon answering); `check_requests(plan, host)` refuses, in one line naming the config key, a
+  sandbox resource request docker would refuse on this host (`--cpus` above its CPUs, memory
+  above its total); `missing_images(images)` are the images the daemon does not have.
+- `ContainerNetwork.create(marker)` makes the stack's internal network (no route off the
+  machine, no traffic between containers), labelled with the stack's marker; `firewall(port)`
+  then drops everything a container sends to the host but the door's port (root and iptables;
+  False where it cannot, which the caller says). Removal is the stack supervisor's
+  (`supervisor.remove_docker_objects`): whatever stops a stack, its containers, network and
+  rules go with it.
+- `sweep_dead_stacks()` removes the containers, networks and rules of stacks whose processes are
+  all gone (a starter and its supervisor killed together): every stack start runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from verifiers_nemogym.containers.sandbox import STACK_LABEL, SandboxPlan
+from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.supervisor import argv_of, pids, processes_with_marker
+from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
+
+logger = logging.getLogger(__name__)
+
+DOCKER_TIMEOUT = 60.0
+"""Seconds one docker command of this module may take."""
+NETWORK_PREFIX = "vfng-"
+BRIDGE_PREFIX = "vfng"
+"""Bridge interface names are at most 15 characters: the prefix and 11 of the marker."""
+
+
+@dataclass(frozen=True)
+class DockerHost:
+    """What the daemon offers containers."""
+
+    cpus: int
+    memory_bytes: int
+
+
+def _docker() -> str:
+    docker = shutil.which("docker")
+    if docker is None:
+        raise StackError(
+            "NeMo Gym's docker sandbox provider needs the `docker` command on PATH and a "
+            "running docker daemon (Debian: apt-get install docker.io; dockerd)"
+        )
+    return docker
+
+
+def run_docker(*args: str, timeout: float = DOCKER_TIMEOUT) -> str:
+    """`docker <args>`'s stdout; a StackError with docker's last error line if it fails."""
+    argv = [_docker(), *args]
+    try:
+        out = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise StackError(f"`docker {args[0]}` did not answer within {timeout:.0f} s") from None
+    if out.returncode != 0:
+        lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit status {out.returncode}"
+        raise StackError(f"`docker {' '.join(args[:2])}` failed: {reason}")
+    return out.stdout
+
+
+def daemon() -> DockerHost:
+    """See the module contract."""
+    try:
+        info = json.loads(run_docker("info", "--format", "{{json .}}"))
+    except StackError as e:
+        raise StackError(
+            f"NeMo Gym's docker sandbox provider needs a running docker daemon: {e}"
+        ) from None
+    if not isinstance(info, dict) or info.get("ServerErrors") or not info.get("NCPU"):
+        errors = info.get("ServerErrors") if isinstance(info, dict) else None
+        raise StackError(
+            "NeMo Gym's docker sandbox provider needs a running docker daemon: "
+            f"{'; '.join(map(str, errors or ['`docker info` shows no server']))}"
+        )
+    return DockerHost(cpus=int(info["NCPU"]), memory_bytes=int(info.get("MemTotal") or 0))
+
+
+def check_requests(plan: SandboxPlan, host: DockerHost) -> None:
+    """ConfigError (one line, the first offending server and key) if a docker sandbox of `plan`
+    asks for more CPUs or memory than `host` has and the provider applies the limits."""
+    docker = plan.docker
+    if docker is None or not (docker.get("create") or {}).get("apply_resource_limits", True):
+        return
+    fix = (
+        "lower it in an override config (--env.taskset.config-paths), or set "
+        "sandbox.docker.create.apply_resource_limits: false"
+    )
+    for server in plan.servers:
+        if server.provider != "docker":
+            continue
+        cpu = server.request("cpu")
+        if cpu is not None and cpu > host.cpus:
+            raise ConfigError(
+                f"{server.instance}: sandbox_config.resources.cpu is {cpu:g}, but the docker "
+                f"daemon has {host.cpus} CPUs (docker refuses --cpus above them); {fix}"
+            )
+        memory = server.request("memory_mib")
+        if memory is not None and host.memory_bytes and memory * 2**20 > host.memory_bytes:
+            raise ConfigError(
+                f"{server.instance}: sandbox_config.resources.memory_mib is {memory:g}, but the "
+                f"docker daemon has {host.memory_bytes // 2**20} MiB; {fix}"
+            )
+
+
+def missing_images(images: Iterable[str]) -> list[str]:
+    """The images of `images` the daemon does not have (sorted, once each)."""
+    missing = []
+    for image in sorted(set(images)):
+        try:
+            run_docker("image", "inspect", "--format", "{{.Id}}", image)
+        except StackError:
+            missing.append(image)
+    return missing
+
+
+@dataclass(frozen=True)
+class ContainerNetwork:
+    """A stack's internal docker network (module contract)."""
+
+    name: str
+    bridge: str
+    gateway: str
+    """The host's address on it: where the door listens."""
+    label: str
+
+    @classmethod
+    def create(cls, marker: str) -> ContainerNetwork:
+        """The network for the stack of `marker`; StackError if docker cannot make one."""
+        name, bridge = f"{NETWORK_PREFIX}{marker[:12]}", f"{BRIDGE_PREFIX}{marker[:11]}"
+        label = f"{STACK_LABEL}={marker}"
+        run_docker(
+            "network", "create", "--internal", "--label", label,
+            "--opt", f"com.docker.network.bridge.name={bridge}",
+            "--opt", "com.docker.network.bridge.enable_icc=false",
+            name,
+        )  # fmt: skip
+        inspected = json.loads(run_docker("network", "inspect", "--format", "{{json .IPAM}}", name))
+        gateways = [c.get("Gateway") for c in inspected.get("Config") or [] if c.get("Gateway")]
+        if not gateways:
+            remove_objects(label)
+            raise StackError(f"docker gave the network {name} no gateway address")
+        return cls(name=name, bridge=bridge, gateway=str(gateways[0]), label=label)
+
+    def firewall(self, port: int) -> bool:
+        """Drop every packet a container sends to the host except TCP to the gateway's `port`
+        (iptables INPUT rules commented with the label). False if it cannot (not root, no
+        iptables): containers then reach what the host serves on all its addresses."""
+        iptables = shutil.which("iptables")
+        if iptables is None or os.geteuid() != 0:
+            return False
+        comment = ["-m", "comment", "--comment", self.label]
+        rules = [
+            ["-i", self.bridge, *comment, "-j", "DROP"],
+            ["-i", self.bridge, "-p", "tcp", "-d", self.gateway, "--dport", str(port),
+             *comment, "-j", "ACCEPT"],
+        ]  # fmt: skip
+        for rule in rules:  # each inserted first: the ACCEPT ends up above the DROP
+            out = subprocess.run(
+                [iptables, "-I", "INPUT", *rule], capture_output=True, text=True, check=False
+            )
+            if out.returncode != 0:
+                raise StackError(f"iptables refused the container firewall: {out.stderr.strip()}")
+        return True
+
+
+def _stack_markers() -> set[str]:
+    """Markers of stacks on this host with a docker object (container or network)."""
+    found: set[str] = set()
+    template = f'{{{{.Label "{STACK_LABEL}"}}}}'
+    for listing in (["ps", "-a"], ["network", "ls"]):
+        out = run_docker(*listing, "--filter", f"label={STACK_LABEL}", "--format", template)
+        found.update(line.strip() for line in out.splitlines() if line.strip())
+    return found
+
+
+def _alive(marker: str) -> bool:
+    """A stack's supervisor (its marker on the command line) or a process of it still runs."""
+    if processes_with_marker(marker):
+        return True
+    return any(marker in " ".join(argv_of(pid)) for pid in pids())
+
+
+def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
+    """See the module contract; the markers swept."""
+    swept = []
+    for marker in sorted(_stack_markers()):
+        if _alive(marker):
+            continue
+        left = remove_objects(f"{STACK_LABEL}={marker}")
+        log.info(
+            "removed the containers and network of a dead stack (%s)%s",
+            marker,
+            f"; could not remove: {'; '.join(left)}" if left else "",
+        )
+        swept.append(marker)
+    return swept

@@ -1,0 +1,256 @@
+"""What merged NeMo Gym configs (0.7+) ask of sandboxes, and the config a stack adds for them.
+
+NeMo Gym's container servers name a sandbox provider (`sandbox_provider: sandbox`, a reference
+to a top-level block that a provider config such as
+`nemo_gym/sandbox/providers/docker/configs/docker.yaml` defines, or an inline
+`{<provider>: {...}}`). Contract:
+- `sandbox_plan(configs)` reads merged configs (later ones winning, as NeMo Gym layers config
+  paths) and returns a `SandboxPlan` (None when no server uses a sandbox): the servers that do,
+  the provider each resolves to, their resource requests, and the agents that call the model
+  from inside a container (they have a `model_server`). A reference no config defines is a
+  ConfigError naming the server and the provider configs that would define it.
+- `row_image(row, agent, merged)`: the image a row's rollout runs in, for the resources servers
+  whose image comes from the row (`ROW_IMAGES`), else None.
+- `stack_config(plan, ...)` is what a stack adds after the user's configs: for the docker
+  provider the stack's network and label on every container; for every agent calling the model
+  from a container, a `model_server` at the door (`door.py`, the only host address the container
+  reaches) and an `artifacts_dir` in the stack's folder; NeMo Gym's rollout correlation on, so
+  the URL a container is given is its rollout's (`/ng-rollout/<rollout id>/v1`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.nemo.catalog import (
+    AGENTS,
+    ENVIRONMENT_SERVERS,
+    MODELS,
+    PLACEHOLDER_IMPL,
+    RESOURCES_SERVERS,
+    server_blocks,
+)
+from verifiers_nemogym.nemo.harnesses import merge_configs, rollout_correlation
+
+PROVIDER_REF = "sandbox_provider"
+_RESERVED = frozenset({"default_metadata"})
+CONTAINER_POLICY_INSTANCE = "vf_container_policy_model"
+"""The model server instance the stack gives agents that call the model from a container: the
+door's address, on the stack's container network (`stack_config`)."""
+STACK_LABEL = "vf-nemogym.stack"
+"""Docker label (`<STACK_LABEL>=<stack marker>`) on every container and network of a stack."""
+PROVIDER_CONFIG = "nemo_gym/sandbox/providers/{name}/configs/{name}.yaml"
+"""Where NeMo Gym 0.7 ships each provider's config (relative to its install)."""
+
+PROVIDER_NEEDS: dict[str, tuple[str, str]] = {
+    "docker": ("command", "docker"),
+    "apptainer": ("command", "apptainer"),
+    "enroot": ("command", "enroot"),
+    "opensandbox": ("module", "opensandbox"),
+    "daytona": ("module", "daytona"),
+    "e2b": ("module", "e2b"),
+    "ecs_fargate": ("module", "boto3"),
+}
+"""Provider -> what it needs on the machine: a command on PATH, or a Python module in NeMo
+Gym's runtime (NeMo Gym 0.7.0's providers; `local` and `openshell` need nothing checkable)."""
+
+
+def _swebench_pro_image(row: dict[str, Any], server: dict[str, Any]) -> str | None:
+    if server.get("image_template"):
+        return None  # a .sif path template: not a docker image
+    repository = server.get("image_repository")
+    if row.get("image_digest"):
+        return f"{repository}@{row['image_digest']}"
+    tag = row.get("dockerhub_tag")
+    return f"{repository}:{tag}" if repository and tag else None
+
+
+def _field(name: str) -> Callable[[dict[str, Any], dict[str, Any]], str | None]:
+    def image(row: dict[str, Any], _server: dict[str, Any]) -> str | None:
+        value = row.get(name)
+        return value if isinstance(value, str) and value else None
+
+    return image
+
+
+ROW_IMAGES: dict[str, Callable[[dict[str, Any], dict[str, Any]], str | None]] = {
+    "swebench_pro": _swebench_pro_image,
+    "terminal_bench_2_1": _field("docker_image"),
+    "swe_rebench": _field("image_name"),
+    "swemer_v1": _field("image_ref"),
+    "swemer_v2": _field("image_ref"),
+    "swemer_oml": _field("image_ref"),
+    "denovo_swe": _field("image_ref"),
+    "swe_next": _field("image_ref"),
+    "scale_swe": _field("image_url"),
+}
+"""Resources server type -> the image a row runs in (from the row, and for swebench_pro the
+server's `image_repository`), as NeMo Gym 0.7.0's servers compute it."""
+
+
+@dataclass(frozen=True)
+class SandboxedServer:
+    """A server instance of the configs that starts sandboxes."""
+
+    instance: str
+    server_type: str
+    impl: str
+    provider: str
+    settings: dict[str, Any] = field(repr=False)
+
+    def request(self, key: str) -> float | None:
+        """Its `sandbox_config.resources.<key>` (e.g. `cpu`, `memory_mib`), if set."""
+        resources = (self.settings.get("sandbox_config") or {}).get("resources") or {}
+        value = resources.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def calls_model(self) -> bool:
+        """An agent whose CLI calls the model from inside its container."""
+        return self.server_type == AGENTS and isinstance(self.settings.get("model_server"), dict)
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    """What the configs ask of sandboxes (see the module contract)."""
+
+    servers: list[SandboxedServer]
+    providers: dict[str, dict[str, Any]]
+    """Provider name -> its settings, for every provider a server resolves to."""
+    blocks: dict[str, str]
+    """Top-level provider block name a server references -> the provider it defines."""
+    merged: dict[str, Any] = field(repr=False)
+
+    @property
+    def docker(self) -> dict[str, Any] | None:
+        """The docker provider's settings, when a server uses it."""
+        return self.providers.get("docker")
+
+    @property
+    def model_agents(self) -> list[SandboxedServer]:
+        return [s for s in self.servers if s.calls_model]
+
+    def describe(self) -> str:
+        return ", ".join(f"{s.instance} ({s.provider})" for s in self.servers)
+
+
+def sandbox_plan(configs: Iterable[dict[str, Any]]) -> SandboxPlan | None:
+    """See the module contract."""
+    merged = merge_configs(configs)
+    servers: list[SandboxedServer] = []
+    providers: dict[str, dict[str, Any]] = {}
+    blocks: dict[str, str] = {}
+    for server_type in (AGENTS, RESOURCES_SERVERS, ENVIRONMENT_SERVERS):
+        for instance, (impl, settings) in server_blocks(merged, server_type).items():
+            ref = settings.get(PROVIDER_REF)
+            if ref is None:
+                continue
+            name, provider_settings = _resolve(instance, ref, merged)
+            providers[name] = provider_settings
+            if isinstance(ref, str):
+                blocks[ref] = name
+            servers.append(SandboxedServer(instance, server_type, impl, name, settings))
+    return SandboxPlan(servers, providers, blocks, merged) if servers else None
+
+
+def _resolve(instance: str, ref: Any, merged: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    block = merged.get(ref) if isinstance(ref, str) else ref
+    if not isinstance(block, dict):
+        shipped = ", ".join(PROVIDER_CONFIG.format(name=n) for n in ("docker", "apptainer"))
+        raise ConfigError(
+            f"{instance}: sandbox_provider {ref!r} is defined by no config; add a provider "
+            f"config to --env.taskset.config-paths (e.g. {shipped})"
+        )
+    names = [key for key in block if key not in _RESERVED]
+    if len(names) != 1 or not isinstance(block[names[0]], dict | None):
+        raise ConfigError(
+            f"{instance}: sandbox provider block {ref!r} must name exactly one provider "
+            f"(it has {', '.join(map(str, names)) or 'none'})"
+        )
+    return str(names[0]), dict(block[names[0]] or {})
+
+
+def row_image(row: dict[str, Any], agent: str, merged: dict[str, Any]) -> str | None:
+    """The image `row` (run by agent instance `agent`) runs in, or None if its resources server
+    takes no image from the row (module contract)."""
+    agents = server_blocks(merged, AGENTS)
+    if agent not in agents:
+        return None
+    ref = agents[agent][1].get("resources_server")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    resources = server_blocks(merged, RESOURCES_SERVERS)
+    if name not in resources:
+        return None
+    impl, settings = resources[name]
+    image = ROW_IMAGES.get(impl)
+    return image(row, settings) if image is not None else None
+
+
+def stack_config(
+    plan: SandboxPlan,
+    *,
+    label: str | None,
+    network: str | None,
+    door: tuple[str, int] | None,
+    workdir: Path,
+) -> dict[str, Any]:
+    """The config entries a stack adds for `plan` (module contract). `label`: `key=value` for
+    every docker container; `network`: the docker network they join (None: the provider's
+    own setting stands); `door`: its host and port (None: agents keep their model server);
+    `workdir`: the stack's folder."""
+    config: dict[str, Any] = rollout_correlation(workdir / "model-calls")
+    if plan.docker is not None and label is not None:
+        create = dict(plan.docker.get("create") or {})
+        extra = [str(arg) for arg in create.get("extra_run_args") or []]
+        create["extra_run_args"] = [*extra, "--label", label]
+        if network is not None:
+            create["network"] = network
+        for block, provider in plan.blocks.items():
+            if provider == "docker":
+                config[block] = {"docker": {"create": create}}
+    for agent in plan.model_agents:
+        settings: dict[str, Any] = {}
+        if door is not None:
+            settings["model_server"] = {"type": MODELS, "name": CONTAINER_POLICY_INSTANCE}
+        if "artifacts_dir" in agent.settings:
+            settings["artifacts_dir"] = str(workdir / "artifacts" / agent.instance)
+        if settings:
+            config[agent.instance] = {AGENTS: {agent.impl: settings}}
+    if plan.model_agents and door is not None:
+        host, port = door
+        config[CONTAINER_POLICY_INSTANCE] = {
+            MODELS: {PLACEHOLDER_IMPL: {"entrypoint": "app.py", "host": host, "port": port}}
+        }
+    return config
+
+
+def check_providers(plan: SandboxPlan, runtime_python: Path) -> None:
+    """ConfigError (one line) if a provider of `plan` lacks what it needs here (`PROVIDER_NEEDS`:
+    its command on PATH, or its Python package in NeMo Gym's runtime, `runtime_python`)."""
+    for provider in sorted(plan.providers):
+        kind, name = PROVIDER_NEEDS.get(provider, ("", ""))
+        users = ", ".join(s.instance for s in plan.servers if s.provider == provider)
+        if kind == "command" and shutil.which(name) is None:
+            raise ConfigError(
+                f"{users}: NeMo Gym's {provider!r} sandbox provider needs the `{name}` command "
+                "on PATH, which is not there"
+            )
+        if kind == "module":
+            probe = (
+                f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+            )
+            found = subprocess.run(
+                [str(runtime_python), "-c", probe], capture_output=True, check=False
+            )
+            if found.returncode != 0:
+                raise ConfigError(
+                    f"{users}: NeMo Gym's {provider!r} sandbox provider needs the Python package "
+                    f"{name!r} in NeMo Gym's runtime (NeMo Gym's `sandbox` extra), which is not "
+                    "installed"
+                )

@@ -1,0 +1,431 @@
+"""NeMo Gym 0.7's container environments end to end on the real chain: vf-eval (or Python) ->
+NeMoGymHarness -> NeMo Gym's environment server and `opencode_sandboxed_agent` -> a real docker
+container of a task image built from Debian packages (no registry), OpenCode 1.17.11 inside it ->
+the door on the stack's container network -> the model proxy (routed by the rollout id in the
+path) -> verifiers' interception -> the fixer policy. Nothing is mocked but the model.
+
+Tasks are the package's hand-made ones (`containers.tasks`): swebench_pro `tinycalc` and
+terminal_bench_2_1 `wordstats`. Each row is copied per case with its problem made unique (a case
+tag), so the fixer's log tells which rollout every call belongs to; the fixer makes the right fix
+(NeMo Gym's reward 1.0) or a useless edit (0.0), chosen per case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import (
+    HeldStack,
+    gone,
+    hold_shared_stack,
+    model_context,
+    read_episodes,
+    run_command,
+    run_tag,
+    script,
+    train_context,
+    until,
+)
+
+import nemo_gym_env
+from verifiers_nemogym.containers import docker
+from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
+from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
+from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+
+ENVS = ("swebench_pro", "terminal_bench_2_1")
+DOCKER_CONFIG = PROVIDER_CONFIG.format(name="docker")
+AGENT = {
+    "swebench_pro": "swebench_pro_opencode_sandboxed_agent",
+    "terminal_bench_2_1": "terminal_bench_2_1_opencode_sandboxed_agent",
+}
+"""The agent NeMo Gym's own pairing (`benchmarks/<...>/opencode.yaml`) runs each task with."""
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> TaskKit:
+    """The hand-made tasks and their images (the base image from Debian packages, built once
+    per machine; task images rebuilt from docker's cache in seconds)."""
+    return make_tasks(tmp_path_factory.mktemp("kit"))
+
+
+def _flags(runtime: NeMoGymVenv) -> dict[str, Any]:
+    return {
+        "nemo_gym_version": "0.7.0",
+        "python": str(runtime.python),
+        "allow_python_below_floor": True,
+    }
+
+
+def _cli_flags(runtime: NeMoGymVenv) -> list[str]:
+    return [
+        "--env.taskset.nemo-gym-version", "0.7.0",
+        "--env.taskset.python", str(runtime.python),
+        "--env.taskset.allow-python-below-floor", "true",
+    ]  # fmt: skip
+
+
+def config_paths(kit: TaskKit, envs: tuple[str, ...]) -> list[str]:
+    """NeMo Gym's pairings of `envs`, the docker provider config, then the kit's overrides: the
+    way a NeMo Gym user composes them."""
+    tasks = [kit.task(env) for env in envs]
+    return [
+        *(p for t in tasks for p in t.config_paths),
+        DOCKER_CONFIG,
+        *(str(t.override) for t in tasks),
+    ]
+
+
+def case_rows(kit: TaskKit, cases: list[tuple[str, bool]], path: Path) -> list[FixTask]:
+    """One row per case (`(env, right)`), its problem tagged with the case, naming NeMo Gym's
+    paired agent, written to `path`; the fixer's table in the same order (the case's index)."""
+    table, lines = [], []
+    for i, (env, _) in enumerate(cases):
+        task = kit.task(env)
+        tagged = f"{task.fix.key} (case {i})"
+        row = json.loads(task.rows.read_text().splitlines()[0])
+        text = json.dumps(row).replace(json.dumps(task.fix.key)[1:-1], json.dumps(tagged)[1:-1])
+        row = json.loads(text)
+        assert tagged in json.dumps(row["responses_create_params"]), env
+        row["agent_ref"] = {"type": "responses_api_agents", "name": AGENT[env]}
+        lines.append(json.dumps(row))
+        table.append(replace(task.fix, key=tagged, name=f"{task.fix.name}-{i}"))
+    path.write_text("\n".join(lines) + "\n")
+    return table
+
+
+def wrong_cases(cases: list[tuple[str, bool]]) -> frozenset[int]:
+    return frozenset(i for i, (_, right) in enumerate(cases) if not right)
+
+
+def case_of(trace: dict[str, Any], table: list[FixTask]) -> int:
+    """The case a trace's task carries (the longest key it quotes)."""
+    text = json.dumps(trace["task"])
+    found = [i for i, t in enumerate(table) if json.dumps(t.key)[1:-1] in text]
+    return max(found, key=lambda i: len(table[i].key))
+
+
+def stack_containers(marker: str | None = None) -> list[str]:
+    """IDs of the containers of one stack (`marker`) or of every stack of ours."""
+    label = STACK_LABEL if marker is None else f"{STACK_LABEL}={marker}"
+    return docker.run_docker("ps", "-aq", "--filter", f"label={label}").split()
+
+
+async def test_container_environments_score_and_never_cross_route(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
+) -> None:
+    """swebench_pro and terminal_bench_2_1 mixed on one stack through vf-eval at -c 2, OpenCode in
+    each task's container: NeMo Gym's rewards (1.0 right fix, 0.0 useless edit), two rollouts in
+    flight never cross-routed (the fixer's log), every turn in the trace, and afterwards no
+    container, network or process of the stack."""
+    cases = [("swebench_pro", True), ("terminal_bench_2_1", True),
+             ("swebench_pro", False), ("terminal_bench_2_1", False)]  # fmt: skip
+    table = case_rows(kit, cases, tmp_path / "rows.jsonl")
+    before = set(stack_containers())
+    async with FixerPolicy(tasks=table, wrong=wrong_cases(cases)) as policy:
+        cmd = [
+            script("vf-eval"), "nemo-gym-env", "-m", "policy",
+            "--client.base-url", policy.base_url, "--client.api-key-var", "FIXER_KEY",
+            "-n", str(len(cases)), "-r", "1", "-c", "2", "--no-push", "-o", str(tmp_path / "out"),
+            "--env.taskset.config-paths", json.dumps(config_paths(kit, ENVS)),
+            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            "--env.taskset.stack-idle-grace", "0",
+            *_cli_flags(nemo_venv_07),
+        ]  # fmt: skip
+        tag, env = run_tag(FIXER_KEY="unused")
+        code, log = await run_command(cmd, env, timeout=1500)
+        assert code == 0, log[-5000:]
+    episodes = read_episodes(tmp_path / "out")
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == len(cases)
+    assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
+    for trace in traces:
+        case = case_of(trace, table)
+        expected = 1.0 if cases[case][1] else 0.0
+        assert trace["rewards"]["nemo_gym"]["score"] == expected, (cases[case], trace["errors"])
+    # Every call came through the interception session of the rollout whose case it quotes.
+    by_session = {t["id"]: t for t in traces}
+    calls: Counter[str] = Counter()
+    steps: Counter[int] = Counter()
+    for call in policy.log:
+        assert call.session_id in by_session, call.path
+        calls[call.session_id] += 1
+        if call.task is not None:
+            assert call.task == case_of(by_session[call.session_id], table), call.session_id
+            steps[call.task] += call.step in ("fix", "final")
+    for trace in traces:
+        assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
+    assert all(steps[i] == 2 for i in range(len(cases))), steps  # the fix, then the final turn
+    eval_log = next((tmp_path / "out").glob("*/logs/latest/eval.log")).read_text()
+    assert "on the host they reach the door only (firewall)" in eval_log or "vfng-" in eval_log
+    assert await gone(tag) == []
+    assert set(stack_containers()) <= before  # every container of the run removed
+
+
+PROBE = r"""
+import json, os, socket, sys, urllib.error, urllib.request
+gateway, ports = sys.argv[1], [int(p) for p in sys.argv[2:]]
+def tcp(host, port):
+    s = socket.socket(); s.settimeout(3)
+    try:
+        s.connect((host, port)); return "open"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        s.close()
+def post(url, body=b"{}"):
+    request = urllib.request.Request(url, body, {"content-type": "application/json"})
+    try:
+        return urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError as e:
+        return type(e).__name__
+config = json.loads(os.environ.get("OPENCODE_CONFIG_CONTENT", "{}"))
+base = config["provider"]["nemo_gym"]["options"]["baseURL"].rstrip("/")
+door, rollout = base.split("/ng-rollout/")[0], base.split("/ng-rollout/")[1].split("/")[0]
+route, credential = rollout.rsplit(".", 1)
+out = {
+    "base": base,
+    "stack_ports": {p: tcp(gateway, p) for p in ports},
+    "loopback": {p: tcp("127.0.0.1", p) for p in ports},
+    "wrong_credential": post(f"{door}/ng-rollout/{route}.{credential[::-1]}/v1/chat/completions"),
+    "other_route": post(f"{door}/ng-rollout/0{route[1:]}.{credential}/v1/chat/completions"),
+    "plain_path": post(f"{door}/v1/chat/completions"),
+    "routes": open("/proc/net/route").read().split("\n")[1:],
+}
+print("PROBE" + json.dumps(out))
+"""
+
+
+def listening_ports(entry: str) -> list[int]:
+    """TCP ports that processes carrying `entry` (a stack's marker) listen on, any address."""
+    inodes = set()
+    for pid in processes_with_env(entry):
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+@pytest.fixture(scope="module")
+async def held(nemo_venv_07: NeMoGymVenv, kit: TaskKit) -> AsyncIterator[HeldStack]:
+    """One shared stack of swebench_pro's pairing for the tests that run rollouts in this
+    process; afterwards no process and no container of it is left."""
+    options = {**_flags(nemo_venv_07), "config_paths": config_paths(kit, ("swebench_pro",))}
+    async with hold_shared_stack(**options, jsonl_path=str(kit.task("swebench_pro").rows)) as held:
+        yield held
+    assert stack_containers(held.marker) == []
+
+
+def _env(kit: TaskKit, runtime: NeMoGymVenv, rows: Path, **extra: Any) -> Any:
+    return nemo_gym_env.load_environment(
+        config_paths=config_paths(kit, ("swebench_pro",)),
+        jsonl_path=str(rows),
+        **_flags(runtime),
+        **extra,
+    )
+
+
+async def test_the_code_the_model_writes_reaches_only_its_own_route(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
+) -> None:
+    """The model's command, run by OpenCode in the rollout's container, tries every port the
+    stack's processes listen on (NeMo Gym's head, agent and resources servers, Ray) at the
+    host's address on the container network and at loopback, another rollout's route and a
+    wrong credential at the door, and the door's non-rollout paths: all fail. Its own route
+    carried the rollout's calls, and its only route is the host's gateway on an internal
+    network whose host firewall drops all but the door."""
+    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    network = f"{docker.NETWORK_PREFIX}{held.marker[:12]}"
+    info = json.loads(docker.run_docker("network", "inspect", "--format", "{{json .}}", network))
+    gateway = info["IPAM"]["Config"][0]["Gateway"]
+    ports = listening_ports(f"{MARKER_ENV_VAR}={held.marker}")
+    assert len(ports) >= 4, ports  # head, agent, resources and environment servers, Ray
+    script_b64 = base64.b64encode(PROBE.encode()).decode()
+    command = f"echo {script_b64} | base64 -d > /tmp/probe.py && python3 /tmp/probe.py {gateway} "
+    probe = replace(task, fix=command + " ".join(map(str, ports)))
+    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl")
+    async with FixerPolicy(tasks=[probe]) as policy, env.serving():
+        assert held.owns(env)
+        episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
+    await held.released()
+    assert episode.ok, [t.errors for t in episode.traces]
+    final = next(c for c in policy.log if c.step == "final")
+    tool = next(m for m in final.body["messages"] if m.get("role") == "tool")
+    content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
+    found = json.loads(content[content.index("PROBE") + 5 :].split("\n")[0])
+    assert f"http://{gateway}:" in found["base"] and "/ng-rollout/" in found["base"]
+    assert all(v != "open" for v in found["stack_ports"].values()), found["stack_ports"]
+    assert all(v != "open" for v in found["loopback"].values()), found["loopback"]
+    assert found["wrong_credential"] == 401 and found["other_route"] == 401, found
+    assert found["plain_path"] == 404, found
+    # Routes: the container's subnet, and its one gateway is the host's address on it.
+    gateways = {line.split()[2] for line in found["routes"] if line.split()[2:3] != ["00000000"]}
+    assert gateways <= {"".join(f"{int(p):02X}" for p in reversed(gateway.split(".")))}, found
+    assert info["Internal"] is True
+    assert info["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+    rules = [r for r in _iptables_input() if f"vf-nemogym.stack={held.marker}" in r]
+    assert any("-j DROP" in r for r in rules) and any("-j ACCEPT" in r for r in rules), rules
+
+
+def _iptables_input() -> list[str]:
+    import subprocess
+
+    return subprocess.run(
+        ["iptables", "-S", "INPUT"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+
+
+async def test_train_mode_records_token_ids_of_every_call_from_the_container(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
+) -> None:
+    """verifiers' train client: OpenCode's streamed Chat Completions calls, made from inside
+    the task's container, reach the train client with token ids, mask and logprobs, every one."""
+    case_rows(kit, [("swebench_pro", True), ("swebench_pro", True)], tmp_path / "rows.jsonl")
+    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl")
+    async with TokenServer(packaged_tokenizer()) as tokens, env.serving():
+        assert held.owns(env)
+        ctx = train_context(tokens.base_url)
+        episodes = await asyncio.gather(*(env.run_episode(t, ctx) for t in env.taskset))
+    await held.released()
+    for episode in episodes:
+        assert episode.ok, [t.errors for t in episode.traces]
+        for trace in episode.traces:
+            assert trace.calls and "nemo_gym" in trace.rewards
+            for call in trace.calls:
+                assert call.node is not None, call.error
+                node = trace.nodes[call.node]
+                assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
+
+
+async def test_a_rollout_deadline_is_an_error_and_its_container_goes_with_the_stack(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
+) -> None:
+    """The model's command outlives the rollout's deadline: the rollout is an error (never a
+    reward) naming it, while its container ran under the stack's label."""
+    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    slow = replace(task, fix="sleep 600")
+    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", task={"run_timeout": 40.0})
+    async with FixerPolicy(tasks=[slow]) as policy, env.serving():
+        assert held.owns(env)
+        rollout = asyncio.ensure_future(
+            env.run_episode(next(iter(env.taskset)), model_context(policy))
+        )
+        await until(lambda: stack_containers(held.marker), 60, "the rollout's container")
+        episode = await rollout
+    await held.released()
+    assert not episode.ok
+    assert "did not return within 40 s" in json.dumps(episode.traces[0].errors[0].message)
+    assert "nemo_gym" not in episode.traces[0].rewards
+    # The stack's teardown (the `held` fixture) checks that no container of it is left.
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path, how: signal.Signals
+) -> None:
+    """vf-eval with a private stack, interrupted (Ctrl-C) or SIGKILLed while a rollout's
+    container runs the model's command: no container, network or process of it is left (the
+    stack's supervisor removes them; a start after a killed one sweeps what remains)."""
+    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    before = set(stack_containers())
+    async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
+        cmd = [
+            script("vf-eval"), "nemo-gym-env", "-m", "policy",
+            "--client.base-url", policy.base_url, "--client.api-key-var", "FIXER_KEY",
+            "-n", "1", "-r", "1", "-c", "1", "--no-push", "-o", str(tmp_path / "out"),
+            "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
+            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            "--env.taskset.shared-stack", "false",
+            *_cli_flags(nemo_venv_07),
+        ]  # fmt: skip
+        tag, environ = run_tag(FIXER_KEY="unused")
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, env=environ, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        try:
+            await until(lambda: any(c.step == "fix" for c in policy.log), 600, "the fix call")
+            assert set(stack_containers()) - before  # the rollout's container runs
+            os.kill(proc.pid, how)
+            await asyncio.wait_for(proc.wait(), 120)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert await gone(tag) == []
+    left = await until(
+        lambda: not (set(stack_containers()) - before) or None, 60, "the containers to go"
+    )
+    assert left
+
+
+async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image no daemon has, a CPU request above the host, and no docker daemon at all: every
+    rollout is an error whose one line names the row and image, the server and key, or the
+    daemon; no model call is made and no container is left."""
+    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    row = json.loads((tmp_path / "rows.jsonl").read_text())
+    row["dockerhub_tag"] = "not-built-here"
+    (tmp_path / "absent.jsonl").write_text(json.dumps(row) + "\n")
+    cpus = docker.daemon().cpus
+    greedy = tmp_path / "greedy.yaml"
+    greedy.write_text(
+        "swebench_pro_opencode_resources_server:\n  resources_servers:\n    swebench_pro:\n"
+        f"      sandbox_config:\n        resources:\n          cpu: {cpus + 2}\n"
+    )
+
+    async def first_error(env: Any) -> str:
+        async with FixerPolicy(tasks=[task]) as policy, env.serving():
+            episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
+        assert policy.log == [] and not episode.ok
+        message = str(episode.traces[0].errors[0].message).strip()
+        assert "\n" not in message, message
+        return message
+
+    absent = _env(kit, nemo_venv_07, tmp_path / "absent.jsonl", shared_stack=False)
+    message = await first_error(absent)
+    assert "absent.jsonl:1" in message and "swebench-pro:not-built-here" in message, message
+    assert "docker daemon does not have" in message, message
+
+    env = nemo_gym_env.load_environment(
+        config_paths=[*config_paths(kit, ("swebench_pro",)), str(greedy)],
+        jsonl_path=str(tmp_path / "rows.jsonl"), shared_stack=False, **_flags(nemo_venv_07),
+    )  # fmt: skip
+    message = await first_error(env)
+    assert "swebench_pro_opencode_resources_server" in message, message
+    assert f"sandbox_config.resources.cpu is {cpus + 2}" in message, message
+    assert f"daemon has {cpus} CPUs" in message, message
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    message = await first_error(_env(kit, nemo_venv_07, tmp_path / "rows.jsonl"))
+    assert "needs a running docker daemon" in message, message
+    monkeypatch.undo()
+    assert stack_containers() == [] or all(
+        processes_with_env(f"{MARKER_ENV_VAR}={m}") for m in docker._stack_markers()
+    )

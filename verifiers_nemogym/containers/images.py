@@ -105,7 +105,8 @@ def _run(args: list[str], what: str, timeout: float, **kwargs: object) -> str:
     except subprocess.TimeoutExpired:
         raise StackError(f"{what} took over {timeout:.0f} s") from None
     if out.returncode != 0:
-        raise StackError(f"{what} failed (exit {out.returncode}): {_last_line(out.stderr or out.stdout)}")  # fmt: skip
+        reason = _last_line(out.stderr or out.stdout)
+        raise StackError(f"{what} failed (exit {out.returncode}): {reason}")
     return str(out.stdout)
 
 

@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeGuard
 
 from aiohttp import web
 
@@ -93,14 +93,20 @@ def load_fix_tasks(path: Path) -> list[FixTask]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}:{number}: not JSON ({e.msg})") from None
-        fields = [row.get(k) if isinstance(row, dict) else None for k in ("key", "fix", "wrong")]
-        name = row.get("name", "") if isinstance(row, dict) else ""
-        if not all(isinstance(f, str) and f.strip() for f in fields) or not isinstance(name, str):
+        if not isinstance(row, dict):
+            row = {}
+        key, fix, wrong, name = (row.get(k) for k in ("key", "fix", "wrong", "name"))
+        name = "" if name is None else name
+        if not (_text(key) and _text(fix) and _text(wrong) and isinstance(name, str)):
             raise ConfigError(f"{path}:{number}: a fixer task needs strings `key`, `fix`, `wrong`")
-        tasks.append(FixTask(*fields, name=name))  # type: ignore[arg-type]
+        tasks.append(FixTask(key, fix, wrong, name))
     if not tasks:
         raise ConfigError(f"{path}: no tasks")
     return tasks
+
+
+def _text(value: Any) -> TypeGuard[str]:
+    return isinstance(value, str) and bool(value.strip())
 
 
 def _normal(text: str) -> str:

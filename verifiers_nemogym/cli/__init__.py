@@ -10,6 +10,7 @@ nemo-gym-env serve scripted [--port P]                    the scripted model ser
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
 nemo-gym-env serve tokens [--port P] [--max-model-len N]   the scripted token server (train mode)
 nemo-gym-env serve answers (--env ENV | --rows F)... [--wrong I,...]  answers rows' questions
+nemo-gym-env serve fixer --tasks F... [--wrong I,...]     fixes container tasks as OpenCode's model
 nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared NeMo Gym stack
     [--listen HOST:PORT]                                  (also for env hosts elsewhere, TLS)
     [--ray-address HOST:PORT]                             (its servers in your Ray cluster)
@@ -132,7 +133,16 @@ def _parser() -> argparse.ArgumentParser:
     answers.add_argument(
         "--wrong", default="", help="row indices (0-based, comma-separated) to answer wrong"
     )
-    for server in (scripted, replay, tokens, answers):  # always on 127.0.0.1
+    fixer = servers.add_parser(
+        "fixer", help="fixes container tasks in OpenCode's dialect (a bash tool call, then done)"
+    )
+    fixer.add_argument(
+        "--tasks", action="append", default=[], type=Path, help="JSONL: key, fix, wrong[, name]"
+    )
+    fixer.add_argument(
+        "--wrong", default="", help="task indices (0-based, comma-separated) to fix wrongly"
+    )
+    for server in (scripted, replay, tokens, answers, fixer):  # always on 127.0.0.1
         server.add_argument("--port", type=int, default=8000, help="0 picks a free one")
     stack = commands.add_parser("stack", help="shared NeMo Gym stacks that vf-eval attaches to")
     stack_commands = stack.add_subparsers(dest="stack_command", required=True)
@@ -365,6 +375,15 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         right = len(answers.rows) - len(answers.wrong)
         serve(answers, f"answer-key policy ({right} rows right, {len(answers.wrong)} wrong)")
+        return 0
+    if args.server == "fixer":
+        from verifiers_nemogym.cli.serve import fixer_policy
+
+        if not args.tasks:
+            parser.error("serve fixer: give at least one --tasks FILE")
+        fixer = fixer_policy(args.tasks, args.wrong, args.port)
+        right = len(fixer.tasks) - len(fixer.wrong)
+        serve(fixer, f"fixer policy ({right} tasks right, {len(fixer.wrong)} wrong)")
         return 0
     if not args.env and not args.rollouts:
         parser.error("serve replay: give at least one --env NAME or --rollouts FILE")

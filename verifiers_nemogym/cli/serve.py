@@ -1,10 +1,11 @@
-"""`nemo-gym-env serve scripted|replay|tokens|answers`: one of the package's model servers, until
-Ctrl-C.
+"""`nemo-gym-env serve scripted|replay|tokens|answers|fixer`: one of the package's model
+servers, until Ctrl-C.
 
-Contract: `serve(policy)` starts `policy` (a `ScriptedPolicy`, `ReplayPolicy`, `AnswerKeyPolicy`
-or `TokenServer`), writes one line naming its base URL to stdout, and serves until SIGINT or
-SIGTERM; then it stops the server and returns. `replay_index(...)` loads the recordings a replay
-server answers from; `answer_key_policy(...)` builds an answer-key server from rows.
+Contract: `serve(policy)` starts `policy` (a `ScriptedPolicy`, `ReplayPolicy`, `AnswerKeyPolicy`,
+`FixerPolicy` or `TokenServer`), writes one line naming its base URL to stdout, and serves until
+SIGINT or SIGTERM; then it stops the server and returns. `replay_index(...)` loads the recordings
+a replay server answers from; `answer_key_policy(...)` builds an answer-key server from rows;
+`fixer_policy(...)` builds a fixer server from task tables.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.answer_key import AnswerKeyPolicy, AnswerRow, load_answer_key
+from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask, load_fix_tasks
 from verifiers_nemogym.policies.replay import Recording, ReplayIndex, load_recordings
 from verifiers_nemogym.policies.server import ResponsesServer
 from verifiers_nemogym.policies.token_server import TokenServer
@@ -62,6 +64,20 @@ def answer_key_policy(
     except ValueError:
         raise ConfigError(f"--wrong {wrong!r}: give row indices, e.g. --wrong 1,3") from None
     return AnswerKeyPolicy(port=port, record=False, rows=rows, wrong=chosen)
+
+
+def fixer_policy(files: list[Path], wrong: str, port: int) -> FixerPolicy:
+    """A fixer server (not started, no call log) on the tasks of JSONL `files`, in order;
+    `wrong`: comma-separated 0-based indices into those tasks. Raises ConfigError for bad files
+    or indices."""
+    tasks: list[FixTask] = []
+    for path in files:
+        tasks += load_fix_tasks(path)
+    try:
+        chosen = frozenset(int(i) for i in wrong.split(",") if i.strip())
+    except ValueError:
+        raise ConfigError(f"--wrong {wrong!r}: give task indices, e.g. --wrong 1,3") from None
+    return FixerPolicy(port=port, record=False, tasks=tasks, wrong=chosen)
 
 
 async def _serve(policy: ResponsesServer | TokenServer, what: str) -> None:

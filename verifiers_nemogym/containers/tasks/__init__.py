@@ -1,0 +1,216 @@
+"""Hand-made container tasks for NeMo Gym 0.7.0's container environments, with their images.
+
+Contract: `make_tasks(out_dir, log=...)` builds each task's image (`containers.images`, OpenCode
+baked in) and writes, under `out_dir`:
+- `swebench_pro/rows.jsonl`: the `tinycalc` row (`tasks.swebench_pro`), image
+  `<SWEBENCH_PRO_REPOSITORY>:tinycalc-0001`;
+- `terminal_bench_2_1/rows.jsonl` and the task folder `terminal_bench_2_1/tasks/wordstats/`
+  (`tasks.terminal_bench`), image `TERMINAL_BENCH_IMAGE`; the row's `task_folder` is absolute;
+- for each environment `override.yaml` (the agent run: local images, resources cpu 1 / memory
+  2048 MiB, `is_verifying_golden_patch: false`, OpenCode preinstalled, `opencode_version`,
+  `opencode_max_context_window: 32768`) and `golden.yaml` (the same resources server verifying
+  the rows' golden patch / solution, no agent);
+- `fixer_tasks.jsonl`: the `policies.fixer` table (`key`, `fix`, `wrong`, `name`) of every task.
+It returns a `TaskKit` naming all of it, with the NeMo Gym config paths each environment composes
+(relative to the nemo-gym install) before the override. It sets no `sandbox:` block: the docker
+provider config and its network (the agent container must reach the model server) are the
+caller's. Rebuilding reuses docker's cache; every file is rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from verifiers_nemogym.containers import images
+from verifiers_nemogym.containers.tasks import swebench_pro, terminal_bench
+from verifiers_nemogym.policies.fixer import FixTask
+
+logger = logging.getLogger(__name__)
+
+SWEBENCH_PRO_REPOSITORY = "vf-nemogym/swebench-pro"
+TERMINAL_BENCH_IMAGE = "vf-nemogym/terminal-bench:wordstats"
+MAX_CONTEXT_WINDOW = 32768
+RESOURCES = {"cpu": 1, "memory_mib": 2048, "disk_gib": 1}
+"""What a 2-core machine grants (the shipped `cpu: 4` is refused by docker there)."""
+
+
+@dataclass(frozen=True)
+class KitTask:
+    """One hand-made task as written by `make_tasks`."""
+
+    env: str
+    """NeMo Gym resources server (`resources_servers/<env>`)."""
+    name: str
+    image: str
+    """The docker image its rows run in (built)."""
+    rows: Path
+    """JSONL rows."""
+    config_paths: tuple[str, ...]
+    """NeMo Gym's shipped configs for the OpenCode agent run (relative to the nemo-gym install),
+    to be listed before `override`."""
+    override: Path
+    """The override YAML for the OpenCode agent run."""
+    golden_config_paths: tuple[str, ...]
+    """NeMo Gym's shipped configs for golden verification (no agent)."""
+    golden: Path
+    """The override YAML for golden verification (`is_verifying_golden_patch: true`)."""
+    fix: FixTask
+    golden_patch: str | None = None
+    """The golden diff (swebench_pro); None where the golden fix is a script."""
+    wrong_patch: str | None = None
+    """A wrong diff for the same task (swebench_pro), graded 0.0."""
+
+
+@dataclass(frozen=True)
+class TaskKit:
+    """What `make_tasks` built and wrote."""
+
+    out_dir: Path
+    tasks: tuple[KitTask, ...]
+    fixer_tasks: Path
+    """The fixer's task table (`policies.fixer.load_fix_tasks`)."""
+
+    def task(self, env: str) -> KitTask:
+        """The task of environment `env` (KeyError if none)."""
+        for task in self.tasks:
+            if task.env == env:
+                return task
+        raise KeyError(env)
+
+
+def make_tasks(
+    out_dir: Path, *, opencode: str = images.DEFAULT_OPENCODE, log: logging.Logger = logger
+) -> TaskKit:
+    """Build the images and write the files of every hand-made task (module contract)."""
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tasks = (
+        _swebench_pro(out_dir / "swebench_pro", opencode, log),
+        _terminal_bench(out_dir / "terminal_bench_2_1", opencode, log),
+    )
+    table = out_dir / "fixer_tasks.jsonl"
+    _write_jsonl(table, [{"name": t.fix.name, "key": t.fix.key, "fix": t.fix.fix,
+                          "wrong": t.fix.wrong} for t in tasks])  # fmt: skip
+    log.info("wrote %d hand-made tasks under %s", len(tasks), out_dir)
+    return TaskKit(out_dir, tasks, table)
+
+
+def _swebench_pro(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
+    folder.mkdir(parents=True, exist_ok=True)
+    tag = swebench_pro.INSTANCE_ID
+    image = images.task_image(
+        f"{SWEBENCH_PRO_REPOSITORY}:{tag}", swebench_pro.REPO, opencode=opencode, log=log
+    )
+    row = swebench_pro.row(tag, images.image_base_commit(image))
+    rows = folder / "rows.jsonl"
+    _write_jsonl(rows, [row])
+    server = {"image_repository": SWEBENCH_PRO_REPOSITORY, **_sandbox_resources()}
+    override = {
+        "swebench_pro_opencode_resources_server": {
+            "resources_servers": {"swebench_pro": {**server, "is_verifying_golden_patch": False}}
+        },
+        "swebench_pro_opencode_sandboxed_agent": _agent(opencode),
+    }
+    golden = {
+        "swebench_pro_resources_server": {
+            "resources_servers": {"swebench_pro": {**server, "is_verifying_golden_patch": True}}
+        }
+    }
+    return KitTask(
+        env="swebench_pro",
+        name=swebench_pro.NAME,
+        image=image,
+        rows=rows,
+        config_paths=("benchmarks/swebench/pro/opencode.yaml",),
+        override=_write_yaml(folder / "override.yaml", override),
+        golden_config_paths=("resources_servers/swebench_pro/configs/swebench_pro.yaml",),
+        golden=_write_yaml(folder / "golden.yaml", golden),
+        fix=FixTask(swebench_pro.PROBLEM, swebench_pro.FIX, swebench_pro.WRONG, swebench_pro.NAME),
+        golden_patch=swebench_pro.GOLDEN_PATCH,
+        wrong_patch=swebench_pro.WRONG_PATCH,
+    )
+
+
+def _terminal_bench(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
+    folder.mkdir(parents=True, exist_ok=True)
+    image = images.task_image(TERMINAL_BENCH_IMAGE, terminal_bench.REPO, opencode=opencode, log=log)
+    task_folder = folder / "tasks" / terminal_bench.NAME
+    for name, text in terminal_bench.folder(image).items():
+        path = task_folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755 if name.endswith(".sh") else 0o644)
+    rows = folder / "rows.jsonl"
+    _write_jsonl(rows, [terminal_bench.row(image, task_folder)])
+    server = _sandbox_resources()
+    override = {
+        "terminal_bench_2_1_opencode_resources_server": {
+            "resources_servers": {
+                "terminal_bench_2_1": {**server, "is_verifying_golden_patch": False}
+            }
+        },
+        "terminal_bench_2_1_opencode_sandboxed_agent": _agent(opencode),
+    }
+    golden = {
+        "terminal_bench_2_1_resources_server": {
+            "resources_servers": {
+                "terminal_bench_2_1": {**server, "is_verifying_golden_patch": True}
+            }
+        }
+    }
+    return KitTask(
+        env="terminal_bench_2_1",
+        name=terminal_bench.NAME,
+        image=image,
+        rows=rows,
+        config_paths=("benchmarks/terminal_bench_2_1/opencode.yaml",),
+        override=_write_yaml(folder / "override.yaml", override),
+        golden_config_paths=(
+            "resources_servers/terminal_bench_2_1/configs/terminal_bench_2_1.yaml",
+        ),
+        golden=_write_yaml(folder / "golden.yaml", golden),
+        fix=FixTask(
+            key=terminal_bench.INSTRUCTION,
+            fix=terminal_bench.FIX,
+            wrong=terminal_bench.WRONG,
+            name=terminal_bench.NAME,
+        ),
+    )
+
+
+def _sandbox_resources() -> dict[str, Any]:
+    return {
+        "sandbox_config": {
+            "ttl_s": 3600,
+            "ready_timeout_s": 300,
+            "resources": dict(RESOURCES),
+            "provider_options": {"resource_requests": dict(RESOURCES)},
+        }
+    }
+
+
+def _agent(opencode: str) -> dict[str, Any]:
+    return {
+        "responses_api_agents": {
+            "opencode_sandboxed_agent": {
+                "preinstalled_opencode": True,
+                "opencode_version": opencode,
+                "opencode_max_context_window": MAX_CONTEXT_WINDOW,
+            }
+        }
+    }
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _write_yaml(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

@@ -17,8 +17,12 @@ from verifiers_nemogym.containers.sandbox import (
 )
 from verifiers_nemogym.errors import ConfigError
 
-DOCKER = {"sandbox": {"default_metadata": {"sandbox-api": "docker-cli"},
-                      "docker": {"create": {"use_init": True, "extra_run_args": ["--init"]}}}}
+DOCKER = {
+    "sandbox": {
+        "default_metadata": {"sandbox-api": "docker-cli"},
+        "docker": {"create": {"use_init": True, "extra_run_args": ["--init"]}},
+    }
+}
 SERVERS = {
     "swepro": {"resources_servers": {"swebench_pro": {
         "entrypoint": "app.py", "image_repository": "local/swetask",
@@ -95,10 +99,12 @@ def test_the_stack_config_labels_isolates_and_routes_through_the_door(tmp_path: 
     assert config["observability_enabled"] is True
     agent = config["agent"]["responses_api_agents"]["opencode_sandboxed_agent"]
     assert agent["model_server"] == {
-        "type": "responses_api_models", "name": CONTAINER_POLICY_INSTANCE
+        "type": "responses_api_models",
+        "name": CONTAINER_POLICY_INSTANCE,
     }
     assert agent["artifacts_dir"] == str(tmp_path / "artifacts" / "agent")
-    assert "artifacts_dir" not in config["tb_agent"]["responses_api_agents"]["opencode_sandboxed_agent"]
+    tb_agent = config["tb_agent"]["responses_api_agents"]["opencode_sandboxed_agent"]
+    assert "artifacts_dir" not in tb_agent
     door = config[CONTAINER_POLICY_INSTANCE]["responses_api_models"]["vf_external_model"]
     assert (door["host"], door["port"]) == ("172.30.0.1", 4567)
 

@@ -127,6 +127,12 @@ HARNESSES: dict[str, dict[str, dict[str, str]]] = {
 }
 """Release -> coding-agent harness environment -> `ran` (date of the run here) and `overrides`,
 or `why` it does not run here (conformance.toml)."""
+CONTAINERS: dict[str, dict[str, dict[str, str]]] = {
+    release: {env: dict(entry) for env, entry in envs.items()}
+    for release, envs in _RELEASES["containers"].items()
+}
+"""Release -> container environment -> `ran` (date of the run here with hand-made tasks), the
+agent `pairing` and what it `needs`, or `why` it does not run here (conformance.toml)."""
 
 
 def offline_status(
@@ -137,7 +143,16 @@ def offline_status(
     only for what was run (conformance runs, `default_envs(release)`; the harness survey,
     `HARNESSES`); otherwise the reason known (`NOT_OFFLINE`, the survey) or shown by the entry's
     `facts` (`CatalogEntry.facts`: judge model, API key, sandbox, URL requirement, a coding-agent
-    harness), or that it has not been run here."""
+    harness), or that it has not been run here. Container environments (`CONTAINERS`) come first:
+    their configs define no agent; NeMo Gym pairs them with one (`pairing`)."""
+    if (container := CONTAINERS.get(release, {}).get(name)) is not None:
+        if "ran" not in container:
+            return False, container["why"]
+        return True, (
+            f"ran here with --env.taskset.config-paths {container['pairing']} and the docker "
+            f"provider config (container survey, NeMo Gym {release}, {container['ran']}); "
+            f"needs {container['needs']}"
+        )
     if problem:
         return False, problem
     verified = default_envs(release)

@@ -143,6 +143,17 @@ def test_list_offline_status_uses_conformance_data(catalog_07: Catalog) -> None:
         False,
         "a coding-agent CLI harness not run here yet",
     )
+    # Container environments: their config defines no agent (the entry's problem); the
+    # survey says they ran with NeMo Gym's pairing, or why not.
+    pro = entries["swebench_pro"]
+    assert pro.problem == "swebench_pro.yaml defines no agent server"
+    ok, why = offline_status("swebench_pro", pro.problem, pro.facts, "0.7.0")
+    assert ok and why.startswith(
+        "ran here with --env.taskset.config-paths benchmarks/swebench/pro/opencode.yaml"
+    ), why
+    assert "needs a docker daemon" in why
+    ok, why = offline_status("swerl_gen", None, entries["swerl_gen"].facts, "0.7.0")
+    assert not ok and "singularity" in why
     judged = [e for e in entries.values() if "judge" in e.facts]
     assert judged, "no config shows a judge model"
     e = judged[0]

@@ -16,6 +16,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -170,7 +171,10 @@ async def test_container_environments_score_and_never_cross_route(
         assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
     assert all(steps[i] == 2 for i in range(len(cases))), steps  # the fix, then the final turn
     eval_log = next((tmp_path / "out").glob("*/logs/latest/eval.log")).read_text()
-    assert "on the host they reach the door only (firewall)" in eval_log or "vfng-" in eval_log
+    # The shared stack's host logs how its containers are isolated.
+    host_log = re.search(r"log: (\S+host\.log)", eval_log)
+    assert host_log is not None, eval_log[-2000:]
+    assert "on the host they reach the door only (firewall)" in Path(host_log.group(1)).read_text()
     assert await gone(tag) == []
     assert set(stack_containers()) <= before  # every container of the run removed
 
@@ -236,7 +240,8 @@ async def held(nemo_venv_07: NeMoGymVenv, kit: TaskKit) -> AsyncIterator[HeldSta
     """One shared stack of swebench_pro's pairing for the tests that run rollouts in this
     process; afterwards no process and no container of it is left."""
     options = {**_flags(nemo_venv_07), "config_paths": config_paths(kit, ("swebench_pro",))}
-    async with hold_shared_stack(**options, jsonl_path=str(kit.task("swebench_pro").rows)) as held:
+    rows = str(kit.task("swebench_pro").rows)
+    async with hold_shared_stack(**options, jsonl_path=rows, agent=AGENT["swebench_pro"]) as held:
         yield held
     assert stack_containers(held.marker) == []
 
@@ -245,6 +250,7 @@ def _env(kit: TaskKit, runtime: NeMoGymVenv, rows: Path, **extra: Any) -> Any:
     return nemo_gym_env.load_environment(
         config_paths=config_paths(kit, ("swebench_pro",)),
         jsonl_path=str(rows),
+        agent=AGENT["swebench_pro"],
         **_flags(runtime),
         **extra,
     )
@@ -284,8 +290,9 @@ async def test_the_code_the_model_writes_reaches_only_its_own_route(
     assert found["wrong_credential"] == 401 and found["other_route"] == 401, found
     assert found["plain_path"] == 404, found
     # Routes: the container's subnet, and its one gateway is the host's address on it.
-    gateways = {line.split()[2] for line in found["routes"] if line.split()[2:3] != ["00000000"]}
-    assert gateways <= {"".join(f"{int(p):02X}" for p in reversed(gateway.split(".")))}, found
+    routes = [line.split() for line in found["routes"] if len(line.split()) > 2]
+    gateways = {fields[2] for fields in routes if fields[2] != "00000000"}
+    assert gateways == {"".join(f"{int(p):02X}" for p in reversed(gateway.split(".")))}, routes
     assert info["Internal"] is True
     assert info["Options"]["com.docker.network.bridge.enable_icc"] == "false"
     rules = [r for r in _iptables_input() if f"vf-nemogym.stack={held.marker}" in r]

@@ -13,6 +13,7 @@ from verifiers_nemogym.containers.sandbox import (
     CONTAINER_POLICY_INSTANCE,
     row_image,
     sandbox_plan,
+    shadow_servers,
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError
@@ -116,3 +117,22 @@ def test_without_a_door_agents_keep_their_model_server(tmp_path: Path) -> None:
     config = stack_config(plan, label=None, network=None, door=None, workdir=tmp_path)
     assert "sandbox" not in config and CONTAINER_POLICY_INSTANCE not in config
     assert "model_server" not in config["agent"]["responses_api_agents"]["opencode_sandboxed_agent"]
+
+
+def test_servers_writing_in_their_folder_write_in_the_stacks_folder(tmp_path: Path) -> None:
+    installed, workdir = tmp_path / "site-packages", tmp_path / "stack"
+    pro = installed / "resources_servers" / "swebench_pro"
+    (pro / "logs").mkdir(parents=True)
+    (pro / "app.py").write_text("app")
+    (installed / "resources_servers" / "swebench").mkdir()
+    plan = sandbox_plan([SERVERS, DOCKER])
+    assert plan is not None
+    assert shadow_servers(plan, installed, workdir) == ["swebench_pro"]
+    shadow = workdir / "resources_servers" / "swebench_pro"
+    assert (shadow / "app.py").is_symlink() and (shadow / "app.py").read_text() == "app"
+    assert (shadow / "logs").is_dir() and not (shadow / "logs").is_symlink()
+    assert (workdir / "resources_servers" / "swebench").resolve() == (
+        installed / "resources_servers" / "swebench"
+    )
+    # terminal_bench_2_1 writes nothing in its folder: no shadow (and none without its files).
+    assert not (workdir / "resources_servers" / "terminal_bench_2_1").exists()

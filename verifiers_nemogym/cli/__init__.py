@@ -17,6 +17,7 @@ nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared 
 nemo-gym-env stack status [--json]                        the shared stacks running here
 nemo-gym-env stack down [ENV...]                          stop shared stacks (all, or ENV's)
 nemo-gym-env metrics PATH [--json] [--judge.*]            NeMo Gym's aggregate metrics of traces
+nemo-gym-env make-tasks OUT [--opencode V]                the hand-made container tasks and images
 
 The commands' printing, logging set-up and exit statuses live here (and in `local_eval.py`,
 `serve.py`, `logs.py`); the library below never prints, parses arguments or exits, except the
@@ -38,6 +39,8 @@ from verifiers_nemogym import tls
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.cli.metrics import add_parser as add_metrics_parser
 from verifiers_nemogym.cli.metrics import run as run_metrics
+from verifiers_nemogym.cli.tasks import add_parser as add_tasks_parser
+from verifiers_nemogym.cli.tasks import run as run_tasks
 from verifiers_nemogym.errors import NeMoGymError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, ensure_venv
@@ -171,6 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     _judge_arguments(down)
     _ray_argument(down)
     metrics_parser = add_metrics_parser(commands)
+    add_tasks_parser(commands)
     _judge_arguments(metrics_parser)
     options = commands.add_parser("options", help="the --env.taskset.* options and their meaning")
     options.add_argument("--markdown", action="store_true", help="as docs/options.md")
@@ -468,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
             return _stack(args)
         if args.command == "metrics":
             return run_metrics(args, _judge_fields(args))
+        if args.command == "make-tasks":
+            return run_tasks(args)
         if args.command == "options":
             from verifiers_nemogym.options import options_markdown, options_text
 

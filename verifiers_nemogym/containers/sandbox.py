@@ -94,6 +94,19 @@ ROW_IMAGES: dict[str, Callable[[dict[str, Any], dict[str, Any]], str | None]] = 
 server's `image_repository`), as NeMo Gym 0.7.0's servers compute it."""
 
 
+WRITES_IN_ITS_FOLDER: dict[str, tuple[str, ...]] = {
+    impl: ("logs",)
+    for impl in ("swebench_pro", "swe_rebench", "swemer_v1", "swemer_v2", "swemer_oml",
+                 "denovo_swe", "swe_next", "scale_swe")
+}  # fmt: skip
+"""Resources server type -> the folders it writes inside its own folder (NeMo Gym 0.7.0:
+`Path(__file__).parent / "logs"`, its verifier logs), which `shadow_servers` moves into the
+stack's folder."""
+READS_BESIDE: dict[str, tuple[str, ...]] = {"swebench_pro": ("swebench",)}
+"""Resources server type -> the sibling server folders it reads files of (swebench_pro runs
+`../swebench/anti_cheat_setup.sh`)."""
+
+
 @dataclass(frozen=True)
 class SandboxedServer:
     """A server instance of the configs that starts sandboxes."""
@@ -228,6 +241,36 @@ def stack_config(
             MODELS: {PLACEHOLDER_IMPL: {"entrypoint": "app.py", "host": host, "port": port}}
         }
     return config
+
+
+def shadow_servers(plan: SandboxPlan, installed: Path, workdir: Path) -> list[str]:
+    """Make what `plan`'s resources servers write inside their own folder (`WRITES_IN_ITS_FOLDER`)
+    land in the stack's folder `workdir` (NeMo Gym's cwd, where it looks for a server's folder
+    before its install, `installed`: the runtime's site-packages): `workdir/resources_servers/
+    <type>/` whose entries are links to the installed ones, but for the folders it writes, which
+    are real (removed with the stack's folder), and the sibling folders it reads, linked too.
+    NeMo Gym runs a single-process server from its folder (`python app.py`), so its `__file__` is
+    the link's path. Returns the server types shadowed."""
+    shadowed = []
+    for impl in sorted({s.impl for s in plan.servers if s.server_type == RESOURCES_SERVERS}):
+        writes = WRITES_IN_ITS_FOLDER.get(impl)
+        source = installed / RESOURCES_SERVERS / impl
+        if writes is None or not source.is_dir():
+            continue
+        target = workdir / RESOURCES_SERVERS / impl
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in source.iterdir():
+            if entry.name not in writes and not entry.name.startswith("."):
+                (target / entry.name).symlink_to(entry)
+        for folder in writes:
+            (target / folder).mkdir(exist_ok=True)
+        for sibling in READS_BESIDE.get(impl, ()):
+            if not (workdir / RESOURCES_SERVERS / sibling).exists():
+                (workdir / RESOURCES_SERVERS / sibling).symlink_to(
+                    installed / RESOURCES_SERVERS / sibling
+                )
+        shadowed.append(impl)
+    return shadowed
 
 
 def check_providers(plan: SandboxPlan, runtime_python: Path) -> None:

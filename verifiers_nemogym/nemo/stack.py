@@ -45,6 +45,7 @@ from verifiers_nemogym.containers.sandbox import (
     STACK_LABEL,
     check_providers,
     sandbox_plan,
+    shadow_servers,
     stack_config,
 )
 from verifiers_nemogym.errors import StackError
@@ -457,6 +458,12 @@ class NeMoGymStack:
         assert self.workdir is not None
         await asyncio.to_thread(check_providers, plan, self.venv.bin("python"))
         self.log.info("servers starting sandboxes: %s", plan.describe())
+        if shadowed := shadow_servers(plan, self.venv.site_packages, self.workdir):
+            self.log.info(
+                "%s write their verifier logs in the stack's folder (%s), not NeMo Gym's install",
+                ", ".join(shadowed),
+                self.workdir,
+            )
         if plan.docker is None:
             self.log.warning(
                 "sandbox provider(s) %s: nemo-gym-env does not isolate their containers; they "

@@ -136,6 +136,9 @@ async def test_container_environments_score_and_never_cross_route(
              ("swebench_pro", False), ("terminal_bench_2_1", False)]  # fmt: skip
     table = case_rows(kit, cases, tmp_path / "rows.jsonl")
     before = set(stack_containers())
+    # swebench_pro writes verifier logs beside its code: in the stack's folder, not the runtime.
+    runtime_logs = nemo_venv_07.site_packages / "resources_servers" / "swebench_pro" / "logs"
+    logs_before = set(runtime_logs.rglob("*"))
     async with FixerPolicy(tasks=table, wrong=wrong_cases(cases)) as policy:
         cmd = [
             script("vf-eval"), "nemo-gym-env", "-m", "policy",
@@ -177,6 +180,8 @@ async def test_container_environments_score_and_never_cross_route(
     assert "on the host they reach the door only (firewall)" in Path(host_log.group(1)).read_text()
     assert await gone(tag) == []
     assert set(stack_containers()) <= before  # every container of the run removed
+    assert set(runtime_logs.rglob("*")) == logs_before
+    assert "write their verifier logs in the stack's folder" in Path(host_log.group(1)).read_text()
 
 
 PROBE = r"""

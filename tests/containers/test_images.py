@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from verifiers_nemogym.containers import images
-from verifiers_nemogym.containers.tasks import swebench_pro, terminal_bench
+from verifiers_nemogym.containers.tasks import swe_next, swebench_pro, terminal_bench
 from verifiers_nemogym.errors import ConfigError, StackError
 
 SOURCES = """Types: deb
@@ -135,3 +135,26 @@ def test_terminal_bench_folder_and_row(tmp_path: Path) -> None:
         str(tmp_path),
     )
     assert terminal_bench.INSTRUCTION in json.dumps(row["responses_create_params"])
+
+
+@pytest.mark.parametrize(("patch", "resolved"), [(None, False), ("golden", True), ("wrong", False)])
+def test_textkit_expected_output_matches_pytest(
+    tmp_path: Path, patch: str | None, resolved: bool
+) -> None:
+    """swe_next's rule: every test `expected_output_json` marks PASSED must pass in pytest -rA's
+    short summary, keyed by the test id after the file path."""
+    diff = {"golden": swe_next.GOLDEN_PATCH, "wrong": swe_next.WRONG_PATCH}.get(patch or "")
+    workdir = Path(_run_tests(swe_next.REPO, tmp_path / "testbed", diff))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "r2e_tests"],
+        cwd=workdir, capture_output=True, text=True, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    ).stdout  # fmt: skip
+    summary = out.split("short test summary info", 1)[1].splitlines()
+    seen = {
+        line.split("::", 1)[1].split(" - ")[0]: line.split()[0]
+        for line in summary
+        if line.startswith(("PASSED", "FAILED", "ERROR"))
+    }
+    expected = json.loads(swe_next.row("img:1", "0" * 40)["expected_output_json"])
+    assert all(seen.get(name) == "PASSED" for name in expected) == resolved
+    assert set(seen) == set(expected)

@@ -1,7 +1,8 @@
 """Hand-made container tasks for NeMo Gym 0.7.0's container environments, with their images.
 
-Contract: `make_tasks(out_dir, log=...)` builds each task's image (`containers.images`, OpenCode
-baked in) and writes, under `out_dir`:
+Contract: `make_tasks(out_dir, envs=None, log=...)` builds each task's image
+(`containers.images`, OpenCode baked in) and writes, under `out_dir` (for the environments
+`envs`, default all of `ENVS`):
 - `swebench_pro/rows.jsonl`: the `tinycalc` row (`tasks.swebench_pro`), image
   `<SWEBENCH_PRO_REPOSITORY>:tinycalc-0001`;
 - `terminal_bench_2_1/rows.jsonl` and the task folder `terminal_bench_2_1/tasks/wordstats/`
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ import yaml
 
 from verifiers_nemogym.containers import images
 from verifiers_nemogym.containers.tasks import swe_next, swebench_pro, terminal_bench
+from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.policies.fixer import FixTask
 
 logger = logging.getLogger(__name__)
@@ -89,16 +92,25 @@ class TaskKit:
 
 
 def make_tasks(
-    out_dir: Path, *, opencode: str = images.DEFAULT_OPENCODE, log: logging.Logger = logger
+    out_dir: Path,
+    *,
+    envs: Sequence[str] | None = None,
+    opencode: str = images.DEFAULT_OPENCODE,
+    log: logging.Logger = logger,
 ) -> TaskKit:
-    """Build the images and write the files of every hand-made task (module contract)."""
+    """Build the images and write the files of the hand-made tasks (module contract) of
+    environments `envs` (default: all of `ENVS`, in that order); ConfigError for an unknown one.
+    `opencode`: the OpenCode version baked into the images and named in the overrides."""
+    chosen = list(ENVS) if envs is None else list(dict.fromkeys(envs))
+    unknown = [e for e in chosen if e not in ENVS]
+    if unknown or not chosen:
+        raise ConfigError(
+            f"no hand-made task for {', '.join(unknown) or 'no environment'}; "
+            f"choose from {', '.join(ENVS)}"
+        )
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    tasks = (
-        _swebench_pro(out_dir / "swebench_pro", opencode, log),
-        _terminal_bench(out_dir / "terminal_bench_2_1", opencode, log),
-        _swe_next(out_dir / "swe_next", opencode, log),
-    )
+    tasks = tuple(ENVS[env](out_dir / env, opencode, log) for env in chosen)
     table = out_dir / "fixer_tasks.jsonl"
     _write_jsonl(table, [{"name": t.fix.name, "key": t.fix.key, "fix": t.fix.fix,
                           "wrong": t.fix.wrong} for t in tasks])  # fmt: skip
@@ -223,6 +235,14 @@ def _swe_next(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
         golden_patch=swe_next.GOLDEN_PATCH,
         wrong_patch=swe_next.WRONG_PATCH,
     )
+
+
+ENVS: dict[str, Callable[[Path, str, logging.Logger], KitTask]] = {
+    "swebench_pro": _swebench_pro,
+    "terminal_bench_2_1": _terminal_bench,
+    "swe_next": _swe_next,
+}
+"""Environment -> the builder of its hand-made task (output folder, OpenCode version, log)."""
 
 
 def _sandbox_resources() -> dict[str, Any]:

@@ -11,10 +11,11 @@ Contract:
   offline) `FROM` the base: `/usr/bin/python` -> python3, the host's CA bundle, OpenCode's
   executable when asked (from the npm package `opencode-ai@<version>`, installed once per version
   into the package cache; its optional dependency `opencode-linux-<arch>` holds the executable),
-  OpenCode's no-fetch/no-update/no-share switches, a writable `$HOME`, and the repository at
-  `/app` as one git commit with a fixed author, committer and dates, so the same files give the
-  same `base_commit` on every build. The commit is written to `/base_commit` in the image and
-  read back by `image_base_commit(tag)`. Returns `tag`.
+  OpenCode's no-fetch/no-update/no-share switches, a writable `$HOME`, optional setup commands,
+  and the repository at `/app` (or another `workdir`) as one git commit with a fixed author,
+  committer and dates, so the same files give the same `base_commit` on every build. The commit
+  is written to `/base_commit` in the image and read back by `image_base_commit(tag)`. Returns
+  `tag`.
 - Errors are one line: `StackError` for what the machine lacks or a command that failed (no
   docker CLI or daemon, no debootstrap, not root, a failed debootstrap/build/npm install),
   `ConfigError` for bad input (a repository path outside the repository, no apt mirror found).
@@ -30,7 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from verifiers_nemogym.errors import ConfigError, StackError
@@ -58,6 +59,7 @@ COMMIT_DATE = "2024-01-01T00:00:00+00:00"
 COMMIT_NAME = "vf-nemogym"
 COMMIT_EMAIL = "tasks@vf-nemogym.invalid"
 BASE_COMMIT_FILE = "/base_commit"
+DEFAULT_WORKDIR = "/app"
 PATH_VALUE = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 DEBOOTSTRAP_TIMEOUT = 1800.0
@@ -307,9 +309,18 @@ def _repo_files(repo: Mapping[str, str] | Path) -> dict[str, bytes | Path]:
     return files
 
 
-def dockerfile(base: str, *, opencode: bool, ca_bundle: bool) -> str:
+def dockerfile(
+    base: str,
+    *,
+    opencode: bool,
+    ca_bundle: bool,
+    workdir: str = DEFAULT_WORKDIR,
+    setup: Sequence[str] = (),
+) -> str:
     """The task image's Dockerfile (module contract); the build context holds `repo/`, and
-    `ca-certificates.crt` / `opencode` when those are asked for."""
+    `ca-certificates.crt` / `opencode` when those are asked for. `setup`: shell commands run as
+    root (one `RUN` each) after the CA bundle is in place and before the repository is copied
+    to `workdir`."""
     env = " ".join(f"{k}={v}" for k, v in OPENCODE_ENV.items())
     git_env = (
         f"GIT_AUTHOR_NAME={COMMIT_NAME} GIT_AUTHOR_EMAIL={COMMIT_EMAIL} "
@@ -328,9 +339,10 @@ def dockerfile(base: str, *, opencode: bool, ca_bundle: bool) -> str:
     lines += [
         f"ENV {env} HOME=/root",
         "RUN mkdir -p /root/.config /root/.local/share /root/.cache && chmod 0755 /root",
-        "COPY repo /app",
-        "WORKDIR /app",
-        # safe.directory: the agent or verifier may run git as another uid on /app.
+        *(f"RUN {command}" for command in setup),
+        f"COPY repo {workdir}",
+        f"WORKDIR {workdir}",
+        # safe.directory: the agent or verifier may run git as another uid on the repository.
         "RUN git config --system --add safe.directory '*' "
         f"&& git config --system user.name {COMMIT_NAME} "
         f"&& git config --system user.email {COMMIT_EMAIL} "
@@ -349,14 +361,21 @@ def task_image(
     *,
     opencode: str | None = DEFAULT_OPENCODE,
     base: str | None = None,
+    workdir: str = DEFAULT_WORKDIR,
+    setup: Sequence[str] = (),
     log: logging.Logger = logger,
 ) -> str:
     """Build the task image `tag` (module contract) and return `tag`. `repo`: the repository's
     files as {relative path: text}, or a folder (copied without any `.git`); `opencode`: the
     OpenCode version to bake in, or None for none; `base`: the image to build FROM (default:
-    `base_image(log)`, built first if missing). Rebuilding with the same inputs reuses docker's
+    `base_image(log)`, built first if missing); `workdir`: where the repository goes (absolute;
+    also the image's WORKDIR); `setup`: shell commands run as root before the repository is
+    copied (e.g. an `apt-get install` from the base's Debian mirror, which needs the network at
+    build time). Rebuilding with the same inputs reuses docker's
     layer cache and gives the same `base_commit`."""
     _check_tag(tag)
+    if not workdir.startswith("/") or not re.fullmatch(r"[A-Za-z0-9/._-]+", workdir):
+        raise ConfigError(f"task image workdir {workdir!r} is not an absolute plain path")
     files = _repo_files(repo)
     base = base or base_image(log)
     cli = docker()
@@ -380,7 +399,9 @@ def task_image(
         if binary is not None:
             _link_or_copy(binary, context / "opencode")
         (context / "Dockerfile").write_text(
-            dockerfile(base, opencode=binary is not None, ca_bundle=ca_bundle)
+            dockerfile(
+                base, opencode=binary is not None, ca_bundle=ca_bundle, workdir=workdir, setup=setup
+            )
         )
         log.info("building task image %s%s", tag, f" (OpenCode {opencode})" if binary else "")
         _run(

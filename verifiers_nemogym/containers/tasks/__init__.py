@@ -1,15 +1,19 @@
 """Hand-made container tasks for NeMo Gym 0.7.0's container environments, with their images.
 
-Contract: `make_tasks(out_dir, log=...)` builds each task's image (`containers.images`, OpenCode
-baked in) and writes, under `out_dir`:
+Contract: `make_tasks(out_dir, envs=None, log=...)` builds each task's image
+(`containers.images`, OpenCode baked in) and writes, under `out_dir` (for the environments
+`envs`, default all of `ENVS`):
 - `swebench_pro/rows.jsonl`: the `tinycalc` row (`tasks.swebench_pro`), image
   `<SWEBENCH_PRO_REPOSITORY>:tinycalc-0001`;
 - `terminal_bench_2_1/rows.jsonl` and the task folder `terminal_bench_2_1/tasks/wordstats/`
   (`tasks.terminal_bench`), image `TERMINAL_BENCH_IMAGE`; the row's `task_folder` is absolute;
+- `swe_next/rows.jsonl`: the `textkit` row (`tasks.swe_next`), whose `image_ref` names its own
+  image `SWE_NEXT_IMAGE` (built with Debian's pytest: its build needs the Debian mirror);
 - for each environment `override.yaml` (the agent run: local images, resources cpu 1 / memory
   2048 MiB, `is_verifying_golden_patch: false`, OpenCode preinstalled, `opencode_version`,
   `opencode_max_context_window: 32768`) and `golden.yaml` (the same resources server verifying
-  the rows' golden patch / solution, no agent);
+  the rows' golden patch / solution, no agent; swe_next's golden client calls
+  `swe_next_golden_patch_resources_server`, which its shipped config already sets to golden);
 - `fixer_tasks.jsonl`: the `policies.fixer` table (`key`, `fix`, `wrong`, `name`) of every task.
 It returns a `TaskKit` naming all of it, with the NeMo Gym config paths each environment composes
 (relative to the nemo-gym install) before the override. It sets no `sandbox:` block: the docker
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,13 +33,15 @@ from typing import Any
 import yaml
 
 from verifiers_nemogym.containers import images
-from verifiers_nemogym.containers.tasks import swebench_pro, terminal_bench
+from verifiers_nemogym.containers.tasks import swe_next, swebench_pro, terminal_bench
+from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.policies.fixer import FixTask
 
 logger = logging.getLogger(__name__)
 
 SWEBENCH_PRO_REPOSITORY = "vf-nemogym/swebench-pro"
 TERMINAL_BENCH_IMAGE = "vf-nemogym/terminal-bench:wordstats"
+SWE_NEXT_IMAGE = "vf-nemogym/swe-next:textkit-0001"
 MAX_CONTEXT_WINDOW = 32768
 RESOURCES = {"cpu": 1, "memory_mib": 2048, "disk_gib": 1}
 """What a 2-core machine grants (the shipped `cpu: 4` is refused by docker there)."""
@@ -85,15 +92,25 @@ class TaskKit:
 
 
 def make_tasks(
-    out_dir: Path, *, opencode: str = images.DEFAULT_OPENCODE, log: logging.Logger = logger
+    out_dir: Path,
+    *,
+    envs: Sequence[str] | None = None,
+    opencode: str = images.DEFAULT_OPENCODE,
+    log: logging.Logger = logger,
 ) -> TaskKit:
-    """Build the images and write the files of every hand-made task (module contract)."""
+    """Build the images and write the files of the hand-made tasks (module contract) of
+    environments `envs` (default: all of `ENVS`, in that order); ConfigError for an unknown one.
+    `opencode`: the OpenCode version baked into the images and named in the overrides."""
+    chosen = list(ENVS) if envs is None else list(dict.fromkeys(envs))
+    unknown = [e for e in chosen if e not in ENVS]
+    if unknown or not chosen:
+        raise ConfigError(
+            f"no hand-made task for {', '.join(unknown) or 'no environment'}; "
+            f"choose from {', '.join(ENVS)}"
+        )
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    tasks = (
-        _swebench_pro(out_dir / "swebench_pro", opencode, log),
-        _terminal_bench(out_dir / "terminal_bench_2_1", opencode, log),
-    )
+    tasks = tuple(ENVS[env](out_dir / env, opencode, log) for env in chosen)
     table = out_dir / "fixer_tasks.jsonl"
     _write_jsonl(table, [{"name": t.fix.name, "key": t.fix.key, "fix": t.fix.fix,
                           "wrong": t.fix.wrong} for t in tasks])  # fmt: skip
@@ -182,6 +199,50 @@ def _terminal_bench(folder: Path, opencode: str, log: logging.Logger) -> KitTask
             name=terminal_bench.NAME,
         ),
     )
+
+
+def _swe_next(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
+    folder.mkdir(parents=True, exist_ok=True)
+    image = images.task_image(
+        SWE_NEXT_IMAGE, swe_next.REPO, opencode=opencode, workdir=swe_next.WORKDIR,
+        setup=swe_next.SETUP, log=log,
+    )  # fmt: skip
+    rows = folder / "rows.jsonl"
+    _write_jsonl(rows, [swe_next.row(image, images.image_base_commit(image))])
+    server = _sandbox_resources()
+    # swe_next_opencode.yaml pairs the agent with swe_next_resources_server itself.
+    override = {
+        "swe_next_resources_server": {
+            "resources_servers": {"swe_next": {**server, "is_verifying_golden_patch": False}}
+        },
+        "swe_next_opencode_sandboxed_agent": _agent(opencode),
+    }
+    # swe_next.yaml defines both servers; its golden client calls the golden one.
+    golden = {
+        name: {"resources_servers": {"swe_next": _sandbox_resources()}}
+        for name in ("swe_next_resources_server", "swe_next_golden_patch_resources_server")
+    }
+    return KitTask(
+        env="swe_next",
+        name=swe_next.NAME,
+        image=image,
+        rows=rows,
+        config_paths=("resources_servers/swe_next/configs/swe_next_opencode.yaml",),
+        override=_write_yaml(folder / "override.yaml", override),
+        golden_config_paths=("resources_servers/swe_next/configs/swe_next.yaml",),
+        golden=_write_yaml(folder / "golden.yaml", golden),
+        fix=FixTask(swe_next.PROBLEM, swe_next.FIX, swe_next.WRONG, swe_next.NAME),
+        golden_patch=swe_next.GOLDEN_PATCH,
+        wrong_patch=swe_next.WRONG_PATCH,
+    )
+
+
+ENVS: dict[str, Callable[[Path, str, logging.Logger], KitTask]] = {
+    "swebench_pro": _swebench_pro,
+    "terminal_bench_2_1": _terminal_bench,
+    "swe_next": _swe_next,
+}
+"""Environment -> the builder of its hand-made task (output folder, OpenCode version, log)."""
 
 
 def _sandbox_resources() -> dict[str, Any]:

@@ -47,13 +47,8 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
-ENVS = ("swebench_pro", "terminal_bench_2_1")
+ENVS = ("swebench_pro", "terminal_bench_2_1", "swe_next")
 DOCKER_CONFIG = PROVIDER_CONFIG.format(name="docker")
-AGENT = {
-    "swebench_pro": "swebench_pro_opencode_sandboxed_agent",
-    "terminal_bench_2_1": "terminal_bench_2_1_opencode_sandboxed_agent",
-}
-"""The agent NeMo Gym's own pairing (`benchmarks/<...>/opencode.yaml`) runs each task with."""
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +96,7 @@ def case_rows(kit: TaskKit, cases: list[tuple[str, bool]], path: Path) -> list[F
         text = json.dumps(row).replace(json.dumps(task.fix.key)[1:-1], json.dumps(tagged)[1:-1])
         row = json.loads(text)
         assert tagged in json.dumps(row["responses_create_params"]), env
-        row["agent_ref"] = {"type": "responses_api_agents", "name": AGENT[env]}
+        row["agent_ref"] = {"type": "responses_api_agents", "name": task.agent}
         lines.append(json.dumps(row))
         table.append(replace(task.fix, key=tagged, name=f"{task.fix.name}-{i}"))
     path.write_text("\n".join(lines) + "\n")
@@ -128,12 +123,12 @@ def stack_containers(marker: str | None = None) -> list[str]:
 async def test_container_environments_score_and_never_cross_route(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
-    """swebench_pro and terminal_bench_2_1 mixed on one stack through vf-eval at -c 2, OpenCode in
-    each task's container: NeMo Gym's rewards (1.0 right fix, 0.0 useless edit), two rollouts in
+    """swebench_pro, terminal_bench_2_1 and swe_next (whose rows name their own image) mixed on
+    one stack through vf-eval at -c 2, OpenCode in each task's container: NeMo Gym's rewards (1.0
+    right fix, 0.0 useless edit), two rollouts in
     flight never cross-routed (the fixer's log), every turn in the trace, and afterwards no
     container, network or process of the stack."""
-    cases = [("swebench_pro", True), ("terminal_bench_2_1", True),
-             ("swebench_pro", False), ("terminal_bench_2_1", False)]  # fmt: skip
+    cases = [(env, right) for right in (True, False) for env in ENVS]
     table = case_rows(kit, cases, tmp_path / "rows.jsonl")
     before = set(stack_containers())
     # swebench_pro writes verifier logs beside its code: in the stack's folder, not the runtime.
@@ -246,7 +241,8 @@ async def held(nemo_venv_07: NeMoGymVenv, kit: TaskKit) -> AsyncIterator[HeldSta
     process; afterwards no process and no container of it is left."""
     options = {**_flags(nemo_venv_07), "config_paths": config_paths(kit, ("swebench_pro",))}
     rows = str(kit.task("swebench_pro").rows)
-    async with hold_shared_stack(**options, jsonl_path=rows, agent=AGENT["swebench_pro"]) as held:
+    agent = kit.task("swebench_pro").agent
+    async with hold_shared_stack(**options, jsonl_path=rows, agent=agent) as held:
         yield held
     assert stack_containers(held.marker) == []
 
@@ -255,7 +251,7 @@ def _env(kit: TaskKit, runtime: NeMoGymVenv, rows: Path, **extra: Any) -> Any:
     return nemo_gym_env.load_environment(
         config_paths=config_paths(kit, ("swebench_pro",)),
         jsonl_path=str(rows),
-        agent=AGENT["swebench_pro"],
+        agent=kit.task("swebench_pro").agent,
         **_flags(runtime),
         **extra,
     )

@@ -54,6 +54,8 @@ class KitTask:
     env: str
     """NeMo Gym resources server (`resources_servers/<env>`)."""
     name: str
+    agent: str
+    """The agent instance NeMo Gym's pairing runs it with (`--env.taskset.agent`)."""
     image: str
     """The docker image its rows run in (built)."""
     rows: Path
@@ -141,6 +143,7 @@ def _swebench_pro(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
     }
     return KitTask(
         env="swebench_pro",
+        agent="swebench_pro_opencode_sandboxed_agent",
         name=swebench_pro.NAME,
         image=image,
         rows=rows,
@@ -183,6 +186,7 @@ def _terminal_bench(folder: Path, opencode: str, log: logging.Logger) -> KitTask
     }
     return KitTask(
         env="terminal_bench_2_1",
+        agent="terminal_bench_2_1_opencode_sandboxed_agent",
         name=terminal_bench.NAME,
         image=image,
         rows=rows,
@@ -224,6 +228,7 @@ def _swe_next(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
     }
     return KitTask(
         env="swe_next",
+        agent="swe_next_opencode_sandboxed_agent",
         name=swe_next.NAME,
         image=image,
         rows=rows,

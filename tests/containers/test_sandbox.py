@@ -127,7 +127,7 @@ def test_servers_writing_in_their_folder_write_in_the_stacks_folder(tmp_path: Pa
     (installed / "resources_servers" / "swebench").mkdir()
     plan = sandbox_plan([SERVERS, DOCKER])
     assert plan is not None
-    assert shadow_servers(plan, installed, workdir) == ["swebench_pro"]
+    assert shadow_servers(plan, installed, workdir, "0.7.0") == ["resources_servers/swebench_pro"]
     shadow = workdir / "resources_servers" / "swebench_pro"
     assert (shadow / "app.py").is_symlink() and (shadow / "app.py").read_text() == "app"
     assert (shadow / "logs").is_dir() and not (shadow / "logs").is_symlink()
@@ -136,3 +136,28 @@ def test_servers_writing_in_their_folder_write_in_the_stacks_folder(tmp_path: Pa
     )
     # terminal_bench_2_1 writes nothing in its folder: no shadow (and none without its files).
     assert not (workdir / "resources_servers" / "terminal_bench_2_1").exists()
+
+
+def test_servers_of_a_provider_package_get_its_client_in_their_venv(tmp_path: Path) -> None:
+    """NeMo Gym drops a server's `-e nemo-gym[dev,sandbox] @ ../..` requirement when installed
+    from a wheel: the stack's copy of the requirements asks for the sandbox extra instead."""
+    installed, workdir = tmp_path / "site-packages", tmp_path / "stack"
+    agent = installed / "responses_api_agents" / "opencode_sandboxed_agent"
+    agent.mkdir(parents=True)
+    (agent / "requirements.txt").write_text("-e nemo-gym[dev,sandbox] @ ../../\n")
+    (agent / "app.py").write_text("app")
+    remote = {"sandbox": {"opensandbox": {"connection": {}}}}
+    plan = sandbox_plan([{"agent": SERVERS["agent"]}, remote])
+    assert plan is not None
+    shadowed = shadow_servers(plan, installed, workdir, "0.7.0")
+    assert shadowed == ["responses_api_agents/opencode_sandboxed_agent"]
+    shadow = workdir / "responses_api_agents" / "opencode_sandboxed_agent"
+    assert (shadow / "requirements.txt").read_text().splitlines() == [
+        "-e nemo-gym[dev,sandbox] @ ../../",
+        "nemo-gym[sandbox]==0.7.0",
+    ]
+    assert not (shadow / "requirements.txt").is_symlink() and (shadow / "app.py").is_symlink()
+    # The docker provider needs no client package: nothing to shadow for the agent.
+    docker_plan = sandbox_plan([{"agent": SERVERS["agent"]}, DOCKER])
+    assert docker_plan is not None
+    assert shadow_servers(docker_plan, installed, tmp_path / "other", "0.7.0") == []

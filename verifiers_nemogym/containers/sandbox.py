@@ -21,7 +21,6 @@ to a top-level block that a provider config such as
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,17 +47,17 @@ STACK_LABEL = "vf-nemogym.stack"
 PROVIDER_CONFIG = "nemo_gym/sandbox/providers/{name}/configs/{name}.yaml"
 """Where NeMo Gym 0.7 ships each provider's config (relative to its install)."""
 
-PROVIDER_NEEDS: dict[str, tuple[str, str]] = {
-    "docker": ("command", "docker"),
-    "apptainer": ("command", "apptainer"),
-    "enroot": ("command", "enroot"),
-    "opensandbox": ("module", "opensandbox"),
-    "daytona": ("module", "daytona"),
-    "e2b": ("module", "e2b"),
-    "ecs_fargate": ("module", "boto3"),
+PROVIDER_COMMANDS: dict[str, str] = {
+    "docker": "docker",
+    "apptainer": "apptainer",
+    "enroot": "enroot",
 }
-"""Provider -> what it needs on the machine: a command on PATH, or a Python module in NeMo
-Gym's runtime (NeMo Gym 0.7.0's providers; `local` and `openshell` need nothing checkable)."""
+"""Provider -> the command it runs on the machine (NeMo Gym 0.7.0's providers)."""
+PROVIDER_PACKAGES = frozenset({"opensandbox", "daytona", "e2b", "ecs_fargate"})
+"""Providers whose client is a Python package of NeMo Gym's `sandbox` extra. A server's
+requirements ask for it (`-e nemo-gym[dev,sandbox] @ ../..`), but NeMo Gym drops that line when
+installed from a wheel, so the stack adds `nemo-gym[sandbox]` to those servers' requirements
+(`shadow_servers`)."""
 
 
 def _swebench_pro_image(row: dict[str, Any], server: dict[str, Any]) -> str | None:
@@ -243,57 +242,58 @@ def stack_config(
     return config
 
 
-def shadow_servers(plan: SandboxPlan, installed: Path, workdir: Path) -> list[str]:
-    """Make what `plan`'s resources servers write inside their own folder (`WRITES_IN_ITS_FOLDER`)
-    land in the stack's folder `workdir` (NeMo Gym's cwd, where it looks for a server's folder
-    before its install, `installed`: the runtime's site-packages): `workdir/resources_servers/
-    <type>/` whose entries are links to the installed ones, but for the folders it writes, which
-    are real (removed with the stack's folder), and the sibling folders it reads, linked too.
-    NeMo Gym runs a single-process server from its folder (`python app.py`), so its `__file__` is
-    the link's path. Returns the server types shadowed."""
+def shadow_servers(
+    plan: SandboxPlan, installed: Path, workdir: Path, nemo_gym_version: str
+) -> list[str]:
+    """Run some servers of `plan` from a folder of the stack's own, `workdir/<type>/<name>/` (NeMo
+    Gym looks for a server's folder in its cwd, the stack's folder, before its install,
+    `installed`: the runtime's site-packages), whose entries link to the installed ones except:
+    - what a resources server writes inside its folder (`WRITES_IN_ITS_FOLDER`): real folders,
+      removed with the stack's (NeMo Gym runs a single-process server as `python app.py` from
+      its folder, so its `__file__` is the link's path); the sibling folders it reads
+      (`READS_BESIDE`) are linked beside it;
+    - for a server whose provider is a Python package (`PROVIDER_PACKAGES`), `requirements.txt`:
+      the installed one plus `nemo-gym[sandbox]==<nemo_gym_version>`, so its venv has the client.
+    Returns `<type>/<name>` of each server so run."""
     shadowed = []
-    for impl in sorted({s.impl for s in plan.servers if s.server_type == RESOURCES_SERVERS}):
-        writes = WRITES_IN_ITS_FOLDER.get(impl)
-        source = installed / RESOURCES_SERVERS / impl
-        if writes is None or not source.is_dir():
+    for server_type, impl in sorted({(s.server_type, s.impl) for s in plan.servers}):
+        providers = {
+            s.provider for s in plan.servers if (s.server_type, s.impl) == (server_type, impl)
+        }
+        writes = WRITES_IN_ITS_FOLDER.get(impl, ()) if server_type == RESOURCES_SERVERS else ()
+        client = bool(providers & PROVIDER_PACKAGES)
+        source = installed / server_type / impl
+        if not (writes or client) or not source.is_dir():
             continue
-        target = workdir / RESOURCES_SERVERS / impl
+        target = workdir / server_type / impl
         target.mkdir(parents=True, exist_ok=True)
+        own = {*writes, "requirements.txt"} if client else set(writes)
         for entry in source.iterdir():
-            if entry.name not in writes and not entry.name.startswith("."):
+            if entry.name not in own and not entry.name.startswith("."):
                 (target / entry.name).symlink_to(entry)
         for folder in writes:
             (target / folder).mkdir(exist_ok=True)
+        if client:
+            requirements = source / "requirements.txt"
+            text = requirements.read_text() if requirements.is_file() else ""
+            (target / "requirements.txt").write_text(
+                f"{text.rstrip()}\nnemo-gym[sandbox]=={nemo_gym_version}\n".lstrip()
+            )
         for sibling in READS_BESIDE.get(impl, ()):
-            if not (workdir / RESOURCES_SERVERS / sibling).exists():
-                (workdir / RESOURCES_SERVERS / sibling).symlink_to(
-                    installed / RESOURCES_SERVERS / sibling
-                )
-        shadowed.append(impl)
+            if not (workdir / server_type / sibling).exists():
+                (workdir / server_type / sibling).symlink_to(installed / server_type / sibling)
+        shadowed.append(f"{server_type}/{impl}")
     return shadowed
 
 
-def check_providers(plan: SandboxPlan, runtime_python: Path) -> None:
-    """ConfigError (one line) if a provider of `plan` lacks what it needs here (`PROVIDER_NEEDS`:
-    its command on PATH, or its Python package in NeMo Gym's runtime, `runtime_python`)."""
+def check_providers(plan: SandboxPlan) -> None:
+    """ConfigError (one line) if a provider of `plan` runs a command (`PROVIDER_COMMANDS`) that is
+    not on PATH."""
     for provider in sorted(plan.providers):
-        kind, name = PROVIDER_NEEDS.get(provider, ("", ""))
-        users = ", ".join(s.instance for s in plan.servers if s.provider == provider)
-        if kind == "command" and shutil.which(name) is None:
+        command = PROVIDER_COMMANDS.get(provider)
+        if command is not None and shutil.which(command) is None:
+            users = ", ".join(s.instance for s in plan.servers if s.provider == provider)
             raise ConfigError(
-                f"{users}: NeMo Gym's {provider!r} sandbox provider needs the `{name}` command "
+                f"{users}: NeMo Gym's {provider!r} sandbox provider needs the `{command}` command "
                 "on PATH, which is not there"
             )
-        if kind == "module":
-            probe = (
-                f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
-            )
-            found = subprocess.run(
-                [str(runtime_python), "-c", probe], capture_output=True, check=False
-            )
-            if found.returncode != 0:
-                raise ConfigError(
-                    f"{users}: NeMo Gym's {provider!r} sandbox provider needs the Python package "
-                    f"{name!r} in NeMo Gym's runtime (NeMo Gym's `sandbox` extra), which is not "
-                    "installed"
-                )

@@ -456,11 +456,15 @@ class NeMoGymStack:
         if plan is None:
             return None
         assert self.workdir is not None
-        await asyncio.to_thread(check_providers, plan, self.venv.bin("python"))
+        check_providers(plan)
         self.log.info("servers starting sandboxes: %s", plan.describe())
-        if shadowed := shadow_servers(plan, self.venv.site_packages, self.workdir):
+        shadowed = shadow_servers(
+            plan, self.venv.site_packages, self.workdir, self.venv.nemo_gym_version
+        )
+        if shadowed:
             self.log.info(
-                "%s write their verifier logs in the stack's folder (%s), not NeMo Gym's install",
+                "%s run from the stack's folder (%s): what they write stays there, and their "
+                "venvs get the sandbox provider's client",
                 ", ".join(shadowed),
                 self.workdir,
             )

@@ -176,7 +176,10 @@ async def test_container_environments_score_and_never_cross_route(
     assert await gone(tag) == []
     assert set(stack_containers()) <= before  # every container of the run removed
     assert set(runtime_logs.rglob("*")) == logs_before
-    assert "write their verifier logs in the stack's folder" in Path(host_log.group(1)).read_text()
+    assert (
+        "resources_servers/swebench_pro run from the stack's folder"
+        in Path(host_log.group(1)).read_text()
+    )
 
 
 PROBE = r"""

@@ -376,11 +376,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _list_table(runtime: object, resolve: bool = False) -> str:
     """A Markdown table of both layouts: name, layout, agents, judge, runs here (yes: it ran
-    here, in conformance runs or the harness survey; no: why not, or not run yet), why.
+    here, in conformance runs or the harness survey; "yes, with --env.taskset.judge.*": an
+    LLM-judge environment the judge conformance survey ran; no: why not, or not run yet), why.
     With `resolve`, every environment is resolved as a run would resolve it (`Catalog.env`):
     a merged config shows its agents and judge, one that does not resolve says why, and a line
     above the table counts the resolvable ones per layout."""
-    from verifiers_nemogym.conformance import offline_status
+    from verifiers_nemogym.conformance import runs_here
     from verifiers_nemogym.nemo.catalog import (
         ENVIRONMENTS,
         RESOURCES_SERVERS,
@@ -407,9 +408,7 @@ def _list_table(runtime: object, resolve: bool = False) -> str:
         lines += [f"resolvable: {', '.join(counts)}", ""]
     lines += ["| name | layout | agents | judge | runs here | why |", "|---|---|---|---|---|---|"]
     for entry, spec in found:
-        offline, why = offline_status(
-            entry.root.name, entry.problem, entry.facts, runtime.nemo_gym_version
-        )
+        runs, why = runs_here(entry.root.name, entry.problem, entry.facts, runtime.nemo_gym_version)
         agents = ", ".join(entry.agents) or ("(merged by NeMo Gym)" if entry.merged else "-")
         # The file itself (a merged config's judge is known once NeMo Gym merged it).
         judge = judge_need(entry.root.name, judge_refs(load_config(entry.config))) if (
@@ -421,11 +420,8 @@ def _list_table(runtime: object, resolve: bool = False) -> str:
         elif spec is not None:
             # Paths inside the release as the release names them, not this machine's.
             reason = str(spec).replace(f"{catalog.root}/", "").replace("|", "\\|")
-            agents, offline, why = "-", False, reason
-        lines.append(
-            f"| {entry.name} | {entry.layout} | {agents} | {judge} | "
-            f"{'yes' if offline else 'no'} | {why} |"
-        )
+            agents, runs, why = "-", "no", reason
+        lines.append(f"| {entry.name} | {entry.layout} | {agents} | {judge} | {runs} | {why} |")
     return "\n".join(lines)
 
 

@@ -9,9 +9,13 @@ no-answer rates...). This module sends the same request, built from the traces, 
 endpoint of a running stack: the numbers are NeMo Gym's code's, not a reimplementation.
 
 Contract:
-- `read_episodes(path)`: the episodes of a vf-eval run folder, its `traces.jsonl`, or prime-rl's
-  trace folder (`monitors/file/traces/stream/`: `*.jsonl` and sealed `*.jsonl.zst` chunks, in name
-  order). Bad input is a `ConfigError` naming the file and line.
+- `runs(path)`: the runs a path holds, read without importing verifiers or starting anything:
+  itself when it is one run (a vf-eval run folder, its `traces.jsonl`, prime-rl's trace folder
+  `monitors/file/traces/stream/` or an output folder holding one), else each run folder under it
+  (vf-eval's `-o` folder: `<run>/traces.jsonl`; several prime-rl stream folders). No traces at
+  all is a `ConfigError`.
+- `read_episodes(path)`: the episodes of one run (prime-rl's chunks: `*.jsonl` and sealed
+  `*.jsonl.zst`, in name order). Bad input is a `ConfigError` naming the file and line.
 - `collect(episodes)`: the rollouts NeMo Gym would aggregate, per agent, as its collector strips
   them (the `/run` result without the request and response echoes, the response's `usage` and
   `incomplete_details` kept), each with `_ng_task_index` (the task's rank in the run, tasks in
@@ -40,6 +44,7 @@ import zstandard
 
 from verifiers_nemogym.bridge.redact import cut
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.release import parse_version
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +94,27 @@ def trace_files(path: Path) -> list[Path]:
     if len(streams) == 1 and (found := stream_files(streams[0])):
         return found
     raise ConfigError(
-        f"{path}: no traces here (a vf-eval run folder with {TRACES_FILE}, a traces file, or "
-        "prime-rl's monitors/file/traces/stream/ folder of *.jsonl[.zst] chunks)"
+        f"{path}: no traces here (a vf-eval output folder or run folder with {TRACES_FILE}, a "
+        "traces file, or prime-rl's monitors/file/traces/stream/ folder of *.jsonl[.zst] chunks)"
     )
+
+
+def runs(path: Path) -> list[Path]:
+    """The runs `path` holds (module contract), each a path `read_episodes` reads."""
+    path = path.expanduser()
+    try:
+        trace_files(path)
+        return [path]
+    except ConfigError:
+        if not path.is_dir():
+            raise
+        found = sorted(p.parent for p in path.glob(f"*/{TRACES_FILE}") if p.is_file())
+        found += sorted(
+            s for s in path.glob("**/monitors/file/traces/stream") if s.is_dir() and stream_files(s)
+        )
+        if not found:
+            raise
+        return found
 
 
 def _lines(path: Path) -> Iterator[bytes]:
@@ -277,46 +300,67 @@ async def write_for_run(run_urls: dict[str, str], http: aiohttp.ClientSession) -
     return path
 
 
+def prepare(path: Path) -> Rollouts:
+    """The rollouts of the one run at `path` to aggregate; ConfigError when there is none."""
+    rollouts = collect(read_episodes(path))
+    if not rollouts.by_agent:
+        raise ConfigError(f"{path}: no successful NeMo Gym rollout to aggregate")
+    return rollouts
+
+
 async def compute(
-    path: Path,
+    rollouts: Rollouts,
     *,
     judge: dict[str, Any] | None = None,
     nemo_gym_version: str | None = None,
     python: str | None = None,
-) -> tuple[list[dict[str, Any]], Rollouts]:
-    """NeMo Gym's aggregate metrics of the traces at `path` (`read_episodes`) and what was
-    aggregated: starts a private stack of just the agents the traces name, on the release and
-    Python they ran on (unless `nemo_gym_version` / `python` say otherwise), asks it, stops it.
-    A judge environment's stack needs its `judge` (as `--env.taskset.judge`), though no judge is
-    called. ConfigError / StackError name what is wrong."""
+) -> list[dict[str, Any]]:
+    """NeMo Gym's aggregate metrics of `rollouts` (`prepare`): starts a private stack of just
+    the agents the traces name, on the release and Python they ran on (unless
+    `nemo_gym_version` / `python` say otherwise), asks it, stops it. No model is called and no
+    verifiers rollout machinery (interception) is started. A judge environment's stack needs its
+    `judge` (as `--env.taskset.judge`), though no judge is called. ConfigError / StackError name
+    what is wrong."""
     import tempfile
 
     import nemo_gym_env
 
-    rollouts = collect(read_episodes(path))
-    if not rollouts.by_agent:
-        raise ConfigError(f"{path}: no successful NeMo Gym rollout to aggregate")
     runtime = rollouts.runtime or {}
+    version = nemo_gym_version or runtime.get("nemo_gym")
+    agents = list(rollouts.by_agent)
+    gym_07 = version is not None and parse_version(version) >= parse_version("0.7")
+    logger.info(
+        "starting a private NeMo Gym %s stack with the configs of %s (the agents, their "
+        "resources servers and NeMo Gym's placeholder policy model; no model is called): NeMo "
+        "Gym's aggregate metrics are each agent's /aggregate_metrics answer%s, which the agent "
+        "computes itself or forwards to its resources server, as its code says",
+        version or "(default release)",
+        ", ".join(agents),
+        " (through the environment server in front of it)" if gym_07 else "",
+    )
     with tempfile.TemporaryDirectory(prefix="vf-nemogym-metrics-") as tmp:
         # One recorded row per agent: the stack then starts exactly those agents' configs.
         rows = Path(tmp) / "rows.jsonl"
         rows.write_text(
             "".join(
                 json.dumps({**rollouts.rows[agent], "agent_ref": {"name": agent}}) + "\n"
-                for agent in rollouts.by_agent
+                for agent in agents
             )
         )
         env = nemo_gym_env.load_environment(
             jsonl_path=str(rows),
             shared_stack=False,
-            nemo_gym_version=nemo_gym_version or runtime.get("nemo_gym"),
+            nemo_gym_version=version,
             python=python or runtime.get("python"),
             allow_python_below_floor=bool(runtime.get("below_floor")),
             judge=judge,
         )
-        async with env.serving():
+        # `start()`/`stop()`, not verifiers' `serving()`: no rollout runs, so no interception.
+        await env.start()
+        try:
             if env.stack is None:
                 raise StackError(f"the NeMo Gym stack did not start: {env.start_error}")
             async with aiohttp.ClientSession() as http:
-                entries = await aggregate(env.stack.run_urls, http, rollouts)
-    return entries, rollouts
+                return await aggregate(env.stack.run_urls, http, rollouts)
+        finally:
+            await env.stop()

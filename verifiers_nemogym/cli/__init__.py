@@ -8,7 +8,7 @@ nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's rec
 nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with a local CPU model
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
-nemo-gym-env serve tokens [--port P] [--max-model-len N]   the scripted token server (train mode)
+nemo-gym-env serve tokens [--port P] [--model M] [--max-model-len N]  the scripted token server
 nemo-gym-env serve answers (--env ENV | --rows F)... [--wrong I,...]  answers rows' questions
 nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared NeMo Gym stack
     [--listen HOST:PORT]                                  (also for env hosts elsewhere, TLS)
@@ -120,6 +120,11 @@ def _parser() -> argparse.ArgumentParser:
         "tokens", help="a scripted vLLM /inference/v1/generate server with a real tokenizer"
     )
     tokens.add_argument("--max-model-len", type=int, default=None, help="reported context size")
+    tokens.add_argument(
+        "--model",
+        default="token-server",
+        help="the model name /v1/models lists (prime-rl's orchestrator.model.name)",
+    )
     answers = servers.add_parser(
         "answers", help="answers rows' math questions (Chat, Responses, Anthropic Messages)"
     )
@@ -352,7 +357,9 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.server == "tokens":
         from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
-        server = TokenServer(packaged_tokenizer(), port=args.port, max_model_len=args.max_model_len)
+        server = TokenServer(
+            packaged_tokenizer(), port=args.port, model=args.model, max_model_len=args.max_model_len
+        )
         serve(server, f"token server (model {server.model!r})")
         return 0
     if args.server == "answers":

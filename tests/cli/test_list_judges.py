@@ -52,3 +52,12 @@ def test_each_release_reads_its_own_judge_survey() -> None:
     assert "(NeMo Gym 0.4.0," in runs_here("aalcr", None, judge, "0.9.0")[1]
     # A problem with the entry wins.
     assert runs_here("aalcr", "broken", judge) == ("no", "broken")
+
+
+def test_nemo_user_sim_is_listed_with_why_it_does_not_run() -> None:
+    """NeMo Gym's UserSim: the user is played by a model server of its own (`user_model`), not
+    the policy; its files look like a harness's (`${policy_base_url}`), the reason is the data's."""
+    runs, why = runs_here("nemo_user_sim", None, {"harness": "a coding-agent CLI"}, "0.7.0")
+    assert runs == "no"
+    assert why.startswith("besides the policy (its `policy_model`, the assistant's seat)")
+    assert "`user_model` plays the user" in why

@@ -288,6 +288,10 @@ def test_answer_key_files_and_wrong_rows_are_checked(tmp_path: Path) -> None:
                               "responses_create_params": {}}) for r in ROWS) + "\n\n"
     )  # fmt: skip
     assert load_answer_key(rows) == ROWS
+    # Reasoning Gym's rows (the `*_reasoning_gym` harness environments) name it `answer`.
+    gym = tmp_path / "gym.jsonl"
+    gym.write_text(json.dumps({"question": "Who is a sage?", "answer": "Zoey is a fool."}) + "\n")
+    assert load_answer_key(gym) == [AnswerRow("Who is a sage?", "Zoey is a fool.")]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "expected_answer": "1"}) + '\n{"question": "q"}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: an answer-key row needs string"):

@@ -243,6 +243,15 @@ def test_the_longest_question_found_wins() -> None:
     assert policy.match({"model": "Find x.", "input": "nothing"}) is None  # not the model name
 
 
+def test_a_question_quoted_with_escaped_quotes_is_found() -> None:
+    """opencode quotes the user's prompt inside its own, `"` escaped as `\\"` (Reasoning Gym's
+    knights-and-knaves questions quote what the inhabitants say)."""
+    row = AnswerRow('Zoey commented, "Riley is a fool". Who is a sage?', "Zoey is a fool.")
+    policy = AnswerKeyPolicy(rows=[row])
+    quoted = 'The user asked: "Zoey commented, \\"Riley is a fool\\". Who is a sage?"'
+    assert policy.match({"messages": [{"role": "user", "content": quoted}]}) == 0
+
+
 def test_wrong_answer_is_never_the_expected_one() -> None:
     rows = [AnswerRow("q0", "-7919"), AnswerRow("q1", "\\(-7919\\)"), AnswerRow("q2", "5")]
     policy = AnswerKeyPolicy(rows=rows, wrong=frozenset({0, 1, 2}))

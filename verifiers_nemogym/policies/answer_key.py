@@ -208,7 +208,13 @@ class AnswerKeyPolicy(ResponsesServer):
         return self._match(request_text(body))
 
     def _match(self, text: str) -> int | None:
-        return next((i for question, i in self._questions if question in text), None)
+        # opencode quotes the user's prompt inside its own with `"` escaped as `\"` (seen on
+        # Reasoning Gym's questions, which quote what the inhabitants say).
+        for candidate in (text, text.replace('\\"', '"')):
+            found = next((i for question, i in self._questions if question in candidate), None)
+            if found is not None:
+                return found
+        return None
 
     def answer(self, row: int | None) -> str:
         """The text answered for answer-key row `row` (None: a side call)."""

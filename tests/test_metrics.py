@@ -202,3 +202,21 @@ def test_metrics_on_runs_without_a_successful_rollout_starts_nothing(
         f"nemo-gym-env: {tmp_path}: no successful NeMo Gym rollout to aggregate in any run"
     )
     assert launches.stacks == []
+
+
+async def test_which_agents_keep_nemo_gyms_default_aggregate(nemo_venv, nemo_venv_07, launches):
+    """Read by the runtime's own code, nothing started: a coding-agent harness agent (0.7.0)
+    keeps NeMo Gym's default `/aggregate_metrics` and is computed here (`mean/reward` of its
+    rewards); simple_agent (0.4.0) forwards it to its resources server, so a stack must answer."""
+    from verifiers_nemogym.metrics import Rollouts, default_aggregates
+
+    results = [{"reward": r, "_ng_task_index": i, "_ng_rollout_index": 0}
+               for i, r in enumerate([1.0, 0.0, 1.0, 1.0])]  # fmt: skip
+    harness = Rollouts(by_agent={"opencode_math_agent": results})
+    (entry,) = (await default_aggregates(nemo_venv_07, harness)).values()
+    assert entry["agent_ref"] == {"name": "opencode_math_agent"}
+    assert entry["agent_metrics"]["mean/reward"] == 0.75
+    assert entry["key_metrics"]["mean/reward"] == 0.75
+    classic = Rollouts(by_agent={"mcqa_simple_agent": results})
+    assert await default_aggregates(nemo_venv, classic) == {}
+    assert launches.stacks == []

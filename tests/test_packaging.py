@@ -20,6 +20,8 @@ SOURCES = [ROOT / "verifiers_nemogym", ROOT / "environments" / "nemo_gym_env" / 
 NOT_OURS = {
     "ray": "nemo/ray_probe.py runs in the NeMo Gym runtime venv, never in ours",
     "xllamacpp": "the `local` extra (the CPU model server's child process)",
+    "nemo_gym": "nemo/aggregate_probe.py runs in the NeMo Gym runtime venv, never in ours",
+    "fastapi": "nemo/aggregate_probe.py runs in the NeMo Gym runtime venv, never in ours",
 }
 
 

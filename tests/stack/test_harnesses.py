@@ -34,6 +34,7 @@ from helpers import (
 )
 
 import nemo_gym_env
+from verifiers_nemogym.metrics import METRICS_FILE
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, argv_of, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -260,6 +261,18 @@ async def test_reasoning_gym_twins_score(
     check_every_call_reached_its_own_rollout(policy, traces, key)
     dialects = {(owners[c.row], c.dialect) for c in policy.log if c.row is not None}
     assert set(TWINS.items()) <= dialects, dialects
+    assert await gone(tag) == []
+    # `metrics` on the run: the harness agents keep NeMo Gym's default aggregate, computed by
+    # the runtime's own code with no stack; the same bytes the run's stack answered.
+    (written,) = (tmp_path / "out").glob(f"*/{METRICS_FILE}")
+    tag, env = run_tag()
+    code, printed = await run_command(
+        [script("nemo-gym-env"), "metrics", str(tmp_path / "out"), "--json"], env, stdout_only=True
+    )
+    assert code == 0 and printed == written.read_text(), printed[-3000:]
+    code, log = await run_command([script("nemo-gym-env"), "metrics", str(tmp_path / "out")], env)
+    assert code == 0, log[-3000:]
+    assert "without a stack" in log and "starting a private NeMo Gym" not in log, log[-3000:]
     assert await gone(tag) == []
 
 

@@ -135,6 +135,8 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
     assert printed == written.read_text()
     assert o_code == 0, o_log[-3000:]
     assert f"{out} holds one run: {run.parent}" in o_log
+    # simple_agent forwards its aggregate to its resources server: a stack answers it.
+    assert "mcqa_simple_agent needs a stack for its aggregate: SimpleAgent overrides " in o_log
     assert "starting a private NeMo Gym 0.4.0 stack with the configs of mcqa_simple_agent" in o_log
     assert "interception" not in o_log
     for key in ours[0]["key_metrics"]:

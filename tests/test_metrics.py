@@ -15,7 +15,7 @@ from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.harness import record
-from verifiers_nemogym.metrics import collect, read_episodes
+from verifiers_nemogym.metrics import collect, read_episodes, runs
 
 RUNTIME = {"nemo_gym": "0.4.0", "python": "3.12.1", "below_floor": False}
 
@@ -139,4 +139,84 @@ def test_metrics_command_on_bad_input_is_a_one_line_error_before_anything_starts
     assert capsys.readouterr().err.strip() == (
         f"nemo-gym-env: no such file or folder: {tmp_path / 'missing'}"
     )
+    assert launches.stacks == []
+
+
+def test_a_vf_eval_output_folder_holds_its_runs(tmp_path: Path):
+    """`vf-eval -o out` writes `out/<run>/traces.jsonl`: the folder is its runs; one run alone is
+    that run. prime-rl's output folder with several runs' stream folders likewise."""
+    out = tmp_path / "out"
+    (out / "b-run").mkdir(parents=True)
+    _write(out / "b-run" / "traces.jsonl", EPISODES)
+    assert runs(out) == [out / "b-run"]
+    (out / "a-run").mkdir()
+    _write(out / "a-run" / "traces.jsonl", EPISODES[:2])
+    (out / "notes").mkdir()
+    assert runs(out) == [out / "a-run", out / "b-run"]
+    assert read_episodes(runs(out)[0]) == EPISODES[:2]
+    assert runs(out / "a-run") == [out / "a-run"]  # a run folder, a traces file: themselves
+    assert runs(out / "a-run" / "traces.jsonl") == [out / "a-run" / "traces.jsonl"]
+    prime = tmp_path / "prime"
+    for name in ("r1", "r2"):
+        (prime / name / "monitors/file/traces/stream").mkdir(parents=True)
+        _write(prime / name / "monitors/file/traces/stream" / "000000.jsonl", EPISODES)
+    assert runs(prime) == [prime / n / "monitors/file/traces/stream" for n in ("r1", "r2")]
+    (tmp_path / "empty" / "run").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="no traces here"):
+        runs(tmp_path / "empty")
+
+
+def test_metrics_refuses_a_path_without_traces_before_importing_verifiers(tmp_path: Path):
+    """In a fresh interpreter: no traces at all is exit 2 with one line, and neither verifiers
+    nor the env package (what starting a stack needs) was imported."""
+    import subprocess
+    import sys
+
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    probe = (
+        "import sys; from verifiers_nemogym.cli import main; "
+        f"code = main(['metrics', {str(tmp_path)!r}]); "
+        "print(code, sorted(m for m in ('verifiers', 'nemo_gym_env') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "2 []", done.stderr
+    assert done.stderr.strip() == f"nemo-gym-env: {tmp_path}: no traces here " + (
+        "(a vf-eval output folder or run folder with traces.jsonl, a traces file, or prime-rl's "
+        "monitors/file/traces/stream/ folder of *.jsonl[.zst] chunks)"
+    )
+
+
+def test_metrics_on_runs_without_a_successful_rollout_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], launches
+):
+    from verifiers_nemogym.cli import main
+
+    for name in ("run1", "run2"):
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "traces.jsonl", [_episode("mcqa/example:1", None)])
+    assert main(["metrics", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"nemo-gym-env: {tmp_path}: no successful NeMo Gym rollout to aggregate in any run"
+    )
+    assert launches.stacks == []
+
+
+async def test_which_agents_keep_nemo_gyms_default_aggregate(nemo_venv, nemo_venv_07, launches):
+    """Read by the runtime's own code, nothing started: a coding-agent harness agent (0.7.0)
+    keeps NeMo Gym's default `/aggregate_metrics` and is computed here (`mean/reward` of its
+    rewards); simple_agent (0.4.0) forwards it to its resources server, so a stack must answer."""
+    from verifiers_nemogym.metrics import Rollouts, default_aggregates
+
+    results = [{"reward": r, "_ng_task_index": i, "_ng_rollout_index": 0}
+               for i, r in enumerate([1.0, 0.0, 1.0, 1.0])]  # fmt: skip
+    harness = Rollouts(by_agent={"opencode_math_agent": results})
+    (entry,) = (await default_aggregates(nemo_venv_07, harness)).values()
+    assert entry["agent_ref"] == {"name": "opencode_math_agent"}
+    assert entry["agent_metrics"]["mean/reward"] == 0.75
+    assert entry["key_metrics"]["mean/reward"] == 0.75
+    classic = Rollouts(by_agent={"mcqa_simple_agent": results})
+    assert await default_aggregates(nemo_venv, classic) == {}
     assert launches.stacks == []

@@ -121,6 +121,39 @@ def judge_envs(release: str) -> tuple[str, ...]:
     return JUDGE_REPLAY.get(release, JUDGE_REPLAY["0.4.0"])
 
 
+JUDGE_SURVEY: dict[str, dict[str, tuple[int, int, int]]] = {
+    release: {env: (int(r), int(c), int(e)) for env, (r, c, e) in envs.items()}
+    for release, envs in _RELEASES["judge_survey"].items()
+}
+"""Release -> LLM-judge environment -> (rows, completed, exact) of the judge conformance survey
+(`conformance --judge-envs`, the replay judge named through --env.taskset.judge.*)."""
+WITH_JUDGE = "yes, with --env.taskset.judge.*"
+"""`nemo-gym-env list`'s "runs here" for a judge environment the judge survey ran."""
+
+
+def runs_here(
+    name: str, problem: str | None, facts: dict[str, str], release: str = "0.4.0"
+) -> tuple[str, str]:
+    """`nemo-gym-env list`'s "runs here" and "why": `offline_status` as yes/no, except that an
+    LLM-judge environment whose rows completed in the judge conformance survey of `release`
+    (else 0.4.0's, named) is `WITH_JUDGE`, and one whose rows did not is no, with the counts."""
+    offline, why = offline_status(name, problem, facts, release)
+    if offline or problem:
+        return ("yes" if offline else "no"), why
+    source = release if release in JUDGE_SURVEY else "0.4.0"
+    surveyed = JUDGE_SURVEY[source].get(name)
+    if surveyed is None:
+        return "no", why
+    rows, completed, exact = surveyed
+    counts = (
+        f"judge conformance survey (NeMo Gym {source}, the replay judge): {completed}/{rows} "
+        f"rows completed, {exact} with the recorded reward"
+    )
+    if completed == 0:
+        return "no", f"{counts}; {KNOWN_REASONS.get(name, why)}"
+    return WITH_JUDGE, f"ran with a judge named by --env.taskset.judge.*: {counts}"
+
+
 HARNESSES: dict[str, dict[str, dict[str, str]]] = {
     release: {env: dict(entry) for env, entry in envs.items()}
     for release, envs in _RELEASES["harnesses"].items()

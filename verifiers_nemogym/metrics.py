@@ -9,9 +9,13 @@ no-answer rates...). This module sends the same request, built from the traces, 
 endpoint of a running stack: the numbers are NeMo Gym's code's, not a reimplementation.
 
 Contract:
-- `read_episodes(path)`: the episodes of a vf-eval run folder, its `traces.jsonl`, or prime-rl's
-  trace folder (`monitors/file/traces/stream/`: `*.jsonl` and sealed `*.jsonl.zst` chunks, in name
-  order). Bad input is a `ConfigError` naming the file and line.
+- `runs(path)`: the runs a path holds, read without importing verifiers or starting anything:
+  itself when it is one run (a vf-eval run folder, its `traces.jsonl`, prime-rl's trace folder
+  `monitors/file/traces/stream/` or an output folder holding one), else each run folder under it
+  (vf-eval's `-o` folder: `<run>/traces.jsonl`; several prime-rl stream folders). No traces at
+  all is a `ConfigError`.
+- `read_episodes(path)`: the episodes of one run (prime-rl's chunks: `*.jsonl` and sealed
+  `*.jsonl.zst`, in name order). Bad input is a `ConfigError` naming the file and line.
 - `collect(episodes)`: the rollouts NeMo Gym would aggregate, per agent, as its collector strips
   them (the `/run` result without the request and response echoes, the response's `usage` and
   `incomplete_details` kept), each with `_ng_task_index` (the task's rank in the run, tasks in
@@ -26,6 +30,7 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -40,6 +45,7 @@ import zstandard
 
 from verifiers_nemogym.bridge.redact import cut
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.release import parse_version
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +95,27 @@ def trace_files(path: Path) -> list[Path]:
     if len(streams) == 1 and (found := stream_files(streams[0])):
         return found
     raise ConfigError(
-        f"{path}: no traces here (a vf-eval run folder with {TRACES_FILE}, a traces file, or "
-        "prime-rl's monitors/file/traces/stream/ folder of *.jsonl[.zst] chunks)"
+        f"{path}: no traces here (a vf-eval output folder or run folder with {TRACES_FILE}, a "
+        "traces file, or prime-rl's monitors/file/traces/stream/ folder of *.jsonl[.zst] chunks)"
     )
+
+
+def runs(path: Path) -> list[Path]:
+    """The runs `path` holds (module contract), each a path `read_episodes` reads."""
+    path = path.expanduser()
+    try:
+        trace_files(path)
+        return [path]
+    except ConfigError:
+        if not path.is_dir():
+            raise
+        found = sorted(p.parent for p in path.glob(f"*/{TRACES_FILE}") if p.is_file())
+        found += sorted(
+            s for s in path.glob("**/monitors/file/traces/stream") if s.is_dir() and stream_files(s)
+        )
+        if not found:
+            raise
+        return found
 
 
 def _lines(path: Path) -> Iterator[bytes]:
@@ -277,46 +301,172 @@ async def write_for_run(run_urls: dict[str, str], http: aiohttp.ClientSession) -
     return path
 
 
+def prepare(path: Path) -> Rollouts:
+    """The rollouts of the one run at `path` to aggregate; ConfigError when there is none."""
+    rollouts = collect(read_episodes(path))
+    if not rollouts.by_agent:
+        raise ConfigError(f"{path}: no successful NeMo Gym rollout to aggregate")
+    return rollouts
+
+
 async def compute(
-    path: Path,
+    rollouts: Rollouts,
     *,
     judge: dict[str, Any] | None = None,
     nemo_gym_version: str | None = None,
     python: str | None = None,
-) -> tuple[list[dict[str, Any]], Rollouts]:
-    """NeMo Gym's aggregate metrics of the traces at `path` (`read_episodes`) and what was
-    aggregated: starts a private stack of just the agents the traces name, on the release and
-    Python they ran on (unless `nemo_gym_version` / `python` say otherwise), asks it, stops it.
-    A judge environment's stack needs its `judge` (as `--env.taskset.judge`), though no judge is
-    called. ConfigError / StackError name what is wrong."""
+) -> list[dict[str, Any]]:
+    """NeMo Gym's aggregate metrics of `rollouts` (`prepare`), on the release and Python they
+    ran on (unless `nemo_gym_version` / `python` say otherwise). An agent that keeps NeMo Gym's
+    default aggregate (`default_aggregates`: e.g. the coding-agent harness agents) is computed
+    by NeMo Gym's own code in the runtime, without a stack; for the others a private stack of
+    just their configs is started, asked and stopped. No model is called and no verifiers
+    rollout machinery (interception) is started. A judge environment's stack needs its `judge`
+    (as `--env.taskset.judge`), though no judge is called. ConfigError / StackError name what
+    is wrong."""
+    from verifiers_nemogym.nemo.venv import ensure_venv
+
+    runtime = rollouts.runtime or {}
+    version = nemo_gym_version or runtime.get("nemo_gym")
+    venv = await asyncio.to_thread(
+        ensure_venv,
+        version,
+        python or runtime.get("python"),
+        allow_below_floor=bool(runtime.get("below_floor")) or None,
+    )
+    answers = await default_aggregates(venv, rollouts)
+    rest = [agent for agent in rollouts.by_agent if agent not in answers]
+    if rest:
+        stacked = Rollouts(
+            by_agent={a: rollouts.by_agent[a] for a in rest},
+            runtime=rollouts.runtime,
+            rows={a: rollouts.rows[a] for a in rest if a in rollouts.rows},
+        )
+        for entry in await _compute_on_stack(
+            stacked, judge=judge, version=venv.nemo_gym_version, python=str(venv.python),
+            below_floor=venv.below_floor,
+        ):  # fmt: skip
+            answers[entry["agent_ref"]["name"]] = entry
+    return [answers[agent] for agent in rollouts.by_agent]
+
+
+_PROBE = Path(__file__).with_name("nemo") / "aggregate_probe.py"
+
+
+async def default_aggregates(venv: Any, rollouts: Rollouts) -> dict[str, dict[str, Any]]:
+    """The entries (as `aggregate` gives them) of the agents of `rollouts` whose
+    `/aggregate_metrics` answer is NeMo Gym's default, computed by the runtime's own code
+    (`nemo/aggregate_probe.py`) without starting anything. Read from NeMo Gym's source: the
+    answer is the agent's own (on 0.7 through a `legacy_agent` environment server, which
+    forwards it unchanged); an agent whose class overrides none of the aggregate hooks and whose
+    config does not skip verification answers with the default. Every other agent is left out
+    (and said why in the log), for a stack to answer."""
+    from verifiers_nemogym.nemo.catalog import Catalog, load_config, server_blocks
+
+    catalog = Catalog(venv)
+    wanted: dict[str, dict[str, Any]] = {}
+    why: dict[str, str] = {}
+    for agent, results in rollouts.by_agent.items():
+        try:
+            spec = catalog.agent_env(agent)
+        except ConfigError as e:
+            why[agent] = str(e)
+            continue
+        found = next((a for a in spec.agents if a.name == agent), None)
+        if found is None:
+            why[agent] = f"its config is not among {spec.name}'s"
+            continue
+        config = load_config(found.config_path)
+        settings = server_blocks(config, "responses_api_agents").get(agent, ("", {}))[1]
+        fronts = [
+            impl
+            for impl, s in server_blocks(config, "environment_servers").values()
+            if isinstance(s.get("agent_server"), dict) and s["agent_server"].get("name") == agent
+        ]
+        if not settings:
+            why[agent] = "its settings are not in its config file (merged by NeMo Gym)"
+        elif settings.get("skip_verification"):
+            why[agent] = "its config skips verification"
+        elif any(impl != "legacy_agent" for impl in fronts):
+            why[agent] = f"an environment server of its own answers ({', '.join(fronts)})"
+        else:
+            wanted[agent] = {"impl": found.impl, "verify_responses": results}
+    computed: dict[str, Any] = {}
+    if wanted:
+        proc = await asyncio.create_subprocess_exec(
+            str(venv.venv / "bin" / "python"), "-I", str(_PROBE),
+            env=venv.env(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        out, err = await proc.communicate(json.dumps({"agents": wanted}).encode())
+        if proc.returncode == 0:
+            answer = json.loads(out.decode().strip().splitlines()[-1])
+            computed = answer["computed"]
+            why.update(answer["not_default"])
+        else:  # the stack answers instead; the log says why (the error's last line)
+            last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+            why.update(
+                dict.fromkeys(wanted, f"the runtime could not compute it ({cut(last, 500)})")
+            )
+    if computed:
+        logger.info(
+            "computed NeMo Gym's aggregate of %s without a stack: each keeps NeMo Gym's default "
+            "/aggregate_metrics (its class overrides none of the aggregate hooks), run here by "
+            "the runtime's own code",
+            ", ".join(computed),
+        )
+    for agent, reason in why.items():
+        logger.info("%s needs a stack for its aggregate: %s", agent, reason)
+    return {agent: {"agent_ref": {"name": agent}, **entry} for agent, entry in computed.items()}
+
+
+async def _compute_on_stack(
+    rollouts: Rollouts,
+    *,
+    judge: dict[str, Any] | None,
+    version: str,
+    python: str,
+    below_floor: bool,
+) -> list[dict[str, Any]]:
+    """`aggregate` on a private stack of just the agents of `rollouts`, started and stopped."""
     import tempfile
 
     import nemo_gym_env
 
-    rollouts = collect(read_episodes(path))
-    if not rollouts.by_agent:
-        raise ConfigError(f"{path}: no successful NeMo Gym rollout to aggregate")
-    runtime = rollouts.runtime or {}
+    agents = list(rollouts.by_agent)
+    gym_07 = parse_version(version) >= parse_version("0.7")
+    logger.info(
+        "starting a private NeMo Gym %s stack with the configs of %s (the agents, their "
+        "resources servers and NeMo Gym's placeholder policy model; no model is called): NeMo "
+        "Gym's aggregate metrics are each agent's /aggregate_metrics answer%s, which the agent "
+        "computes itself or forwards to its resources server, as its code says",
+        version,
+        ", ".join(agents),
+        " (through the environment server in front of it)" if gym_07 else "",
+    )
     with tempfile.TemporaryDirectory(prefix="vf-nemogym-metrics-") as tmp:
         # One recorded row per agent: the stack then starts exactly those agents' configs.
         rows = Path(tmp) / "rows.jsonl"
         rows.write_text(
             "".join(
                 json.dumps({**rollouts.rows[agent], "agent_ref": {"name": agent}}) + "\n"
-                for agent in rollouts.by_agent
+                for agent in agents
             )
         )
         env = nemo_gym_env.load_environment(
             jsonl_path=str(rows),
             shared_stack=False,
-            nemo_gym_version=nemo_gym_version or runtime.get("nemo_gym"),
-            python=python or runtime.get("python"),
-            allow_python_below_floor=bool(runtime.get("below_floor")),
+            nemo_gym_version=version,
+            python=python,
+            allow_python_below_floor=below_floor,
             judge=judge,
         )
-        async with env.serving():
+        # `start()`/`stop()`, not verifiers' `serving()`: no rollout runs, so no interception.
+        await env.start()
+        try:
             if env.stack is None:
                 raise StackError(f"the NeMo Gym stack did not start: {env.start_error}")
             async with aiohttp.ClientSession() as http:
-                entries = await aggregate(env.stack.run_urls, http, rollouts)
-    return entries, rollouts
+                return await aggregate(env.stack.run_urls, http, rollouts)
+        finally:
+            await env.stop()

@@ -243,6 +243,15 @@ def test_the_longest_question_found_wins() -> None:
     assert policy.match({"model": "Find x.", "input": "nothing"}) is None  # not the model name
 
 
+def test_a_question_quoted_with_escaped_quotes_is_found() -> None:
+    """opencode quotes the user's prompt inside its own, `"` escaped as `\\"` (Reasoning Gym's
+    knights-and-knaves questions quote what the inhabitants say)."""
+    row = AnswerRow('Zoey commented, "Riley is a fool". Who is a sage?', "Zoey is a fool.")
+    policy = AnswerKeyPolicy(rows=[row])
+    quoted = 'The user asked: "Zoey commented, \\"Riley is a fool\\". Who is a sage?"'
+    assert policy.match({"messages": [{"role": "user", "content": quoted}]}) == 0
+
+
 def test_wrong_answer_is_never_the_expected_one() -> None:
     rows = [AnswerRow("q0", "-7919"), AnswerRow("q1", "\\(-7919\\)"), AnswerRow("q2", "5")]
     policy = AnswerKeyPolicy(rows=rows, wrong=frozenset({0, 1, 2}))
@@ -288,6 +297,10 @@ def test_answer_key_files_and_wrong_rows_are_checked(tmp_path: Path) -> None:
                               "responses_create_params": {}}) for r in ROWS) + "\n\n"
     )  # fmt: skip
     assert load_answer_key(rows) == ROWS
+    # Reasoning Gym's rows (the `*_reasoning_gym` harness environments) name it `answer`.
+    gym = tmp_path / "gym.jsonl"
+    gym.write_text(json.dumps({"question": "Who is a sage?", "answer": "Zoey is a fool."}) + "\n")
+    assert load_answer_key(gym) == [AnswerRow("Who is a sage?", "Zoey is a fool.")]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "expected_answer": "1"}) + '\n{"question": "q"}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: an answer-key row needs string"):

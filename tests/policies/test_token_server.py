@@ -303,3 +303,50 @@ async def test_bad_generate_body_is_a_400(server: TokenServer) -> None:
             assert reply.status == 400
             assert "token_ids" in (await reply.json())["error"]["message"]
     assert server.calls == []
+
+
+async def test_answers_every_call_prime_rls_orchestrator_makes(tokenizer: Any) -> None:
+    """The calls prime-rl 0.8.0's orchestrator makes on an inference server (its
+    `utils/client.py`: `check_health`, `maybe_check_has_model`, `update_weights` with and without
+    LoRA, `unload_lora_adapter`), made the same way: httpx on the base URL without `/v1`.
+    While paused, a generate call waits for `/resume`."""
+    import asyncio
+
+    import httpx
+
+    async with TokenServer(tokenizer, model="Qwen/Qwen2.5-0.5B-Instruct") as server:
+        admin = httpx.AsyncClient(base_url=server.base_url.rstrip("/").removesuffix("/v1"))
+        async with admin:
+            assert (await admin.get("/health")).status_code == 200
+            models = (await admin.get("/v1/models")).json()["data"]
+            assert any(m["id"] == "Qwen/Qwen2.5-0.5B-Instruct" for m in models)
+            paused = await admin.post("/pause", params={"mode": "keep", "clear_cache": "false"})
+            paused.raise_for_status()
+            assert server.paused
+            ids = tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+            generate = asyncio.create_task(
+                admin.post("/inference/v1/generate", json={"model": "m", "token_ids": ids})
+            )
+            await asyncio.sleep(0.3)
+            assert not generate.done()  # queued while paused, as vLLM's mode=keep does
+            (
+                await admin.post("/update_weights", json={"weight_dir": "/w/step_1"})
+            ).raise_for_status()
+            (await admin.post("/resume")).raise_for_status()
+            assert (await generate).status_code == 200
+            lora = {"lora_name": "r8-step1", "lora_path": "/w/lora/step_1"}
+            (await admin.post("/load_lora_adapter", json=lora)).raise_for_status()
+            ids_listed = [m["id"] for m in (await admin.get("/v1/models")).json()["data"]]
+            assert ids_listed == ["Qwen/Qwen2.5-0.5B-Instruct", "r8-step1"]
+            unload = await admin.post("/v1/unload_lora_adapter", json={"lora_name": "r8-step1"})
+            assert unload.status_code == 200
+            assert (await admin.post("/load_lora_adapter", json={})).status_code == 400
+            # prime-rl skips NCCL broadcast set-up on a 404: nothing to set up here.
+            assert (await admin.post("/init_broadcaster", json={})).status_code == 404
+    assert server.admin == [
+        ("/pause", {"mode": "keep", "clear_cache": "false"}),
+        ("/update_weights", {"weight_dir": "/w/step_1"}),
+        ("/resume", {}),
+        ("/load_lora_adapter", lora),
+        ("/v1/unload_lora_adapter", {"lora_name": "r8-step1"}),
+    ]

@@ -34,6 +34,7 @@ from helpers import (
 )
 
 import nemo_gym_env
+from verifiers_nemogym.metrics import METRICS_FILE
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, argv_of, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -74,11 +75,19 @@ def case_rows(catalog: Catalog, envs: list[str], path: Path) -> tuple[list[Answe
         for i, line in enumerate(spec.dataset().read_text().splitlines()[:ROWS_PER_ENV]):
             row = json.loads(line)
             tag = f" (case {env}-{i})"
+            # The tag right after the question in the prompt (Reasoning Gym's prompts add their
+            # answer-format instructions after it; the math rows' prompt is the question).
+            prompt = row["responses_create_params"]["input"][0]
+            question = row["question"]
+            if question in prompt["content"]:
+                prompt["content"] = prompt["content"].replace(question, question + tag, 1)
+            else:
+                prompt["content"] += tag
             row["question"] += tag
-            row["responses_create_params"]["input"][0]["content"] += tag
             row["agent_ref"] = {"type": "responses_api_agents", "name": spec.agent.name}
             lines.append(json.dumps(row))
-            key.append(AnswerRow(row["question"], row["expected_answer"]))
+            # Reasoning Gym's rows (the *_reasoning_gym twins) call the answer `answer`.
+            key.append(AnswerRow(row["question"], row.get("expected_answer", row.get("answer"))))
             owners.append(env)
     path.write_text("\n".join(lines) + "\n")
     return key, owners
@@ -194,6 +203,77 @@ async def test_harness_environments_score_and_never_cross_route(
     assert host_log is not None, eval_log[-2000:]
     assert "cline_math_agent (cline@3.0.57)" in Path(host_log.group(1)).read_text()
     assert await gone(tag) == []  # the shared stack, its CLIs and their children: all gone
+
+
+TWINS = {
+    "opencode_reasoning_gym": "chat",
+    "codex_reasoning_gym": "responses",
+    "claude_code_reasoning_gym": "messages",
+}
+"""The `*_reasoning_gym` twins of the harness environments: the same agents and CLIs on
+Reasoning Gym rows (knights-and-knaves puzzles), scored by NeMo Gym's reasoning_gym server."""
+# claude_code_reasoning_gym, as shipped, points the CLI at an Anthropic endpoint of its own
+# (`${anthropic_base_url}`, `${anthropic_model_name}`, no model server): the override seats the
+# policy as claude_code_math does (the `model_server` NeMo Gym's claude_code agent supports).
+CLAUDE_TWIN_OVERRIDE = """claude_code_reasoning_gym_agent:
+  responses_api_agents:
+    claude_code_agent:
+      model_server:
+        type: responses_api_models
+        name: policy_model
+      model: ${policy_model_name}
+      anthropic_api_key: EMPTY
+      anthropic_base_url: null
+"""
+
+
+async def test_reasoning_gym_twins_score(
+    nemo_venv_07: NeMoGymVenv, catalog_07: Catalog, tmp_path: Path
+) -> None:
+    """opencode and codex on Reasoning Gym rows as shipped, claude_code with the override above,
+    through vf-eval on one shared stack: NeMo Gym's rewards (1.0 for the right answer, 0.0 for
+    a wrong one), each CLI's own dialect, every call on its own rollout, no process left."""
+    key, owners = case_rows(catalog_07, list(TWINS), tmp_path / "rows.jsonl")
+    override = tmp_path / "claude_twin.yaml"
+    override.write_text(CLAUDE_TWIN_OVERRIDE)
+    async with AnswerKeyPolicy(rows=key, wrong=wrong_rows(key)) as policy:
+        cmd = [
+            script("vf-eval"), "nemo-gym-env", "-m", "policy",
+            "--client.base-url", policy.base_url, "--client.api-key-var", "ANSWERS_KEY",
+            "-n", str(len(key)), "-r", "1", "-c", "3", "--no-push", "-o", str(tmp_path / "out"),
+            "--env.taskset.nemo-env", ",".join(TWINS),
+            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            "--env.taskset.config-paths", json.dumps([str(override)]),
+            "--env.taskset.stack-idle-grace", "0",
+            *_flags(nemo_venv_07),
+        ]  # fmt: skip
+        tag, env = run_tag(ANSWERS_KEY="unused")
+        code, log = await run_command(cmd, env, timeout=1500)
+        assert code == 0, log[-5000:]
+    episodes = read_episodes(tmp_path / "out")
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == len(key)
+    assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
+    for trace in traces:
+        row = row_of(trace, key)
+        expected = 0.0 if row in wrong_rows(key) else 1.0
+        assert trace["rewards"]["nemo_gym"]["score"] == expected, (owners[row], trace["errors"])
+    check_every_call_reached_its_own_rollout(policy, traces, key)
+    dialects = {(owners[c.row], c.dialect) for c in policy.log if c.row is not None}
+    assert set(TWINS.items()) <= dialects, dialects
+    assert await gone(tag) == []
+    # `metrics` on the run: the harness agents keep NeMo Gym's default aggregate, computed by
+    # the runtime's own code with no stack; the same bytes the run's stack answered.
+    (written,) = (tmp_path / "out").glob(f"*/{METRICS_FILE}")
+    tag, env = run_tag()
+    code, printed = await run_command(
+        [script("nemo-gym-env"), "metrics", str(tmp_path / "out"), "--json"], env, stdout_only=True
+    )
+    assert code == 0 and printed == written.read_text(), printed[-3000:]
+    code, log = await run_command([script("nemo-gym-env"), "metrics", str(tmp_path / "out")], env)
+    assert code == 0, log[-3000:]
+    assert "without a stack" in log and "starting a private NeMo Gym" not in log, log[-3000:]
+    assert await gone(tag) == []
 
 
 async def test_train_mode_records_token_ids_of_every_harness_call(

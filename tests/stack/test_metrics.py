@@ -7,7 +7,7 @@ deterministic policy through the proxy, which writes `nemo_gym_aggregate_metrics
 its traces. Every agent entry's `agent_metrics`, `key_metrics`, `group_level_metrics` (and 0.7's
 `repeat_level_metrics`) must be equal, floats to 1e-9. Once (0.4.0 mcqa), `nemo-gym-env metrics`
 on a prime-rl-shaped stream folder of the same traces (a sealed `.jsonl.zst` chunk and a plain
-`.jsonl` one) must print the same file."""
+`.jsonl` one) must print the same file, and on vf-eval's `-o` folder the same key metrics."""
 
 from __future__ import annotations
 
@@ -122,10 +122,23 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
     half = len(lines) // 2
     (stream / "000000.jsonl.zst").write_bytes(zstandard.compress(b"".join(lines[:half])))
     (stream / "000001.jsonl").write_bytes(b"".join(lines[half:]))
+    # ...and vf-eval's `-o` folder itself (it holds one run), at the same time; its log says
+    # what it starts and why, and nothing of verifiers' rollout machinery (no interception).
     tag, environ = run_tag()
-    code, printed = await run_command(
-        [script("nemo-gym-env"), "metrics", str(stream), "--json"], environ, stdout_only=True
+    (code, printed), (o_code, o_log) = await asyncio.gather(
+        run_command(
+            [script("nemo-gym-env"), "metrics", str(stream), "--json"], environ, stdout_only=True
+        ),
+        run_command([script("nemo-gym-env"), "metrics", str(out)], environ),
     )
     assert code == 0, printed[-3000:]
     assert printed == written.read_text()
+    assert o_code == 0, o_log[-3000:]
+    assert f"{out} holds one run: {run.parent}" in o_log
+    # simple_agent forwards its aggregate to its resources server: a stack answers it.
+    assert "mcqa_simple_agent needs a stack for its aggregate: SimpleAgent overrides " in o_log
+    assert "starting a private NeMo Gym 0.4.0 stack with the configs of mcqa_simple_agent" in o_log
+    assert "interception" not in o_log
+    for key in ours[0]["key_metrics"]:
+        assert f"{key} " in o_log, o_log[-3000:]
     assert await gone(tag) == []

@@ -15,7 +15,7 @@ from helpers import error_text, gone, model_context
 
 import nemo_gym_env
 from verifiers_nemogym.backends import SharedStack
-from verifiers_nemogym.nemo.release import version_tuple
+from verifiers_nemogym.nemo.release import parse_version
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.policies.judge import ScriptedJudge
@@ -64,8 +64,8 @@ async def test_a_release_scores_rollouts_and_a_failing_judge_is_an_error(
         text = error_text(episode)
         assert not episode.ok and trace.rewards.get("nemo_gym") is None, version
         assert "the judge scripted-judge at" in text and "failed: 503" in text, text
-        if version_tuple(version) >= (0, 5):
+        if parse_version(version) >= parse_version("0.5"):
             # The release's own signal is named too, not only the judge rule's finding.
             assert "_ng_failure_class: judge_failed" in text, text
-        if version_tuple(version) >= (0, 7):
+        if parse_version(version) >= parse_version("0.7"):
             assert "NeMo Gym masked the sample (judge_failed)" in text, text

@@ -8,7 +8,7 @@ nemo-gym-env conformance [ENV ...] [--json] [--strict]     replay NeMo Gym's rec
 nemo-gym-env eval-local [ENV] [-n N] [--gguf F] [--train] [-- ...]  vf-eval with a local CPU model
 nemo-gym-env serve scripted [--port P]                    the scripted model server, alone
 nemo-gym-env serve replay (--env ENV | --rollouts F)...   the replay model server, alone
-nemo-gym-env serve tokens [--port P] [--max-model-len N]   the scripted token server (train mode)
+nemo-gym-env serve tokens [--port P] [--model M] [--max-model-len N]  the scripted token server
 nemo-gym-env serve answers (--env ENV | --rows F)... [--wrong I,...]  answers rows' questions
 nemo-gym-env serve fixer --tasks F... [--wrong I,...]     fixes container tasks as OpenCode's model
 nemo-gym-env stack up ENV... [--idle-timeout S] [--judge.*] a persistent shared NeMo Gym stack
@@ -124,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
         "tokens", help="a scripted vLLM /inference/v1/generate server with a real tokenizer"
     )
     tokens.add_argument("--max-model-len", type=int, default=None, help="reported context size")
+    tokens.add_argument(
+        "--model",
+        default="token-server",
+        help="the model name /v1/models lists (prime-rl's orchestrator.model.name)",
+    )
     answers = servers.add_parser(
         "answers", help="answers rows' math questions (Chat, Responses, Anthropic Messages)"
     )
@@ -366,7 +371,9 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.server == "tokens":
         from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
-        server = TokenServer(packaged_tokenizer(), port=args.port, max_model_len=args.max_model_len)
+        server = TokenServer(
+            packaged_tokenizer(), port=args.port, model=args.model, max_model_len=args.max_model_len
+        )
         serve(server, f"token server (model {server.model!r})")
         return 0
     if args.server == "answers":
@@ -399,11 +406,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _list_table(runtime: object, resolve: bool = False) -> str:
     """A Markdown table of both layouts: name, layout, agents, judge, runs here (yes: it ran
-    here, in conformance runs or the harness survey; no: why not, or not run yet), why.
+    here, in conformance runs or the harness survey; "yes, with --env.taskset.judge.*": an
+    LLM-judge environment the judge conformance survey ran; no: why not, or not run yet), why.
     With `resolve`, every environment is resolved as a run would resolve it (`Catalog.env`):
     a merged config shows its agents and judge, one that does not resolve says why, and a line
     above the table counts the resolvable ones per layout."""
-    from verifiers_nemogym.conformance import offline_status
+    from verifiers_nemogym.conformance import runs_here
     from verifiers_nemogym.nemo.catalog import (
         ENVIRONMENTS,
         RESOURCES_SERVERS,
@@ -430,9 +438,7 @@ def _list_table(runtime: object, resolve: bool = False) -> str:
         lines += [f"resolvable: {', '.join(counts)}", ""]
     lines += ["| name | layout | agents | judge | runs here | why |", "|---|---|---|---|---|---|"]
     for entry, spec in found:
-        offline, why = offline_status(
-            entry.root.name, entry.problem, entry.facts, runtime.nemo_gym_version
-        )
+        runs, why = runs_here(entry.root.name, entry.problem, entry.facts, runtime.nemo_gym_version)
         agents = ", ".join(entry.agents) or ("(merged by NeMo Gym)" if entry.merged else "-")
         # The file itself (a merged config's judge is known once NeMo Gym merged it).
         judge = judge_need(entry.root.name, judge_refs(load_config(entry.config))) if (
@@ -444,11 +450,8 @@ def _list_table(runtime: object, resolve: bool = False) -> str:
         elif spec is not None:
             # Paths inside the release as the release names them, not this machine's.
             reason = str(spec).replace(f"{catalog.root}/", "").replace("|", "\\|")
-            agents, offline, why = "-", False, reason
-        lines.append(
-            f"| {entry.name} | {entry.layout} | {agents} | {judge} | "
-            f"{'yes' if offline else 'no'} | {why} |"
-        )
+            agents, runs, why = "-", "no", reason
+        lines.append(f"| {entry.name} | {entry.layout} | {agents} | {judge} | {runs} | {why} |")
     return "\n".join(lines)
 
 

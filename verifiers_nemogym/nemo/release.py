@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.util import clean_env, file_lock, find_uv, private_cache, run_uv
 
@@ -41,9 +43,19 @@ _RELEASE = re.compile(r"^\d+(\.\d+){1,2}(\.?(a|b|rc|dev|post)\d+)?$")
 _COMPLETE = ".vf-nemogym-complete"
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    """`"3.13.14"` -> `(3, 13, 14)` (at most three numeric parts)."""
-    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
+def parse_version(version: str) -> Version:
+    """A release or interpreter version as PEP 440 orders it (`0.8.0rc1 < 0.8.0 < 0.8.0.post1`,
+    `0.7.1rc1 > 0.7.0`); a CPython build suffix (`3.13.0+`) is dropped. ConfigError if it does
+    not read as a version."""
+    try:
+        return Version(version.strip().rstrip("+"))
+    except InvalidVersion:
+        raise ConfigError(f"{version!r} is not a version number") from None
+
+
+def floor_version(floor: tuple[int, ...]) -> Version:
+    """A Python floor `(3, 13, 14)` as a `Version`, to compare interpreters with."""
+    return Version(floor_text(floor))
 
 
 def floor_text(floor: tuple[int, ...]) -> str:
@@ -71,8 +83,8 @@ def python_floor(version: str, venv: Path | None = None) -> tuple[int, ...]:
                 return floor
     if version in KNOWN_RELEASES:
         return KNOWN_RELEASES[version]
-    older = [v for v in KNOWN_RELEASES if version_tuple(v) <= version_tuple(version)]
-    older.sort(key=version_tuple)
+    older = [v for v in KNOWN_RELEASES if parse_version(v) <= parse_version(version)]
+    older.sort(key=parse_version)
     return KNOWN_RELEASES[older[-1]] if older else MIN_PYTHON
 
 
@@ -101,7 +113,7 @@ def _metadata_floor(meta: Path) -> tuple[int, ...] | None:
     for key, value in _headers(meta):
         if key == "requires-python":
             found = re.search(r">=\s*(3\.\d+(?:\.\d+)?)", value)
-            return version_tuple(found.group(1)) if found else None
+            return parse_version(found.group(1)).release if found else None
     return None
 
 

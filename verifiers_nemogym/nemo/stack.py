@@ -74,7 +74,7 @@ from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
 from verifiers_nemogym.nemo.ng_log import NgRunLog, also_down
 from verifiers_nemogym.nemo.ray_cluster import RayCluster, check_cluster
-from verifiers_nemogym.nemo.release import version_tuple
+from verifiers_nemogym.nemo.release import parse_version
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
     cwd_of,
@@ -271,7 +271,7 @@ class NeMoGymStack:
         (`catalog.run_targets`): the environment server fronting it (NeMo Gym >= 0.7), else the
         agent itself."""
         self.head_url = ""
-        self.gym_07 = version_tuple(venv.nemo_gym_version) >= (0, 7)
+        self.gym_07 = parse_version(venv.nemo_gym_version) >= parse_version("0.7")
         """NeMo Gym >= 0.7: `gym env start`, `server_spinup_timeout_seconds`, head `/readyz`,
         model-type pairing checks, environment servers (all verified on 0.7.0)."""
         self.servers: dict[str, str] = {}

@@ -35,9 +35,10 @@ from verifiers_nemogym.nemo.release import (
     KNOWN_RELEASES,
     MIN_PYTHON,
     floor_text,
+    floor_version,
+    parse_version,
     python_floor,
     release_files,
-    version_tuple,
 )
 from verifiers_nemogym.util import (
     cache_root,
@@ -115,14 +116,14 @@ def _probe_python(exe: Path) -> str | None:
 
 
 def _satisfies(version: str, floor: tuple[int, ...]) -> bool:
-    have = version_tuple(version)
-    return have >= floor and have[:2] >= MIN_PYTHON
+    have = parse_version(version)
+    return have >= floor_version(floor) and have >= floor_version(MIN_PYTHON)
 
 
 def _below_floor_ok(version: str, floor: tuple[int, ...]) -> bool:
     """An interpreter the opt-in accepts: the floor's minor version, below its patch level
     (wheels are built per minor version; an older minor could not load them)."""
-    return version_tuple(version)[:2] == floor[:2] and not _satisfies(version, floor)
+    return parse_version(version).release[:2] == floor[:2] and not _satisfies(version, floor)
 
 
 def allow_below_floor_default() -> bool:
@@ -131,7 +132,7 @@ def allow_below_floor_default() -> bool:
 
 
 def _acceptable(version: str, wanted: str | None, floor: tuple[int, ...] = MIN_PYTHON) -> bool:
-    if version_tuple(version)[:2] < MIN_PYTHON:
+    if parse_version(version).release[:2] < MIN_PYTHON:
         return False
     if not (_satisfies(version, floor) or _below_floor_ok(version, floor)):
         return False
@@ -248,7 +249,7 @@ def find_python_for(
         below.append((base_interpreter(exe), version))
     if below:
         # The newest patch release below the floor: the one with the most security fixes.
-        exe, version = max(below, key=lambda item: version_tuple(item[1]))
+        exe, version = max(below, key=lambda item: parse_version(item[1]))
         if allow_below_floor:
             return exe, version, True
         raise below_floor_error(f"{exe} ({version})")
@@ -286,7 +287,7 @@ def default_version(python: str | None = None) -> str:
         versions = [found] if found else []
     else:
         versions = [v for v in interpreters_available() if python is None or _acceptable(v, python)]
-    for release in sorted(KNOWN_RELEASES, key=version_tuple, reverse=True):
+    for release in sorted(KNOWN_RELEASES, key=parse_version, reverse=True):
         if any(_satisfies(v, KNOWN_RELEASES[release]) for v in versions):
             return release
     return DEFAULT_NEMO_GYM_VERSION
@@ -481,7 +482,7 @@ def _find_cached(
             continue
         if runtime.below_floor and not allow_below_floor:
             continue
-        floor = version_tuple(runtime.python_floor) if runtime.python_floor else MIN_PYTHON
+        floor = parse_version(runtime.python_floor).release if runtime.python_floor else MIN_PYTHON
         if not runtime.below_floor and not _satisfies(runtime.python_version, floor):
             continue  # below the floor but not built with the opt-in: not ours to trust
         if spec is None:
@@ -492,7 +493,7 @@ def _find_cached(
         elif base_interpreter(Path(spec).expanduser()) == runtime.python:
             matches.append(runtime)
     # Prefer a runtime that meets the floor; then the oldest Python, most likely to satisfy pins.
-    matches.sort(key=lambda r: (r.below_floor, version_tuple(r.python_version)))
+    matches.sort(key=lambda r: (r.below_floor, parse_version(r.python_version)))
     return matches[0] if matches else None
 
 

@@ -5,11 +5,12 @@ For the harness environments (opencode_math, codex_math, claude_code_math, ...):
 the model calls itself, wrapping the row's question in its own prompts, so no row metadata rides
 along. This server finds the question in the request instead: it searches all the request's text
 (messages, system, instructions, input) for a question of its answer key (rows of NeMo Gym JSONL
-files: `question` + `expected_answer`), compared with whitespace collapsed and case folded; the
-longest question found wins. It answers `\\boxed{<expected answer>}` (the answer's outer `\\(..\\)`
-or `$..$` delimiters dropped), or, for the rows chosen `wrong`, `\\boxed{<a number that is not the
-answer>}`. A call with no known question (a CLI's side calls: titles, summaries) gets a short
-plain-text reply. It never calls a tool, so a CLI's loop ends after the answer.
+files: `question` + `expected_answer`, or Reasoning Gym's `answer`), compared with whitespace
+collapsed and case folded; the longest question found wins. It answers
+`\\boxed{<expected answer>}` (the answer's outer `\\(..\\)` or `$..$` delimiters dropped), or,
+for the rows chosen `wrong`, `\\boxed{<a number that is not the answer>}`. A call with no known
+question (a CLI's side calls: titles, summaries) gets a short plain-text reply. It never calls a
+tool, so a CLI's loop ends after the answer.
 
 Dialects (any `model` accepted and echoed back):
 - `POST /v1/chat/completions`: Chat Completions; with `stream`, `chat.completion.chunk` events,
@@ -79,7 +80,8 @@ class AnswerRow:
 
 def load_answer_key(path: Path) -> list[AnswerRow]:
     """The rows of a NeMo Gym JSONL file (each line an object with string `question` and
-    `expected_answer`; blank lines skipped), in file order. Raises ConfigError naming the file
+    `expected_answer`, or `answer` as the `*_reasoning_gym` environments' rows have it; blank
+    lines skipped), in file order. Raises ConfigError naming the file
     and line of anything else, or of a file without rows."""
     try:
         lines = path.read_text().splitlines()
@@ -94,10 +96,11 @@ def load_answer_key(path: Path) -> list[AnswerRow]:
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}:{number}: not JSON ({e.msg})") from None
         question = row.get("question") if isinstance(row, dict) else None
-        answer = row.get("expected_answer") if isinstance(row, dict) else None
+        answer = row.get("expected_answer", row.get("answer")) if isinstance(row, dict) else None
         if not isinstance(question, str) or not question.strip() or not isinstance(answer, str):
             raise ConfigError(
-                f"{path}:{number}: an answer-key row needs string `question` and `expected_answer`"
+                f"{path}:{number}: an answer-key row needs string `question` and "
+                "`expected_answer` (or `answer`)"
             )
         rows.append(AnswerRow(question, answer))
     if not rows:
@@ -205,7 +208,13 @@ class AnswerKeyPolicy(ResponsesServer):
         return self._match(request_text(body))
 
     def _match(self, text: str) -> int | None:
-        return next((i for question, i in self._questions if question in text), None)
+        # opencode quotes the user's prompt inside its own with `"` escaped as `\"` (seen on
+        # Reasoning Gym's questions, which quote what the inhabitants say).
+        for candidate in (text, text.replace('\\"', '"')):
+            found = next((i for question, i in self._questions if question in candidate), None)
+            if found is not None:
+                return found
+        return None
 
     def answer(self, row: int | None) -> str:
         """The text answered for answer-key row `row` (None: a side call)."""

@@ -19,6 +19,15 @@ With `max_model_len` set, `GET /v1/models` reports it (verifiers' renderer then 
 overlong prompt before sending it, a 400 to the harness), and a longer prompt that still
 arrives gets vLLM's 400.
 
+It also answers every call prime-rl 0.8.0's orchestrator makes on an inference server (read in its
+`utils/client.py`), so prime-rl's RL loop runs against it on a CPU: `GET /health`; `GET /v1/models`
+listing `model` (the orchestrator's `model.name`; its check fails otherwise) and every loaded LoRA
+adapter; `POST /pause` (generation waits until `POST /resume`, as vLLM's `mode=keep` keeps
+requests queued); `POST /update_weights` (`{"weight_dir"}`: recorded, no weights change, the
+policy is scripted); `POST /load_lora_adapter` (`{"lora_name", "lora_path"}`) and
+`POST /v1/unload_lora_adapter`. Each is recorded in `admin`. `/init_broadcaster` is not served:
+prime-rl skips NCCL broadcast set-up on its 404.
+
 The tokenizer is injected (any Hugging Face tokenizer); `packaged_tokenizer()` loads the one built
 from the packaged GGUF without hub access. Run alone:
 `nemo-gym-env serve tokens --port 8000`.
@@ -26,6 +35,7 @@ from the packaged GGUF without hub access. Run alone:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import itertools
@@ -109,23 +119,71 @@ class TokenServer(AppServer):
     """Calls answered normally."""
     faults: list[str] = field(default_factory=list)
     """The trigger (e.g. `503x2`) of every call answered with a fault, in order."""
+    admin: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """Every control call (`/pause`, `/resume`, `/update_weights`, LoRA loads), in order, with
+    its query parameters and JSON body merged."""
+    adapters: dict[str, str] = field(default_factory=dict)
+    """Loaded LoRA adapters: name -> path (listed by `/v1/models`)."""
     _faulted: collections.Counter[str] = field(default_factory=collections.Counter)
     _ids: itertools.count = field(default_factory=itertools.count)
+    _running: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
         app.router.add_post("/inference/v1/generate", self._generate)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        for path in ("/pause", "/resume", "/update_weights", "/load_lora_adapter",
+                     "/v1/unload_lora_adapter"):  # fmt: skip
+            app.router.add_post(path, self._control)
         return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({})
 
     async def _models(self, request: web.Request) -> web.Response:
         card: dict[str, Any] = {"id": self.model, "object": "model"}
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
-        return web.json_response({"object": "list", "data": [card]})
+        loras = [{"id": name, "object": "model", "root": path, "parent": self.model}
+                 for name, path in self.adapters.items()]  # fmt: skip
+        return web.json_response({"object": "list", "data": [card, *loras]})
+
+    async def _control(self, request: web.Request) -> web.Response:
+        body: Any = {}
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except ValueError:
+                return vllm_error(400, f"{request.path}: the body is not JSON")
+        if not isinstance(body, dict):
+            return vllm_error(400, f"{request.path}: the body must be a JSON object")
+        path = request.path
+        if path == "/load_lora_adapter":
+            name, where = body.get("lora_name"), body.get("lora_path")
+            if not isinstance(name, str) or not isinstance(where, str):
+                return vllm_error(400, "load_lora_adapter: lora_name and lora_path are required")
+            self.adapters[name] = where
+        elif path == "/v1/unload_lora_adapter":
+            if self.adapters.pop(str(body.get("lora_name")), None) is None:
+                return vllm_error(404, f"no LoRA adapter {body.get('lora_name')!r} is loaded")
+        elif path == "/pause":
+            self._running.clear()
+        elif path == "/resume":
+            self._running.set()
+        self.admin.append((path, {**request.query, **body}))
+        return web.json_response({})
 
     async def _generate(self, request: web.Request) -> web.Response:
         body = await request.json()
+        await self._running.wait()  # paused: queued until /resume
         ids = body.get("token_ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             return vllm_error(400, "token_ids: must be a list of integers")

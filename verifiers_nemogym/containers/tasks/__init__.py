@@ -214,11 +214,13 @@ def _swe_next(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
     rows = folder / "rows.jsonl"
     _write_jsonl(rows, [swe_next.row(image, images.image_base_commit(image))])
     server = _sandbox_resources()
-    # swe_next_opencode.yaml pairs the agent with swe_next_resources_server itself.
+    # swe_next_opencode.yaml pairs the agent with swe_next_resources_server itself; it also
+    # starts swe_next.yaml's golden-patch server, whose shipped `cpu: 4` a small host refuses.
     override = {
         "swe_next_resources_server": {
             "resources_servers": {"swe_next": {**server, "is_verifying_golden_patch": False}}
         },
+        "swe_next_golden_patch_resources_server": {"resources_servers": {"swe_next": server}},
         "swe_next_opencode_sandboxed_agent": _agent(opencode),
     }
     # swe_next.yaml defines both servers; its golden client calls the golden one.

@@ -37,6 +37,16 @@ STACK_TIER = Path(__file__).parent / "stack"
 """The slow tier: every test collected under this folder is marked `stack`."""
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """The log says whether the tests that need root ran: network namespaces
+    (tests/stack/test_across_hosts.py, tests/stack/test_ray_cluster.py), a peer of a second uid
+    (tests/nemo/test_shared_hosts.py) and the next PID chosen (tests/nemo/test_supervisor.py)
+    skip for any other user."""
+    if os.geteuid() == 0:
+        return "running as root: yes (the tests that need root run)"
+    return f"running as root: no (uid {os.geteuid()}): the tests that need root skip"
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test under tests/stack/ `stack`; a test elsewhere marked `stack` by hand is a

@@ -1,15 +1,63 @@
 #!/usr/bin/env bash
 # The whole test suite: the README's "Development" command, and what CI (.ci/run) runs.
-#  1. Every test on the verifiers release uv.lock pins, in the project venv (.venv).
-#  2. On the verifiers pre-release named in tests/verifiers-prerelease.txt, in a second venv
-#     (.venv-verifiers-dev: the same lock, then that verifiers installed over it): the fast tier
-#     and the few stack tests marked `verifiers_dev`. prime-rl runs verifiers' dev versions.
+#  1. The fast tier (every test outside tests/stack/) on the verifiers release uv.lock pins, in
+#     the project venv (.venv), two test files at a time (pytest-xdist). Meanwhile, in the
+#     background: the NeMo Gym runtimes the stack tier uses (`nemo-gym-env setup`, into
+#     $VF_NEMOGYM_CACHE) and the pre-release venv (.venv-verifiers-dev: the same lock, then the
+#     verifiers of tests/verifiers-prerelease.txt installed over it).
+#  2. The stack tier (tests/stack/), one test at a time: stacks are CPU-bound on a small machine.
+#  3. On the verifiers pre-release: the tests marked `verifiers_dev` (those that touch verifiers,
+#     and mypy; tests/test_tiers.py checks that every other fast test's file is excluded by
+#     name), the fast ones two files at a time, then the stack ones. prime-rl runs verifiers'
+#     dev versions.
+# The tests that observe a first run (a cold runtime, an empty cache) use caches of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-uv run pytest
-
+# Each runtime the stack tier asks for: (release, extra flag). 0.5-0.7 declare a Python floor
+# (>= 3.13.14) the tests opt below where no such Python is installed.
+# 0.4.0 and 0.7.0 first: the fast tier asks for them too (a build holds a lock; the other waits).
+RUNTIMES=("0.4.0 " "0.7.0 --allow-python-below-floor" "0.5.0 --allow-python-below-floor"
+          "0.5.1 --allow-python-below-floor" "0.6.0 --allow-python-below-floor")
 DEV_VENV=.venv-verifiers-dev
-UV_PROJECT_ENVIRONMENT="$DEV_VENV" uv sync --locked
-uv pip install --python "$DEV_VENV/bin/python" -r tests/verifiers-prerelease.txt
-"$DEV_VENV/bin/python" -m pytest -m "not stack or verifiers_dev"
+BACKGROUND_LOGS="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$BACKGROUND_LOGS"' EXIT  # an interrupted run leaves no job
+
+uv sync --quiet  # what `uv run` does first; the background jobs below use .venv directly
+(
+    for runtime in "${RUNTIMES[@]}"; do
+        read -r version flag <<<"$runtime"
+        # shellcheck disable=SC2086  # the flag is one word or none
+        .venv/bin/nemo-gym-env --nemo-gym-version "$version" $flag setup \
+            >>"$BACKGROUND_LOGS/runtimes.log" 2>&1 || echo "$version" >>"$BACKGROUND_LOGS/failed"
+    done
+) &
+RUNTIMES_PID=$!
+(
+    UV_PROJECT_ENVIRONMENT="$DEV_VENV" uv sync --locked --quiet &&
+        uv pip install --quiet --python "$DEV_VENV/bin/python" -r tests/verifiers-prerelease.txt
+) >"$BACKGROUND_LOGS/dev-venv.log" 2>&1 &
+DEV_VENV_PID=$!
+
+# Every step runs whatever an earlier one gave; the script fails if any did.
+status=0
+uv run pytest -m "not stack" -n 2 --dist loadfile || status=1
+
+# Both background jobs are waited for and reported.
+wait "$RUNTIMES_PID"
+cat "$BACKGROUND_LOGS/runtimes.log"
+if [[ -e "$BACKGROUND_LOGS/failed" ]]; then
+    # The stack tier builds what is missing itself (and fails there, naming why); say it here.
+    echo "tests/run.sh: building the NeMo Gym runtime failed for:" \
+        "$(tr '\n' ' ' <"$BACKGROUND_LOGS/failed")" >&2
+fi
+if ! wait "$DEV_VENV_PID"; then
+    cat "$BACKGROUND_LOGS/dev-venv.log" >&2
+    echo "tests/run.sh: the verifiers pre-release venv ($DEV_VENV) was not made" >&2
+    exit 1
+fi
+
+uv run pytest -m stack || status=1
+"$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and not stack" -n 2 --dist loadfile || status=1
+"$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and stack" || status=1
+exit "$status"

@@ -27,6 +27,7 @@ def _locked_verifiers() -> str:
     return found.group(1)
 
 
+@pytest.mark.verifiers_dev  # its second half is for the verifiers pre-release (run.sh)
 def test_options_page_matches_the_config() -> None:
     """Generated on the locked verifiers: this package's options must match on any verifiers
     (the suite also runs on a pre-release), the inherited ones on the locked release."""
@@ -84,6 +85,20 @@ def test_relative_links_resolve(page: Path) -> None:
         elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
             broken.append(f"{target} (no heading #{anchor} in {linked.name})")
     assert broken == [], f"{page.relative_to(ROOT)}: broken links: {broken}"
+
+
+def test_runtime_page_quotes_the_040_survey() -> None:
+    """docs/runtime.md's NeMo Gym 0.4.0 figures are the committed survey's (CI reruns the survey
+    and compares it with the committed one: tests/stack/nemo/test_catalog_releases.py)."""
+    survey = ListSurvey.read((ROOT / "docs/surveys/nemo-gym-0.4.0-environments.md").read_text())
+    (rs, env), (all_rs, all_env) = survey.resolvable, survey.total
+    assert env == all_env and [row[0] for row in survey.unresolved] == ["| gdpval"]
+    page = " ".join((ROOT / "docs/runtime.md").read_text().split())
+    assert (
+        f"NeMo Gym 0.4.0, {rs} of {all_rs} resources servers and all {all_env} `environments/` "
+        "entries (gdpval's config defines no agent; "
+        "[the survey](surveys/nemo-gym-0.4.0-environments.md)"
+    ) in page
 
 
 def test_runtime_page_quotes_the_070_survey() -> None:

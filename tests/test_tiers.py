@@ -1,10 +1,15 @@
 """The tiers (tests/conftest.py), run on inner pytest sessions with this conftest and the
 layout of tests/: a test outside stack/ that starts a stack fails before anything is spawned;
 under stack/ (marked `stack` by its path, no mark written) the same start goes ahead; a model
-server refusing bad input is allowed in the fast tier; a `stack` mark outside stack/ is refused."""
+server refusing bad input is allowed in the fast tier; a `stack` mark outside stack/ is refused.
+And the pre-release selection (tests/run.sh runs the `verifiers_dev` tests on the verifiers
+pre-release): every fast test is in it or in a file excluded by name, with the reason."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +103,76 @@ def test_a_stack_mark_outside_the_stack_folder_is_refused(pytester: pytest.Pytes
     result.stderr.fnmatch_lines(
         ["*marked `stack` outside tests/stack/*test_inner.py::test_marked*"]
     )
+
+
+ALL_NEMO = "NeMo Gym's side (runtimes, catalogs, stacks, hosts, Ray): no verifiers code"
+NOT_ON_PRERELEASE = {
+    # Fast-tier files (under tests/) with tests that tests/run.sh does not run on the verifiers
+    # pre-release, and why. Every other fast test is marked `verifiers_dev`.
+    "bridge/test_anthropic.py": "the Anthropic dialect of the proxy: the package's code only",
+    "bridge/test_bodies.py": "request bodies through the proxy and the relay: no verifiers code",
+    "bridge/test_front.py": "the shared stack's front forwarder: no verifiers code",
+    "bridge/test_redact.py": "redaction of the proxy's notices: no verifiers code",
+    "judge/test_endpoint.py": "the judge endpoint's host secrets: no verifiers code",
+    "judge/test_relay.py": "the judge relay and its retries: no verifiers code",
+    "nemo/test_catalog_releases.py": ALL_NEMO,
+    "nemo/test_gate.py": ALL_NEMO,
+    "nemo/test_harnesses.py": ALL_NEMO,
+    "nemo/test_judges.py": ALL_NEMO,
+    "nemo/test_lease.py": ALL_NEMO,
+    "nemo/test_ray_cluster.py": ALL_NEMO + " (a taskset option's parsing is test_taskset's)",
+    "nemo/test_releases.py": ALL_NEMO + " (the taskset's rows are test_taskset's)",
+    "nemo/test_remote.py": ALL_NEMO,
+    "nemo/test_runtime_catalog.py": ALL_NEMO,
+    "nemo/test_shared_hosts.py": ALL_NEMO,
+    "nemo/test_stack_command.py": ALL_NEMO,
+    "nemo/test_stack_leftovers.py": ALL_NEMO,
+    "nemo/test_stack_start.py": ALL_NEMO,
+    "nemo/test_supervisor.py": ALL_NEMO,
+    "policies/test_answer_key.py": "a model server of the package: no verifiers code",
+    "policies/test_llama_generate.py": "a model server of the package: no verifiers code",
+    "policies/test_local_model.py": "a model server of the package: no verifiers code",
+    "policies/test_replay.py": "a model server of the package: no verifiers code",
+    "policies/test_replay_judge.py": "a model server of the package: no verifiers code",
+    "test_bench_args.py": "the benchmarks (benchmarks/): no verifiers code",
+    "test_bench_children.py": "the benchmarks (benchmarks/): no verifiers code",
+    "test_bench_link.py": "the benchmarks (benchmarks/): no verifiers code",
+    "test_bench_soak.py": "the benchmarks (benchmarks/): no verifiers code",
+    "test_docs.py": "the docs against the code (its options-page test is on the pre-release)",
+    "test_docs_names.py": "the docs against the code: the same on any verifiers",
+    "test_imports.py": "the package's import graph, read from its source",
+    "test_net.py": "the package's HTTP serving: no verifiers code",
+    "test_retry.py": "the package's retry policy: no verifiers code",
+    "test_static.py": "ruff reads the same source on any verifiers (the mypy case is on it)",
+    "test_tiers.py": "the tiers and this selection: the same on any verifiers",
+}
+VERIFIERS_IMPORT = re.compile(r"^(import|from) (verifiers|renderers|nemo_gym_env)\b", re.MULTILINE)
+
+
+def _fast_tests(marks: str) -> set[str]:
+    """Node ids of the fast tier's tests selected by `marks` (a real collection, so the marks
+    are the ones pytest sees: a file's `pytestmark`, a test's or a parameter's)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "--ignore", str(TESTS / "stack"), "-m", marks, str(TESTS)],
+        cwd=TESTS.parent, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return {line for line in out.stdout.splitlines() if "::" in line}
+
+
+def test_every_fast_test_is_on_the_prerelease_or_in_a_file_excluded_by_name() -> None:
+    """tests/run.sh runs `-m verifiers_dev` on the verifiers pre-release: a new fast test runs
+    there unless its file is in NOT_ON_PRERELEASE (with the reason), and an excluded file
+    imports none of verifiers at its top."""
+    left = _fast_tests("not verifiers_dev")
+    left_out = {nodeid.split("::")[0].removeprefix("tests/") for nodeid in left}
+    unlisted = sorted(left_out - NOT_ON_PRERELEASE.keys())
+    assert unlisted == [], f"mark them verifiers_dev or list them in NOT_ON_PRERELEASE: {unlisted}"
+    stale = sorted(NOT_ON_PRERELEASE.keys() - left_out)
+    assert stale == [], f"in NOT_ON_PRERELEASE but every test of it is marked or gone: {stale}"
+    for name in NOT_ON_PRERELEASE:
+        imports = VERIFIERS_IMPORT.search((TESTS / name).read_text())
+        assert imports is None, f"{name} imports verifiers code: mark it verifiers_dev"
+    static = "tests/test_static.py::test_static_check_passes"
+    assert f"{static}[mypy]" not in left and f"{static}[ruff-check]" in left

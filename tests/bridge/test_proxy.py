@@ -37,6 +37,8 @@ from verifiers_nemogym.bridge.wire import (
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.retry import RetryPolicy
 
+pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
+
 
 class Upstream:
     """Stands in for verifiers' interception endpoint: records who called, answers per script."""

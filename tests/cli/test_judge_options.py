@@ -12,6 +12,8 @@ from verifiers.v1.configs.cli.eval import EvalConfig
 from verifiers_nemogym.cli import _judge, _parser
 from verifiers_nemogym.cli.local_eval import LocalEvalOptions, vf_eval_command
 
+pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
+
 
 def test_eval_local_judge_local_names_the_local_server_as_judge() -> None:
     options = LocalEvalOptions(nemo_env="simpleqa", judge="local")

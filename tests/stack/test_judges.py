@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from helpers import error_text, gone, model_context, run_tag, train_context
 
 import nemo_gym_env
 from verifiers_nemogym.backends import PrivateStack, SharedStack
+from verifiers_nemogym.nemo.release import parse_version
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
     argv_of,
@@ -41,6 +43,7 @@ from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokeni
 EQUAL, NOT_EQUAL = "A [[A=B]]", "B [[A!=B]]"
 JUDGE_ENVS = ["equivalence_llm_judge", "simpleqa"]
 ROWS_PER_ENV = 3
+SUMMARY = re.compile(r"judge on this stack: (\d+) calls, (\d+) failed, ")
 
 
 def _judge(judge: ScriptedJudge, key_var: str = "", api: str = "chat") -> dict[str, Any]:
@@ -71,7 +74,10 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
 ) -> None:
     """Both of NeMo Gym's judge surfaces (equivalence_llm_judge posts Responses, simpleqa Chat
     Completions) mixed with a judge-free environment on one stack: the verdict decides the
-    reward, the judge saw each row's question, the trace names the judge."""
+    reward, the judge saw each row's question, the trace names the judge. Then the judge fails:
+    every judged rollout is an error naming the judge, never the score the release gives it
+    (0.4.0: a 500 from `/verify`; simpleqa on 0.5.0+ a 200 with `reward: 0.0` and
+    `_ng_failure_class: judge_failed`, on 0.7.0 also `mask_sample: true`, each named)."""
     async with ScriptedJudge(verdict=EQUAL) as judge:
         env = nemo_gym_env.load_environment(
             nemo_env=",".join([*JUDGE_ENVS, "example_single_tool_call"]),
@@ -91,6 +97,9 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
             calls_equal = len(judge.calls)
             judge.verdict = NOT_EQUAL
             failed = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
+            calls_graded = len(judge.calls)
+            judge.fail_status = 503  # every grading call fails from here
+            broken = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
         assert await gone(marker) == []
     judged = [t.data.agent.split("_simple_agent")[0] in JUDGE_ENVS for t in tasks]
     assert judged.count(True) == 2 * ROWS_PER_ENV
@@ -106,9 +115,27 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
     for task, is_judged in zip(tasks, judged, strict=True):
         assert (_question(task)[:60] in prompts) == is_judged, _question(task)[:60]
     assert calls_equal >= 2 * ROWS_PER_ENV and judge.chat_calls == len(judge.calls)
-    # The run's record of the judge's spend (its calls carry no rollout to charge them to).
-    summary = f"judge on this stack: {len(judge.calls)} calls, 0 failed, 0 retried, "
-    assert any(r.getMessage().startswith(summary) for r in caplog.records), caplog.text[-2000:]
+    version = any_nemo_venv.nemo_gym_version
+    for task, is_judged, episode in zip(tasks, judged, broken, strict=True):
+        text = error_text(episode)
+        assert episode.traces[0].info["nemo_gym_runtime"]["nemo_gym"] == version
+        if not is_judged:
+            assert episode.ok and episode.traces[0].reward == 1.0, text
+            continue
+        assert not episode.ok and episode.traces[0].rewards.get("nemo_gym") is None, text
+        assert "the judge scripted-judge at" in text and "failed: 503" in text, text
+        if task.data.agent == "simpleqa_simple_agent" and parse_version(version) >= parse_version("0.5"):
+            # The release's own signal is named too, not only the judge rule's finding.
+            assert "_ng_failure_class: judge_failed" in text, text
+            if parse_version(version) >= parse_version("0.7"):
+                assert "NeMo Gym masked the sample (judge_failed)" in text, text
+    assert len(judge.calls) == calls_graded  # a refused call is not recorded as graded
+    # The run's record of the judge's spend (its calls carry no rollout to charge them to):
+    # every call the judge graded, and the failed ones (each judged rollout's at least once).
+    found = [m for r in caplog.records if (m := SUMMARY.match(r.getMessage()))]
+    assert len(found) == 1, caplog.text[-2000:]
+    calls, failures = map(int, found[0].groups())
+    assert failures >= 2 * ROWS_PER_ENV and calls == calls_graded + failures, found[0].group(0)
 
 
 async def test_the_judge_key_reaches_no_process_config_log_or_trace(

@@ -1,10 +1,14 @@
-"""Each NeMo Gym release from 0.4.0 to 0.7.0 on a real stack (0.5-0.7 on this machine's Python
-3.13.0 with the below-floor opt-in): rollouts of a judge-free environment score NeMo Gym's
+"""The releases between 0.4.0 and 0.7.0 (0.5.0, 0.5.1, 0.6.0: this machine's Python 3.13.0 with
+the below-floor opt-in) on a real stack: rollouts of a judge-free environment score NeMo Gym's
 reward, and a judge that fails turns every rollout of a judge environment into an error naming
-the judge, never the score the release gives such a rollout (0.4.0: a 500 from `/verify`;
-0.5.0+: a 200 with `reward: 0.0` and `_ng_failure_class: judge_failed`; 0.7.0 also
-`mask_sample: true`). One shared stack (the default) per release, two rows per environment;
-it stops as its last user leaves (idle grace 0)."""
+the judge, never the score the release gives such a rollout (a 200 with `reward: 0.0` and
+`_ng_failure_class: judge_failed`). One shared stack (the default) per release, two rows per
+environment; it stops as its last user leaves (idle grace 0).
+
+0.4.0 and 0.7.0, the releases every other stack test runs, are not repeated here: their scored
+rollouts are tests/stack/test_e2e.py's, their failing judge (0.4.0's 500 from `/verify`, 0.7.0's
+`judge_failed` and `mask_sample: true`) tests/stack/test_judges.py's
+`test_judge_environments_grade_with_the_named_judge_on_both_releases`."""
 
 from __future__ import annotations
 
@@ -15,20 +19,19 @@ from helpers import error_text, gone, model_context
 
 import nemo_gym_env
 from verifiers_nemogym.backends import SharedStack
-from verifiers_nemogym.nemo.release import parse_version
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
-RELEASES = ["0.4.0", "0.5.0", "0.5.1", "0.6.0", "0.7.0"]
+RELEASES = ["0.5.0", "0.5.1", "0.6.0"]
 JUDGE_ENV = "simpleqa"  # grades with NeMo Gym's judge on every release
 
 
 @pytest.fixture(scope="module", params=RELEASES)
 def release(request: pytest.FixtureRequest) -> NeMoGymVenv:
-    """The release's runtime: 0.4.0 meets its floor here, 0.5-0.7 (>= 3.13.14) need the opt-in."""
-    return ensure_venv(request.param, allow_below_floor=request.param != "0.4.0")
+    """The release's runtime: 0.5-0.7 (>= 3.13.14) need the opt-in here."""
+    return ensure_venv(request.param, allow_below_floor=True)
 
 
 async def test_a_release_scores_rollouts_and_a_failing_judge_is_an_error(
@@ -64,8 +67,5 @@ async def test_a_release_scores_rollouts_and_a_failing_judge_is_an_error(
         text = error_text(episode)
         assert not episode.ok and trace.rewards.get("nemo_gym") is None, version
         assert "the judge scripted-judge at" in text and "failed: 503" in text, text
-        if parse_version(version) >= parse_version("0.5"):
-            # The release's own signal is named too, not only the judge rule's finding.
-            assert "_ng_failure_class: judge_failed" in text, text
-        if parse_version(version) >= parse_version("0.7"):
-            assert "NeMo Gym masked the sample (judge_failed)" in text, text
+        # The release's own signal is named too, not only the judge rule's finding.
+        assert "_ng_failure_class: judge_failed" in text, text

@@ -9,7 +9,7 @@ import os
 import time
 
 import pytest
-from helpers import ListSurvey, run_command, script
+from helpers import REPO, ListSurvey, run_command, script
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, RESOURCES_SERVERS, Catalog
@@ -74,9 +74,11 @@ async def test_list_resolve_resolves_every_environment_or_says_why(
     nemo_venv: NeMoGymVenv,
 ) -> None:
     """`nemo-gym-env list --resolve` on 0.4.0 (the default release here): the survey of every
-    environment, each resolved as a run resolves it or given a one-line reason. 0.7.0's survey
-    runs NeMo Gym's resolver over some 50 include/inherit configs (a minute or more when cold),
-    so it is a committed report instead: docs/surveys/nemo-gym-0.7.0-environments.md."""
+    environment, each resolved as a run resolves it or given a one-line reason, and the same
+    as the committed report (docs/surveys/nemo-gym-0.4.0-environments.md; a few seconds, as no
+    0.4.0 config needs NeMo Gym's resolver). 0.7.0's survey runs NeMo Gym's resolver over some
+    50 include/inherit configs (a minute or more when cold), so it is a committed report only:
+    docs/surveys/nemo-gym-0.7.0-environments.md."""
     code, printed = await run_command(
         [script("nemo-gym-env"), "--nemo-gym-version", nemo_venv.nemo_gym_version, "list",
          "--resolve"],
@@ -88,3 +90,7 @@ async def test_list_resolve_resolves_every_environment_or_says_why(
     assert survey.resolvable[0] >= 94 and survey.resolvable[1] >= 12
     for row in survey.unresolved:  # one line saying why, not running here
         assert row[4] == "no" and row[5].removesuffix(" |").strip(), row
+    committed = (REPO / "docs/surveys/nemo-gym-0.4.0-environments.md").read_text()
+    # From the count line on (the line above names this machine's Python).
+    table = printed[printed.index("resolvable: ") :].strip()
+    assert committed.rstrip().endswith(table), "the survey changed: rerun it into the report"

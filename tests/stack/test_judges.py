@@ -124,7 +124,9 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
             continue
         assert not episode.ok and episode.traces[0].rewards.get("nemo_gym") is None, text
         assert "the judge scripted-judge at" in text and "failed: 503" in text, text
-        if task.data.agent == "simpleqa_simple_agent" and parse_version(version) >= parse_version("0.5"):
+        if task.data.agent == "simpleqa_simple_agent" and parse_version(version) >= parse_version(
+            "0.5"
+        ):
             # The release's own signal is named too, not only the judge rule's finding.
             assert "_ng_failure_class: judge_failed" in text, text
             if parse_version(version) >= parse_version("0.7"):

@@ -3,8 +3,9 @@
 #  1. The fast tier (every test outside tests/stack/) on the verifiers release uv.lock pins, in
 #     the project venv (.venv), two test files at a time (pytest-xdist). Meanwhile, in the
 #     background: the NeMo Gym runtimes the stack tier uses (`nemo-gym-env setup`, into
-#     $VF_NEMOGYM_CACHE) and the pre-release venv (.venv-verifiers-dev: the same lock, then the
-#     verifiers of tests/verifiers-prerelease.txt installed over it).
+#     $VF_NEMOGYM_CACHE), the container tests' images (`nemo-gym-env make-tasks`: a Debian base
+#     from debootstrap, the hand-made tasks on it) and the pre-release venv (.venv-verifiers-dev:
+#     the same lock, then the verifiers of tests/verifiers-prerelease.txt installed over it).
 #  2. The stack tier (tests/stack/), one test at a time: stacks are CPU-bound on a small machine.
 #  3. On the verifiers pre-release: the tests marked `verifiers_dev` (those that touch verifiers,
 #     and mypy; tests/test_tiers.py checks that every other fast test's file is excluded by
@@ -33,6 +34,10 @@ uv sync --quiet  # what `uv run` does first; the background jobs below use .venv
     done
 ) &
 RUNTIMES_PID=$!
+# The container tests' images (a Debian base from debootstrap, the hand-made tasks on it): built
+# once here, reused from docker by the tests (which build them themselves if this failed).
+.venv/bin/nemo-gym-env make-tasks "$BACKGROUND_LOGS/kit" >"$BACKGROUND_LOGS/images.log" 2>&1 &
+IMAGES_PID=$!
 (
     UV_PROJECT_ENVIRONMENT="$DEV_VENV" uv sync --locked --quiet &&
         uv pip install --quiet --python "$DEV_VENV/bin/python" -r tests/verifiers-prerelease.txt
@@ -50,6 +55,10 @@ if [[ -e "$BACKGROUND_LOGS/failed" ]]; then
     # The stack tier builds what is missing itself (and fails there, naming why); say it here.
     echo "tests/run.sh: building the NeMo Gym runtime failed for:" \
         "$(tr '\n' ' ' <"$BACKGROUND_LOGS/failed")" >&2
+fi
+if ! wait "$IMAGES_PID"; then
+    cat "$BACKGROUND_LOGS/images.log" >&2
+    echo "tests/run.sh: building the container tests' images failed (the tests retry)" >&2
 fi
 if ! wait "$DEV_VENV_PID"; then
     cat "$BACKGROUND_LOGS/dev-venv.log" >&2

@@ -440,3 +440,36 @@ async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
     assert stack_containers() == [] or all(
         processes_with_env(f"{MARKER_ENV_VAR}={m}") for m in docker._stack_markers()
     )
+
+
+def test_a_start_sweeps_what_a_dead_stack_left(kit: TaskKit) -> None:
+    """Containers, networks and firewall rules of a stack whose processes are all gone (its
+    starter and supervisor SIGKILLed together) are removed by the next stack's sweep; those of a
+    stack with a live process stay."""
+    import subprocess
+    import uuid
+
+    dead, live = uuid.uuid4().hex, uuid.uuid4().hex
+    image = kit.task("swebench_pro").image
+    for marker in (dead, live):
+        label = f"{STACK_LABEL}={marker}"
+        docker.run_docker(
+            "network", "create", "--internal", "--label", label, f"vfng-t{marker[:8]}"
+        )
+        docker.run_docker("run", "-d", "--label", label, "--entrypoint", "sleep", image, "600")
+    rule = ["INPUT", "-i", f"vfng{dead[:11]}", "-m", "comment", "--comment",
+            f"{STACK_LABEL}={dead}", "-j", "DROP"]  # fmt: skip
+    subprocess.run(["iptables", "-I", *rule], check=True)
+    keeper = subprocess.Popen(["sleep", "600"], env={**os.environ, MARKER_ENV_VAR: live})
+    try:
+        swept = docker.sweep_dead_stacks()
+        assert dead in swept and live not in swept
+        assert stack_containers(dead) == [] and len(stack_containers(live)) == 1
+        networks = docker.run_docker("network", "ls", "--format", "{{.Name}}").split()
+        assert f"vfng-t{live[:8]}" in networks and f"vfng-t{dead[:8]}" not in networks
+        assert not [r for r in _iptables_input() if dead in r]
+    finally:
+        keeper.kill()
+        keeper.wait()
+        assert live in docker.sweep_dead_stacks()
+    assert stack_containers(live) == []

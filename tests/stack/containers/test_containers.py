@@ -130,7 +130,6 @@ async def test_container_environments_score_and_never_cross_route(
     container, network or process of the stack."""
     cases = [(env, right) for right in (True, False) for env in ENVS]
     table = case_rows(kit, cases, tmp_path / "rows.jsonl")
-    before = set(stack_containers())
     # swebench_pro writes verifier logs beside its code: in the stack's folder, not the runtime.
     runtime_logs = nemo_venv_07.site_packages / "resources_servers" / "swebench_pro" / "logs"
     logs_before = set(runtime_logs.rglob("*"))
@@ -172,9 +171,15 @@ async def test_container_environments_score_and_never_cross_route(
     # The shared stack's host logs how its containers are isolated.
     host_log = re.search(r"log: (\S+host\.log)", eval_log)
     assert host_log is not None, eval_log[-2000:]
-    assert "on the host they reach the door only (firewall)" in Path(host_log.group(1)).read_text()
+    host_text = Path(host_log.group(1)).read_text()
+    assert "on the host they reach the door only (firewall)" in host_text
     assert await gone(tag) == []
-    assert set(stack_containers()) <= before  # every container of the run removed
+    # Every container and the network of the run's stack removed (named in its host's log).
+    network = re.search(r"containers join docker network (vfng-\w+)", host_text)
+    assert network is not None, host_text[-2000:]
+    prefix = network.group(1).removeprefix(docker.NETWORK_PREFIX)
+    left = [m for m in docker._stack_markers() if m.startswith(prefix)]
+    assert left == [], left
     assert set(runtime_logs.rglob("*")) == logs_before
     assert (
         "resources_servers/swebench_pro run from the stack's folder"

@@ -124,6 +124,19 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
+class LongestKey:
+    """Which of several keys (questions, task statements) a request quotes: compared with
+    whitespace collapsed and case folded (`request_text`), the longest key found wins, so a key
+    that contains another (a tagged copy of a row) is told apart from it."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._keys = sorted(((_normal(k), i) for i, k in enumerate(keys)), key=lambda k: -len(k[0]))
+
+    def find(self, text: str) -> int | None:
+        """The index of the longest key in `text` (already `request_text`'s form), or None."""
+        return next((i for key, i in self._keys if key in text), None)
+
+
 def request_text(body: dict[str, Any]) -> str:
     """All text of a request body, whitespace-collapsed and case-folded: messages, system,
     instructions and input of any dialect (tool definitions included, which is harmless)."""
@@ -184,9 +197,7 @@ class AnswerKeyPolicy(ResponsesServer):
             raise ConfigError(
                 f"wrong rows {bad} are not in the answer key (rows 0..{len(self.rows) - 1})"
             )
-        self._questions = sorted(
-            ((_normal(r.question), i) for i, r in enumerate(self.rows)), key=lambda q: -len(q[0])
-        )
+        self._questions = LongestKey(r.question for r in self.rows)
 
     @property
     def log(self) -> list[AnswerCall]:
@@ -211,7 +222,7 @@ class AnswerKeyPolicy(ResponsesServer):
         # opencode quotes the user's prompt inside its own with `"` escaped as `\"` (seen on
         # Reasoning Gym's questions, which quote what the inhabitants say).
         for candidate in (text, text.replace('\\"', '"')):
-            found = next((i for question, i in self._questions if question in candidate), None)
+            found = self._questions.find(candidate)
             if found is not None:
                 return found
         return None

@@ -43,7 +43,7 @@ from aiohttp import web
 
 from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.policies.answer_key import request_text
+from verifiers_nemogym.policies.answer_key import LongestKey, request_text
 from verifiers_nemogym.policies.server import Call, ResponsesServer
 
 Step = Literal["fix", "final", "side", "unknown"]
@@ -154,9 +154,7 @@ class FixerPolicy(ResponsesServer):
         empty = [i for i, t in enumerate(self.tasks) if not _normal(t.key)]
         if empty:
             raise ConfigError(f"fixer tasks {empty} have an empty key")
-        self._keys = sorted(
-            ((_normal(t.key), i) for i, t in enumerate(self.tasks)), key=lambda k: -len(k[0])
-        )
+        self._keys = LongestKey(t.key for t in self.tasks)
 
     @property
     def log(self) -> list[FixerCall]:
@@ -176,7 +174,7 @@ class FixerPolicy(ResponsesServer):
     def match(self, body: dict[str, Any]) -> int | None:
         """Index of the task whose key (the longest found) is in `body`'s text, or None."""
         text = request_text(body)
-        return next((i for key, i in self._keys if key in text), None)
+        return self._keys.find(text)
 
     def _record(self, call: FixerCall) -> None:
         if self.record:

@@ -26,13 +26,13 @@ def test_rewards_are_equal_native_and_ours() -> None:
 
 
 def test_table_renders_and_the_docs_quote_it() -> None:
-    """docs/harnesses.md's container table is `table()` of the committed result, row for row (a
+    """docs/containers.md's container table is `table()` of the committed result, row for row (a
     rerun that changes a figure fails here until the page quotes it)."""
     result = json.loads(RESULT.read_text())
     lines = containers.table(result)
     assert len(lines) == 2 + len(result["envs"])
     assert lines[2].startswith("| swebench_pro | 1, 0 | 1, 0 | ")
-    doc = (ROOT / "docs/harnesses.md").read_text().splitlines()
+    doc = (ROOT / "docs/containers.md").read_text().splitlines()
     assert [row for row in lines if row not in doc] == []
 
 

@@ -45,6 +45,7 @@ IMAGES_PID=$!
 DEV_VENV_PID=$!
 
 # Every step runs whatever an earlier one gave; the script fails if any did.
+trap 'exit 130' INT  # but an interrupt (Ctrl-C) stops the run, after the step's own teardown
 status=0
 uv run pytest -m "not stack" -n 2 --dist loadfile || status=1
 

@@ -447,8 +447,10 @@ def _list_table(runtime: object, resolve: bool = False) -> str:
             agents = ", ".join(a.name for a in spec.agents)
             merged = catalog.merged_config(spec.config_paths[0])
             judge = judge_need(entry.root.name, judge_refs(merged))
-        elif spec is not None:
-            # Paths inside the release as the release names them, not this machine's.
+        elif spec is not None and runs != "yes":
+            # (A container environment runs with an agent NeMo Gym pairs it with elsewhere: its
+            # own config's lack of one is no reason.) Paths inside the release as the release
+            # names them, not this machine's.
             reason = str(spec).replace(f"{catalog.root}/", "").replace("|", "\\|")
             agents, runs, why = "-", "no", reason
         lines.append(f"| {entry.name} | {entry.layout} | {agents} | {judge} | {runs} | {why} |")

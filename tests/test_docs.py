@@ -110,7 +110,8 @@ def test_runtime_page_quotes_the_070_survey() -> None:
     no_agent = [row for row in unresolved if "defines no agent server" in row[5]]
     moved = [row for row in unresolved if " moved to " in row[5]]
     rejected = [row for row in unresolved if "NeMo Gym cannot merge" in row[5]]
-    assert len(no_agent) + len(moved) + len(rejected) == len(unresolved)
+    paired = [row for row in unresolved if row[5].startswith("ran here with --env.taskset")]
+    assert len(no_agent) + len(paired) + len(moved) + len(rejected) == len(unresolved)
     page = " ".join((ROOT / "docs/runtime.md").read_text().split())
     assert (
         f"NeMo Gym 0.7.0, {rs} of {all_rs} resources servers and {env} of {all_env} "
@@ -120,5 +121,6 @@ def test_runtime_page_quotes_the_070_survey() -> None:
         f"The other {len(unresolved)} get a one-line reason: {len(no_agent)} default configs "
         f"define no agent"
     ) in page
+    assert f", {len(paired)} are container environments that ran here with the agent" in page
     assert f", {len(moved)} moved stubs, and {rejected[0][0].removeprefix('| ')}," in page
     assert len(rejected) == 1

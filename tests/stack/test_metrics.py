@@ -122,15 +122,14 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
     half = len(lines) // 2
     (stream / "000000.jsonl.zst").write_bytes(zstandard.compress(b"".join(lines[:half])))
     (stream / "000001.jsonl").write_bytes(b"".join(lines[half:]))
-    # ...and vf-eval's `-o` folder itself (it holds one run), at the same time; its log says
-    # what it starts and why, and nothing of verifiers' rollout machinery (no interception).
+    # ...and vf-eval's `-o` folder itself (it holds one run); its log says what it starts and
+    # why, and nothing of verifiers' rollout machinery (no interception). One after the other:
+    # two started at the same moment on CI's cold cache once lost a head server.
     tag, environ = run_tag()
-    (code, printed), (o_code, o_log) = await asyncio.gather(
-        run_command(
-            [script("nemo-gym-env"), "metrics", str(stream), "--json"], environ, stdout_only=True
-        ),
-        run_command([script("nemo-gym-env"), "metrics", str(out)], environ),
+    code, printed = await run_command(
+        [script("nemo-gym-env"), "metrics", str(stream), "--json"], environ, stdout_only=True
     )
+    o_code, o_log = await run_command([script("nemo-gym-env"), "metrics", str(out)], environ)
     assert code == 0, printed[-3000:]
     assert printed == written.read_text()
     assert o_code == 0, o_log[-3000:]

@@ -78,16 +78,14 @@ class AnswerRow:
     expected_answer: str
 
 
-def load_answer_key(path: Path) -> list[AnswerRow]:
-    """The rows of a NeMo Gym JSONL file (each line an object with string `question` and
-    `expected_answer`, or `answer` as the `*_reasoning_gym` environments' rows have it; blank
-    lines skipped), in file order. Raises ConfigError naming the file
-    and line of anything else, or of a file without rows."""
+def jsonl_objects(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`(line number, object)` of each non-blank line of the JSONL file `path` (a line that is
+    JSON but not an object gives `{}`, for the caller's own check); ConfigError naming the file
+    (and line) if it cannot be read or a line is not JSON. `what`: the file's role, for errors."""
     try:
         lines = path.read_text().splitlines()
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the answer key ({e.strerror or e})") from None
-    rows = []
+        raise ConfigError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -95,8 +93,18 @@ def load_answer_key(path: Path) -> list[AnswerRow]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}:{number}: not JSON ({e.msg})") from None
-        question = row.get("question") if isinstance(row, dict) else None
-        answer = row.get("expected_answer", row.get("answer")) if isinstance(row, dict) else None
+        yield number, row if isinstance(row, dict) else {}
+
+
+def load_answer_key(path: Path) -> list[AnswerRow]:
+    """The rows of a NeMo Gym JSONL file (each line an object with string `question` and
+    `expected_answer`, or `answer` as the `*_reasoning_gym` environments' rows have it; blank
+    lines skipped), in file order. Raises ConfigError naming the file
+    and line of anything else, or of a file without rows."""
+    rows = []
+    for number, row in jsonl_objects(path, "the answer key"):
+        question = row.get("question")
+        answer = row.get("expected_answer", row.get("answer"))
         if not isinstance(question, str) or not question.strip() or not isinstance(answer, str):
             raise ConfigError(
                 f"{path}:{number}: an answer-key row needs string `question` and "

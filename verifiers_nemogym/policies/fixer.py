@@ -43,7 +43,7 @@ from aiohttp import web
 
 from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.policies.answer_key import LongestKey, request_text
+from verifiers_nemogym.policies.answer_key import LongestKey, jsonl_objects, request_text
 from verifiers_nemogym.policies.server import Call, ResponsesServer
 
 Step = Literal["fix", "final", "side", "unknown"]
@@ -81,20 +81,8 @@ def load_fix_tasks(path: Path) -> list[FixTask]:
     """The tasks of a JSONL file (each line an object with string `key`, `fix`, `wrong` and
     optional `name`; blank lines skipped), in file order. ConfigError naming the file and line
     of anything else, or of a file without tasks."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the fixer's tasks ({e.strerror or e})") from None
     tasks = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{number}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            row = {}
+    for number, row in jsonl_objects(path, "the fixer's tasks"):
         key, fix, wrong, name = (row.get(k) for k in ("key", "fix", "wrong", "name"))
         name = "" if name is None else name
         if not (_text(key) and _text(fix) and _text(wrong) and isinstance(name, str)):

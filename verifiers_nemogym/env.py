@@ -96,7 +96,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         config_paths = await asyncio.to_thread(taskset.config_paths)
         if config.stack_url is None:
             # Rows whose container image is missing: one line now, not an error per rollout.
-            await asyncio.to_thread(taskset.check_container_images)
+            await asyncio.to_thread(taskset.check_container_images, config_paths)
         logger.info(
             "NeMo Gym %s on Python %s%s (runtime %s)",
             runtime.nemo_gym_version,

@@ -359,13 +359,13 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
             known.update(server_blocks(catalog.merged_config(catalog.config_path(extra)), AGENTS))
         return known
 
-    def check_container_images(self) -> None:
-        """For configs whose servers run rows in docker containers (`containers.sandbox`): a
-        one-line error naming the first row whose image the docker daemon does not have (and
-        how many are missing), or no daemon, before any rollout starts. Builds the runtime if
-        a config must be merged; reads no image of a provider other than docker."""
+    def check_container_images(self, config_paths: list[Path]) -> None:
+        """For `config_paths` (what `config_paths()` returned) whose servers run rows in docker
+        containers (`containers.sandbox`): a one-line error naming the first row whose image the
+        docker daemon does not have (and how many are missing), or no daemon, before any rollout
+        starts. Reads no image of a provider other than docker."""
         catalog = Catalog(self.nemo_venv)
-        plan = sandbox_plan(catalog.merged_config(path) for path in self.config_paths())
+        plan = sandbox_plan(catalog.merged_config(path) for path in config_paths)
         if plan is None or plan.docker is None:
             return
         daemon()

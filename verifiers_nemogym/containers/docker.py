@@ -47,19 +47,17 @@ class DockerHost:
     memory_bytes: int
 
 
-def _docker() -> str:
+def docker_cli() -> str:
+    """The `docker` command's path; StackError (one line) if it is not on PATH."""
     docker = shutil.which("docker")
     if docker is None:
-        raise StackError(
-            "NeMo Gym's docker sandbox provider needs the `docker` command on PATH and a "
-            "running docker daemon (Debian: apt-get install docker.io; dockerd)"
-        )
+        raise StackError("no `docker` CLI on PATH (Debian: apt-get install docker.io; dockerd)")
     return docker
 
 
 def run_docker(*args: str, timeout: float = DOCKER_TIMEOUT) -> str:
     """`docker <args>`'s stdout; a StackError with docker's last error line if it fails."""
-    argv = [_docker(), *args]
+    argv = [docker_cli(), *args]
     try:
         out = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL

@@ -34,6 +34,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
+from verifiers_nemogym.containers.docker import daemon, docker_cli, missing_images
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.util import file_lock, private_cache
 
@@ -71,29 +72,16 @@ _TAG = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$
 
 
 def docker() -> str:
-    """The docker CLI's path, after checking its daemon answers; StackError (one line) if not."""
-    cli = shutil.which("docker")
-    if cli is None:
-        raise StackError("no `docker` CLI on PATH (Debian: apt-get install docker.io)")
-    try:
-        out = subprocess.run(
-            [cli, "info", "--format", "{{.ServerVersion}}"],
-            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise StackError("the docker daemon did not answer `docker info` within 60 s") from None
-    if out.returncode != 0 or not out.stdout.strip():
-        raise StackError(f"no docker daemon answers (`docker info`: {_last_line(out.stderr)})")
+    """The docker CLI's path, after checking its daemon answers (`containers.docker`);
+    StackError (one line) if not."""
+    cli = docker_cli()
+    daemon()
     return cli
 
 
-def image_exists(tag: str, cli: str | None = None) -> bool:
+def image_exists(tag: str) -> bool:
     """Whether the local docker daemon has an image `tag`."""
-    out = subprocess.run(
-        [cli or docker(), "image", "inspect", "--format", "{{.Id}}", tag],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    return out.returncode == 0
+    return not missing_images([tag])
 
 
 def _run(args: list[str], what: str, timeout: float, **kwargs: object) -> str:
@@ -202,14 +190,14 @@ def base_image(
     and takes minutes; reusing takes one `docker image inspect`."""
     _check_tag(tag)
     cli = docker()
-    if image_exists(tag, cli):
+    if image_exists(tag):
         return tag
     debootstrap = _debootstrap()
     if os.geteuid() != 0:
         raise StackError("building the base image needs root (debootstrap chroots); run as root")
     root = private_cache("images")
     with file_lock(root / ".base.lock"):
-        if image_exists(tag, cli):
+        if image_exists(tag):
             return tag
         url = mirror or apt_mirror()
         began = time.monotonic()

@@ -22,7 +22,9 @@ RUNTIMES=("0.4.0 " "0.7.0 --allow-python-below-floor" "0.5.0 --allow-python-belo
           "0.5.1 --allow-python-below-floor" "0.6.0 --allow-python-below-floor")
 DEV_VENV=.venv-verifiers-dev
 BACKGROUND_LOGS="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$BACKGROUND_LOGS"' EXIT  # an interrupted run leaves no job
+# An interrupted run leaves no job. `|| true`: with no job left, `kill` alone is a usage error
+# (2), which under `set -e` would end the trap, and the run, with 2 whatever the tests said.
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$BACKGROUND_LOGS"' EXIT
 
 uv sync --quiet  # what `uv run` does first; the background jobs below use .venv directly
 (

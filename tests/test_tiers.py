@@ -183,3 +183,26 @@ def test_every_fast_test_is_on_the_prerelease_or_in_a_file_excluded_by_name() ->
         assert imports is None, f"{name} imports verifiers code: mark it verifiers_dev"
     static = "tests/test_static.py::test_static_check_passes"
     assert f"{static}[mypy]" not in left and f"{static}[ruff-check]" in left
+
+
+def test_run_sh_exit_trap_keeps_the_runs_status_when_no_background_job_is_left(
+    tmp_path: Path,
+) -> None:
+    """tests/run.sh ends with `exit "$status"` after every background job was waited for; its
+    EXIT trap (run under `set -e`) must then leave that status as it is, and remove the logs."""
+    source = (TESTS / "run.sh").read_text()
+    trap = re.search(r"^trap '(.+)' EXIT", source, re.MULTILINE)
+    assert trap is not None, "tests/run.sh has no EXIT trap"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    script = (
+        "set -euo pipefail\n"
+        f"BACKGROUND_LOGS={logs}\n"
+        f"trap '{trap.group(1)}' EXIT\n"
+        "(true) & wait $!\n"
+        'exit "$1"\n'
+    )
+    for status in (0, 1):
+        done = subprocess.run(["bash", "-c", script, "run.sh", str(status)], timeout=60)
+        assert done.returncode == status
+    assert not logs.exists()

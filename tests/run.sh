@@ -6,7 +6,9 @@
 #     $VF_NEMOGYM_CACHE), the container tests' images (`nemo-gym-env make-tasks`: a Debian base
 #     from debootstrap, the hand-made tasks on it) and the pre-release venv (.venv-verifiers-dev:
 #     the same lock, then the verifiers of tests/verifiers-prerelease.txt installed over it).
-#  2. The stack tier (tests/stack/), one test at a time: stacks are CPU-bound on a small machine.
+#  2. The stack tier (tests/stack/), two test files at a time: a stack test waits on much besides
+#     CPU (model and CLI round trips, containers, deadlines, Ray's node); each worker keeps its
+#     shared stacks apart (tests/stack/conftest.py).
 #  3. On the verifiers pre-release: the tests marked `verifiers_dev` (those that touch verifiers,
 #     and mypy; tests/test_tiers.py checks that every other fast test's file is excluded by
 #     name), the fast ones two files at a time, then the stack ones. prime-rl runs verifiers'
@@ -69,7 +71,7 @@ if ! wait "$DEV_VENV_PID"; then
     exit 1
 fi
 
-uv run pytest -m stack || status=1
+uv run pytest -m stack -n 2 --dist loadfile || status=1
 "$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and not stack" -n 2 --dist loadfile || status=1
-"$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and stack" || status=1
+"$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and stack" -n 2 --dist loadfile || status=1
 exit "$status"

@@ -205,6 +205,26 @@ async def test_cancelled_starter_never_leads_to_two_hosts(
     assert max(samples) == 1, f"hosts running at once: {max(samples)}"
 
 
+async def test_users_that_see_different_stacks_folders_never_share_a_host(
+    hosts: list[InProcessHost], configs: list[Path], cache: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`VF_NEMOGYM_STACKS` moves the stacks' folders: the same stack key under two of them is
+    two hosts, and `stack status` sees the hosts of its own folder only."""
+    monkeypatch.setenv(attach.STACKS_ENV_VAR, str(cache / "a"))
+    first = await join(configs, who="A")
+    same = await join(configs, who="B")
+    assert directory_of(configs).parent == cache / "a"
+    monkeypatch.setenv(attach.STACKS_ENV_VAR, str(cache / "b"))
+    other = await join(configs, who="C")
+    assert directory_of(configs).parent == cache / "b"
+    assert same.marker == first.marker and not same.started
+    assert other.started and other.marker != first.marker and len(running(hosts)) == 2
+    assert [info.directory.parent for info in await attach.list_hosts()] == [cache / "b"]
+    for user in (first, same, other):
+        await user.close()
+    await until(lambda: not running(hosts), 5, "both hosts stop after their last user")
+
+
 async def test_slow_host_is_waited_for_not_replaced(
     hosts: list[InProcessHost], configs: list[Path], monkeypatch: pytest.MonkeyPatch
 ):

@@ -64,8 +64,16 @@ LEASE_ANSWER_TIMEOUT = 30.0
 # ------------------------------------------------------------------------------ identity
 
 
+STACKS_ENV_VAR = "VF_NEMOGYM_STACKS"
+"""A folder for the shared stacks' folders other than `<cache>/stacks`: env processes share a
+stack only when they see the same one, so processes that must not share (two experiments, or
+the test suite's parallel workers) keep apart while sharing the runtimes and server venvs."""
+
+
 def stacks_root() -> Path:
-    """Where every shared stack's folder lives."""
+    """Where every shared stack's folder lives: `$VF_NEMOGYM_STACKS`, else `<cache>/stacks`."""
+    if explicit := os.environ.get(STACKS_ENV_VAR):
+        return Path(explicit).expanduser()
     return cache_root() / "stacks"
 
 

@@ -124,10 +124,10 @@ async def test_container_environments_score_and_never_cross_route(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
     """swebench_pro, terminal_bench_2_1 and swe_next (whose rows name their own image) mixed on
-    one stack through vf-eval at -c 2, OpenCode in each task's container: NeMo Gym's rewards (1.0
-    right fix, 0.0 useless edit), two rollouts in
-    flight never cross-routed (the fixer's log), every turn in the trace, and afterwards no
-    container, network or process of the stack."""
+    one stack through vf-eval at -c 3, OpenCode in each task's container: NeMo Gym's rewards
+    (1.0 right fix, 0.0 useless edit), three rollouts in flight never cross-routed (the fixer's
+    log), every turn in the trace, and afterwards no container, network or process of the
+    stack."""
     cases = [(env, right) for right in (True, False) for env in ENVS]
     table = case_rows(kit, cases, tmp_path / "rows.jsonl")
     # swebench_pro writes verifier logs beside its code: in the stack's folder, not the runtime.
@@ -137,7 +137,7 @@ async def test_container_environments_score_and_never_cross_route(
         cmd = [
             script("vf-eval"), "nemo-gym-env", "-m", "policy",
             "--client.base-url", policy.base_url, "--client.api-key-var", "FIXER_KEY",
-            "-n", str(len(cases)), "-r", "1", "-c", "2", "--no-push", "-o", str(tmp_path / "out"),
+            "-n", str(len(cases)), "-r", "1", "-c", "3", "--no-push", "-o", str(tmp_path / "out"),
             "--env.taskset.config-paths", json.dumps(config_paths(kit, ENVS)),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
@@ -360,39 +360,47 @@ async def test_a_rollout_deadline_is_an_error_and_its_container_goes_with_the_st
     # The stack's teardown (the `held` fixture) checks that no container of it is left.
 
 
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
 async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
-    nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path, how: signal.Signals
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
-    """vf-eval with a private stack, interrupted (Ctrl-C) or SIGKILLed while a rollout's
-    container runs the model's command: no container, network or process of it is left (the
-    stack's supervisor removes them; a start after a killed one sweeps what remains)."""
+    """Two vf-evals, each with a private stack, one interrupted (Ctrl-C) and one SIGKILLed
+    while its rollout's container runs the model's command: no container, network or process
+    of either is left (the stacks' supervisors remove them; a start after a killed one sweeps
+    what remains). Both at once: each waits on its container, not on the CPU."""
     (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
     before = set(stack_containers())
-    async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
-        cmd = [
-            script("vf-eval"), "nemo-gym-env", "-m", "policy",
-            "--client.base-url", policy.base_url, "--client.api-key-var", "FIXER_KEY",
-            "-n", "1", "-r", "1", "-c", "1", "--no-push", "-o", str(tmp_path / "out"),
-            "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
-            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
-            "--env.taskset.shared-stack", "false",
-            *_cli_flags(nemo_venv_07),
-        ]  # fmt: skip
-        tag, environ = run_tag(FIXER_KEY="unused")
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, env=environ, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-        )
-        try:
-            await until(lambda: any(c.step == "fix" for c in policy.log), 600, "the fix call")
-            assert set(stack_containers()) - before  # the rollout's container runs
-            os.kill(proc.pid, how)
-            await asyncio.wait_for(proc.wait(), 120)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    assert await gone(tag) == []
+
+    async def interrupted(how: signal.Signals) -> str:
+        out = tmp_path / how.name
+        async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
+            cmd = [
+                script("vf-eval"), "nemo-gym-env", "-m", "policy",
+                "--client.base-url", policy.base_url, "--client.api-key-var", "FIXER_KEY",
+                "-n", "1", "-r", "1", "-c", "1", "--no-push", "-o", str(out),
+                "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
+                "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+                "--env.taskset.shared-stack", "false",
+                *_cli_flags(nemo_venv_07),
+            ]  # fmt: skip
+            tag, environ = run_tag(FIXER_KEY="unused")
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, env=environ, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            try:
+                await until(lambda: any(c.step == "fix" for c in policy.log), 600, how.name)
+                assert set(stack_containers()) - before  # a rollout's container runs
+                os.kill(proc.pid, how)
+                await asyncio.wait_for(proc.wait(), 120)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        return tag
+
+    tags = await asyncio.gather(interrupted(signal.SIGINT), interrupted(signal.SIGKILL))
+    for tag in tags:
+        assert await gone(tag) == []
     left = await until(
         lambda: not (set(stack_containers()) - before) or None, 60, "the containers to go"
     )

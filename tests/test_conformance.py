@@ -12,31 +12,29 @@ import pytest
 from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 import nemo_gym_env
-from verifiers_nemogym import conformance
 from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.cli import main as cli_main
-from verifiers_nemogym.conformance import (
-    CI_ENVS,
-    KNOWN_REASONS,
-    LACKS_FIELDS,
-    RESCORED,
-    STACK_ENVS,
-    EnvReport,
-    MetricsComparison,
-    RowResult,
-    _error_line,
-    _example_rows,
-    _explain,
-    _start_error_line,
+from verifiers_nemogym.conformance import run as conformance_run
+from verifiers_nemogym.conformance.compare import (
     compare_answers,
-    format_report,
+    explain,
+    metrics_reason,
     model_figure,
     numbering,
     recorded_results,
-    replay_row,
     replayed_results,
-    run_conformance,
 )
+from verifiers_nemogym.conformance.report import (
+    EnvReport,
+    MetricsComparison,
+    RowResult,
+    error_line,
+    format_report,
+    start_error_line,
+)
+from verifiers_nemogym.conformance.rows import LACKS_FIELDS, example_rows, replay_row
+from verifiers_nemogym.conformance.run import STACK_ENVS, run_conformance
+from verifiers_nemogym.conformance.tables import CI_ENVS, KNOWN_REASONS, RESCORED
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.harness import record
 from verifiers_nemogym.nemo.catalog import Catalog
@@ -77,7 +75,7 @@ def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nem
     # example row: the row cannot be rebuilt, and the mismatch must say so (not "error: 500").
     catalog = Catalog(nemo_venv)
     spec = catalog.env("math_advanced_calculations")
-    examples = _example_rows(spec)
+    examples = example_rows(spec)
     rec = load_recordings(spec.example_rollouts, spec.name)[0]
     row, notes = replay_row(rec, spec, examples)
     assert "ground_truth" not in row
@@ -86,13 +84,13 @@ def test_recordings_without_the_task_fields_are_named_a_gap_in_the_recording(nem
         "prompt is in no example row)"
     ]
     result = RowResult(rec.id, rec.reward, error="agent /run answered 500", notes=notes)
-    _explain(result, set(), "0.4.0")
+    explain(result, set(), "0.4.0")
     assert result.reason is not None and result.reason.startswith("gap in the recording")
     # A recording whose prompt is an example row is rebuilt from that row's keys: no note.
     mcqa = catalog.env("mcqa")
     rec = load_recordings(mcqa.example_rollouts, "mcqa")[0]
-    row, notes = replay_row(rec, mcqa, _example_rows(mcqa))
-    assert notes == [] and set(row) == set(_example_rows(mcqa)[0]) | {"agent_ref"}
+    row, notes = replay_row(rec, mcqa, example_rows(mcqa))
+    assert notes == [] and set(row) == set(example_rows(mcqa)[0]) | {"agent_ref"}
 
 
 def test_a_start_error_is_reported_by_its_telling_line():
@@ -107,27 +105,27 @@ Error: Config value
 'policy_model_name', which is not set after merging.
 Provide it via a CLI override, in env.yaml, or in a config you pass via
 [vf-nemogym supervisor] teardown complete"""
-    assert _start_error_line(text) == (
+    assert start_error_line(text) == (
         "Error: Config value 'prime_agent_math_agent.responses_api_agents.prime_agent.model' "
         "references 'policy_model_name', which is not set after merging."
     )
     died = "host exited with status 1\nstack_host: NeMo Gym server 'x' died (ng_run exit 1)\n"
-    assert _start_error_line(died) == "stack_host: NeMo Gym server 'x' died (ng_run exit 1)"
+    assert start_error_line(died) == "stack_host: NeMo Gym server 'x' died (ng_run exit 1)"
 
 
 def test_known_reasons_apply_to_both_layouts_of_an_environment():
     # 0.7.0 ships blackjack in both layouts; its unseeded deals are the same property in both.
     for recording in ("blackjack:2", "environments/blackjack:2"):
         result = RowResult(recording, 1.0, reward=-1.0)
-        _explain(result, set(), "0.7.0")
+        explain(result, set(), "0.7.0")
         assert result.reason == KNOWN_REASONS["blackjack"]
     # A release's rescored recording gets its reason only with the reward that release gives.
     (reward, why) = RESCORED["0.7.0"]["mcqa:3"]
     result = RowResult("mcqa:3", 0.0, reward=reward)
-    _explain(result, set(), "0.7.0")
+    explain(result, set(), "0.7.0")
     assert result.reason == why
     result = RowResult("mcqa:3", 0.0, reward=reward)
-    _explain(result, set(), "0.4.0")
+    explain(result, set(), "0.4.0")
     assert result.reason == f"reward {reward!r}, recorded 0.0"
 
 
@@ -138,9 +136,9 @@ async def test_long_lists_run_as_successive_stacks_in_order(monkeypatch):
         stacks.append(list(envs))
         return [EnvReport(e) for e in envs]
 
-    monkeypatch.setattr(conformance, "run_conformance", fake)
+    monkeypatch.setattr(conformance_run, "run_conformance", fake)
     names = [f"env{i}" for i in range(STACK_ENVS * 2 + 1)]
-    reports = await conformance.run_in_stacks([*names, "env0"], concurrency=1)
+    reports = await conformance_run.run_in_stacks([*names, "env0"], concurrency=1)
     assert [r.env for r in reports] == names
     assert [len(s) for s in stacks] == [STACK_ENVS, STACK_ENVS, 1]
 
@@ -154,9 +152,9 @@ async def test_a_stack_that_does_not_start_costs_only_the_environments_that_brok
             raise StackError("NeMo Gym stack exited during start (exit 1)\nProcess `broken` died")
         return [EnvReport(e) for e in envs]
 
-    monkeypatch.setattr(conformance, "run_conformance", fake)
+    monkeypatch.setattr(conformance_run, "run_conformance", fake)
     names = ["env0", "broken", *[f"env{i}" for i in range(1, STACK_ENVS + 1)]]
-    reports = await conformance.run_in_stacks(names, concurrency=1)
+    reports = await conformance_run.run_in_stacks(names, concurrency=1)
     assert [r.env for r in reports] == names
     # The failed batch runs again one per stack; the next batch is not affected.
     assert runs == [names[:STACK_ENVS], *([n] for n in names[:STACK_ENVS]), names[STACK_ENVS:]]
@@ -171,7 +169,7 @@ def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_r
     # gymnasium_agent's /run echoes the row's input with the reset observation appended; grl's
     # five example rows share one prompt and differ by seed: `_ng_task_index` names the row.
     spec = Catalog(nemo_venv).env("grl_sokoban")
-    examples = _example_rows(spec)
+    examples = example_rows(spec)
     assert len({json.dumps(x["responses_create_params"]["input"]) for x in examples}) == 1
     for rec in load_recordings(spec.example_rollouts, spec.name):
         row, notes = replay_row(rec, spec, examples)
@@ -184,8 +182,8 @@ def test_gymnasium_recordings_lose_the_reset_observation_and_find_their_seeded_r
     # Same empty input for every SciCode row: the task fields tell the rows apart.
     scicode = Catalog(nemo_venv).env("scicode")
     for rec in load_recordings(scicode.example_rollouts, "scicode"):
-        row, _ = replay_row(rec, scicode, _example_rows(scicode))
-        example = next(x for x in _example_rows(scicode) if x["problem_id"] == row["problem_id"])
+        row, _ = replay_row(rec, scicode, example_rows(scicode))
+        example = next(x for x in example_rows(scicode) if x["problem_id"] == row["problem_id"])
         assert row["sub_steps"] == example["sub_steps"]
 
 
@@ -196,15 +194,15 @@ def test_errors_in_the_report_do_not_carry_the_proxy_secret():
     redact.protect(secret)  # what a running proxy does with its secret
     try:
         for text in (f"/run answered 500: {body}", f"/run answered 500: {json.dumps(body)}"):
-            line = _error_line(text)
+            line = error_line(text)
             assert secret not in line and "vf_nemogym_secret" in line and "r1" in line
             assert redact.REDACTED in line
     finally:
         redact.forget(secret)
     # In its wire form a secret is redacted live or not (another user's, a finished one's);
     # elsewhere only live secrets are.
-    assert secret not in _error_line(body)
-    assert secret in _error_line(f"a text that mentions {secret}")
+    assert secret not in error_line(body)
+    assert secret in error_line(f"a text that mentions {secret}")
 
 
 async def test_a_start_failure_reaches_run_conformance_as_a_stack_error(nemo_venv):
@@ -232,7 +230,7 @@ def test_a_row_rebuilt_without_its_example_row_drops_what_verify_added(nemo_venv
     task fields (the verifier reads `question`, `expected_answer`) and drops the verdict fields
     `/verify` added, which omniscience's verifier would get twice and fail on."""
     spec = Catalog(nemo_venv).env("omniscience")
-    examples = _example_rows(spec)
+    examples = example_rows(spec)
     for rec in load_recordings(spec.example_rollouts, "omniscience"):
         assert {"verdict", "judge_output", "is_correct"} <= set(rec.row)
         row, _ = replay_row(rec, spec, examples)
@@ -335,7 +333,7 @@ def test_the_report_gives_each_agents_metrics_comparison_and_why():
     differs = MetricsComparison(
         "mcqa_simple_agent", recorded=2, replayed=1, figures=30,
         differing={"key_metrics.mean/reward": (0.5, 1.0)},
-        reason=conformance._metrics_reason(rows, {"key_metrics.mean/reward": (0.5, 1.0)}),
+        reason=metrics_reason(rows, {"key_metrics.mean/reward": (0.5, 1.0)}),
     )  # fmt: skip
     lost = MetricsComparison("y_agent", recorded=5, replayed=0, error="no replayed rollouts")
     reports = [
@@ -357,12 +355,12 @@ def test_the_report_gives_each_agents_metrics_comparison_and_why():
     new_fields = {"agent_metrics.mean/exact_match": (None, 1.0),
                   "group_level_metrics.0.rollout_infos.0.exact_match": (None, 1.0),
                   "agent_metrics.mean/old_score": (0.5, None)}  # fmt: skip
-    assert conformance._metrics_reason(matched, new_fields) == (
+    assert metrics_reason(matched, new_fields) == (
         "every reward matched; the release's verifier returns fields the recordings lack "
         "(exact_match); the recordings have fields it no longer returns (old_score)"
     )
     unexplained = {"agent_metrics.mean/accuracy": (50.0, 60.0)}
-    assert conformance._metrics_reason(matched, unexplained) == (
+    assert metrics_reason(matched, unexplained) == (
         "every reward matched, yet figures of accuracy differ (not explained)"
     )
     # An agent two environments' rows ran on is named with both.
@@ -383,9 +381,9 @@ async def test_a_stack_that_did_not_start_is_split_without_starting_it_again(mon
             raise StackError(ray)
         return [EnvReport(e) for e in envs]
 
-    monkeypatch.setattr(conformance, "run_conformance", fake)
-    monkeypatch.setattr(conformance, "STACK_ENVS", 2)
-    reports = await conformance.run_in_stacks(["a", "b", "c", "d"], concurrency=1)
+    monkeypatch.setattr(conformance_run, "run_conformance", fake)
+    monkeypatch.setattr(conformance_run, "STACK_ENVS", 2)
+    reports = await conformance_run.run_in_stacks(["a", "b", "c", "d"], concurrency=1)
     assert runs == [["a", "b"], ["a"], ["b"], ["c", "d"], ["c"], ["d"]]
     assert [r.env for r in reports] == ["a", "b", "c", "d"]
     assert not any(r.start_error for r in reports)

@@ -4,12 +4,15 @@ own config parser reads, and `stack up/down --judge.*` name the same judge as th
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from pydantic_config import cli
 from verifiers.v1.cli.resolve import narrow_config
 from verifiers.v1.configs.cli.eval import EvalConfig
 
-from verifiers_nemogym.cli import _judge, _parser
+from verifiers_nemogym.cli import _parser
+from verifiers_nemogym.cli.arguments import judge_of
 from verifiers_nemogym.cli.local_eval import LocalEvalOptions, vf_eval_command
 
 pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
@@ -39,11 +42,46 @@ def test_stack_up_and_down_take_the_judge(monkeypatch: pytest.MonkeyPatch) -> No
         "--judge.api-key-var", "VF_NEMOGYM_TEST_JUDGE_KEY", "--judge.api", "responses",
     ]  # fmt: skip
     for command in (["stack", "up", "simpleqa"], ["stack", "down", "simpleqa"]):
-        judge = _judge(_parser().parse_args([*command, *flags]))
+        judge = judge_of(_parser().parse_args([*command, *flags]))
         assert judge is not None and judge.key == "a-judge-key-123456"
         assert (judge.base_url, judge.model, judge.api) == (
             "http://127.0.0.1:9/v1",
             "m",
             "responses",
         )
-    assert _judge(_parser().parse_args(["stack", "up", "simpleqa"])) is None
+    assert judge_of(_parser().parse_args(["stack", "up", "simpleqa"])) is None
+
+
+def test_judge_flags_are_the_judge_configs_own_fields_with_their_docstrings() -> None:
+    # One flag per field NeMoGymJudgeConfig declares itself, explained as docs/options.md does.
+    from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
+    from verifiers_nemogym.options import options
+
+    documented = {
+        "--judge." + o.key.replace("_", "-"): o.doc
+        for o in options(NeMoGymJudgeConfig)
+        if o.owner == NeMoGymJudgeConfig.__module__
+    }
+    assert set(documented) == {
+        "--judge.base-url", "--judge.model", "--judge.api-key-var", "--judge.api",
+        "--judge.enable-optional",
+    }  # fmt: skip
+
+    def sub(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+        (found,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return found.choices[name]
+
+    stack = sub(_parser(), "stack")
+    for parser in (sub(stack, "up"), sub(stack, "down"), sub(_parser(), "metrics")):
+        flags = {o: a.help for a in parser._actions for o in a.option_strings if "judge." in o}
+        assert flags == documented, parser.prog
+
+
+def test_metrics_hands_on_only_the_judge_fields_given() -> None:
+    from verifiers_nemogym.cli.arguments import judge_fields
+
+    assert judge_fields(_parser().parse_args(["metrics", "out"])) is None
+    given = _parser().parse_args(
+        ["metrics", "out", "--judge.model", "m", "--judge.enable-optional"]
+    )
+    assert judge_fields(given) == {"model": "m", "enable_optional": True}

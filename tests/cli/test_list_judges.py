@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from verifiers_nemogym.cli import main
-from verifiers_nemogym.conformance import WITH_JUDGE, runs_here
+from verifiers_nemogym.conformance.tables import WITH_JUDGE, runs_here
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 

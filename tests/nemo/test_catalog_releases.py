@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verifiers_nemogym.conformance import NOT_OFFLINE, offline_status
+from verifiers_nemogym.conformance.tables import NOT_OFFLINE, offline_status
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.nemo import venv as venv_module
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, RESOURCES_SERVERS, Catalog

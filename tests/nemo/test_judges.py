@@ -100,10 +100,10 @@ def test_the_judge_and_its_key_are_part_of_a_shared_stacks_identity(
 
 
 def test_list_says_which_environments_need_a_judge(nemo_venv: NeMoGymVenv) -> None:
-    from verifiers_nemogym.cli import _list_table
+    from verifiers_nemogym.cli.list import list_table
 
     rows = {line.split("|")[1].strip(): line.split("|")[4].strip()
-            for line in _list_table(nemo_venv).splitlines() if line.startswith("| ")}  # fmt: skip
+            for line in list_table(nemo_venv).splitlines() if line.startswith("| ")}  # fmt: skip
     assert rows["simpleqa"] == rows["equivalence_llm_judge"] == "needs --env.taskset.judge"
     assert rows["xstest"] == "needs --env.taskset.judge: a WildGuard-style safety classifier"
     assert rows["math_with_judge"].startswith("optional")

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 
 import nemo_gym_env
-from verifiers_nemogym.conformance import CI_ENVS, RESCORED, format_report, run_conformance
+from verifiers_nemogym.conformance.report import format_report
+from verifiers_nemogym.conformance.run import run_conformance
+from verifiers_nemogym.conformance.tables import CI_ENVS, RESCORED
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR
 

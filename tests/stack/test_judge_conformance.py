@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 
 import nemo_gym_env
-from verifiers_nemogym.conformance import JUDGE_REPLAY, format_report, run_conformance
+from verifiers_nemogym.conformance.report import format_report
+from verifiers_nemogym.conformance.run import run_conformance
+from verifiers_nemogym.conformance.tables import JUDGE_REPLAY
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.replay import load_recordings

@@ -1,9 +1,10 @@
 """`nemo-gym-env eval-local`: a real `vf-eval nemo-gym-env` run against the local CPU model.
 
-Contract: `run_local_eval(options)` starts a `LocalModelServer`, runs `vf-eval nemo-gym-env` as a
-child process pointed at it (no API key, nothing pushed), stops the server when vf-eval ends (or
-fails, or Ctrl-C), and returns vf-eval's exit status. vf-eval prints its own progress and summary;
-arguments after `--` go to vf-eval unchanged (and win over the defaults set here).
+Contract: `add_parser`/`run` are the command. `run_local_eval(options)` starts a
+`LocalModelServer`, runs `vf-eval nemo-gym-env` as a child process pointed at it (no API key,
+nothing pushed), stops the server when vf-eval ends (or fails, or Ctrl-C), and returns vf-eval's
+exit status. vf-eval prints its own progress and summary; arguments after `--` go to vf-eval
+unchanged (and win over the defaults set here).
 
 With `train`, vf-eval runs with verifiers' train client (`--client.type train`): the server is
 reached through `GenerateAdapter` (vLLM's `/inference/v1/generate` on llama.cpp's `/completion`),
@@ -13,6 +14,7 @@ records real token ids and logprobs; `token_counts` reads back how many did.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -22,15 +24,18 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.supervisor import die_with_parent
+from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.local_model import (
     ChatTemplate,
     LocalModelServer,
+    chat_template_choice,
     packaged_model_path,
 )
 
@@ -38,6 +43,65 @@ logger = logging.getLogger(__name__)
 
 # Any value works: the local server checks no key, but verifiers reads one from this variable.
 _KEY_VAR = "VF_NEMOGYM_LOCAL_KEY"
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = commands.add_parser(
+        "eval-local", help="vf-eval with a local CPU model, no API key (after --: vf-eval args)"
+    )
+    parser.set_defaults(func=run)
+    parser.add_argument("env", nargs="?", default="example_single_tool_call", metavar="ENV")
+    parser.add_argument("-n", type=int, default=3, help="rows to evaluate (default 3)")
+    parser.add_argument("-r", type=int, default=1, help="rollouts per row (default 1)")
+    parser.add_argument("-c", type=int, default=2, help="rollouts at once (default 2)")
+    parser.add_argument("--max-turns", type=int, default=4, help="model calls per rollout")
+    parser.add_argument("--gguf", type=Path, default=None, help="a GGUF model file of your own")
+    parser.add_argument(
+        "--chat-template", default="fenced-json", help="fenced-json (default), model, or a file"
+    )
+    parser.add_argument("-o", "--output-dir", type=Path, default=Path("outputs"))
+    parser.add_argument(
+        "--judge",
+        choices=["local"],
+        default=None,
+        help="local: the local model also judges (NeMo Gym's LLM-judge environments)",
+    )
+    parser.add_argument(
+        "--train", action="store_true", help="verifiers' train client: token ids on every call"
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `run_local_eval` with the parsed options (`args.vf_eval_args`: what followed `--`);
+    with `--train`, then print how many model calls recorded token ids. vf-eval's exit status.
+    """
+    ensure_venv(args.nemo_gym_version, args.python)  # before the model starts: fail fast
+    began = time.time()
+    status = run_local_eval(
+        LocalEvalOptions(
+            nemo_env=args.env,
+            num_tasks=args.n,
+            rollouts=args.r,
+            concurrency=args.c,
+            max_turns=args.max_turns,
+            gguf=args.gguf,
+            chat_template=chat_template_choice(args.chat_template),
+            output_dir=args.output_dir,
+            nemo_gym_version=args.nemo_gym_version,
+            python=args.python,
+            vf_eval_args=args.vf_eval_args,
+            train=args.train,
+            judge=args.judge,
+        )
+    )
+    if args.train:
+        tokens, calls, rollouts = token_counts(args.output_dir, began)
+        print(
+            f"train mode: {tokens}/{calls} model calls recorded token ids and logprobs "
+            f"({rollouts} rollouts)"
+        )
+    return status
 
 
 @dataclass

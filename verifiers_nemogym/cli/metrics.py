@@ -1,4 +1,4 @@
-"""`nemo-gym-env metrics PATH [--json]`: NeMo Gym's aggregate metrics of recorded traces.
+"""`nemo-gym-env metrics PATH [--json] [--judge.*]`: NeMo Gym's aggregate metrics of traces.
 
 The path is read (and refused when it holds no traces) before verifiers is imported or anything
 is started."""
@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from verifiers_nemogym import metrics
+from verifiers_nemogym.cli.arguments import add_judge_arguments, judge_fields
 from verifiers_nemogym.errors import ConfigError
 
 logger = logging.getLogger("verifiers_nemogym.cli")
@@ -22,6 +23,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "metrics",
         help="NeMo Gym's aggregate metrics of a vf-eval run or prime-rl's traces",
     )
+    parser.set_defaults(func=run)
     parser.add_argument(
         "path",
         type=Path,
@@ -35,10 +37,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help=f"print NeMo Gym's whole answer, as vf-eval writes it ({metrics.METRICS_FILE}); "
         "for several runs, one object keyed by run folder",
     )
+    add_judge_arguments(parser)  # a judge environment's stack names its judge (none is called)
     return parser
 
 
-def run(args: argparse.Namespace, judge: dict[str, object] | None) -> int:
+def run(args: argparse.Namespace) -> int:
     """Compute and print: key metrics per agent, or with `--json` the whole file's text; for a
     folder of several runs, each run's, headed by its folder."""
     found = metrics.runs(args.path)
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace, judge: dict[str, object] | None) -> int:
         path: asyncio.run(
             metrics.compute(
                 rollouts,
-                judge=judge,
+                judge=judge_fields(args),
                 nemo_gym_version=args.nemo_gym_version,
                 python=args.python,
             )

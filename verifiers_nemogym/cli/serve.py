@@ -1,28 +1,110 @@
 """`nemo-gym-env serve scripted|replay|tokens|answers|fixer`: one of the package's model
 servers, until Ctrl-C.
 
-Contract: `serve(policy)` starts `policy` (a `ScriptedPolicy`, `ReplayPolicy`, `AnswerKeyPolicy`,
-`FixerPolicy` or `TokenServer`), writes one line naming its base URL to stdout, and serves until
-SIGINT or SIGTERM; then it stops the server and returns. `replay_index(...)` loads the recordings
-a replay server answers from; `answer_key_policy(...)` builds an answer-key server from rows;
-`fixer_policy(...)` builds a fixer server from task tables.
+Contract: `add_parser`/`run` are the command. `serve(policy)` starts `policy` (a
+`ScriptedPolicy`, `ReplayPolicy`, `AnswerKeyPolicy`, `FixerPolicy` or `TokenServer`), writes one
+line naming its base URL to stdout, and serves until SIGINT or SIGTERM; then it stops the server
+and returns. `replay_index(...)` loads the recordings a replay server answers from;
+`answer_key_policy(...)` builds an answer-key server from rows; `fixer_policy(...)` builds a
+fixer server from task tables.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
 from pathlib import Path
 
+from verifiers_nemogym.cli.arguments import UsageError
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.answer_key import AnswerKeyPolicy, AnswerRow, load_answer_key
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask, load_fix_tasks
-from verifiers_nemogym.policies.replay import Recording, ReplayIndex, load_recordings
+from verifiers_nemogym.policies.replay import Recording, ReplayIndex, ReplayPolicy, load_recordings
+from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.server import ResponsesServer
-from verifiers_nemogym.policies.token_server import TokenServer
+from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = commands.add_parser("serve", help="run one of the package's model servers alone")
+    parser.set_defaults(func=run)
+    servers = parser.add_subparsers(dest="server", required=True)
+    scripted = servers.add_parser("scripted", help="calls the first tool once, then answers")
+    replay = servers.add_parser("replay", help="answers with NeMo Gym's recorded model turns")
+    replay.add_argument("--env", action="append", default=[], help="NeMo Gym environment name")
+    replay.add_argument(
+        "--rollouts", action="append", default=[], type=Path, help="recorded rollouts JSONL"
+    )
+    tokens = servers.add_parser(
+        "tokens", help="a scripted vLLM /inference/v1/generate server with a real tokenizer"
+    )
+    tokens.add_argument("--max-model-len", type=int, default=None, help="reported context size")
+    tokens.add_argument(
+        "--model",
+        default="token-server",
+        help="the model name /v1/models lists (prime-rl's orchestrator.model.name)",
+    )
+    answers = servers.add_parser(
+        "answers", help="answers rows' math questions (Chat, Responses, Anthropic Messages)"
+    )
+    answers.add_argument(
+        "--env", action="append", default=[], help="NeMo Gym environment: its example rows"
+    )
+    answers.add_argument(
+        "--rows", action="append", default=[], type=Path, help="JSONL: question, expected_answer"
+    )
+    answers.add_argument(
+        "--wrong", default="", help="row indices (0-based, comma-separated) to answer wrong"
+    )
+    fixer = servers.add_parser(
+        "fixer", help="fixes container tasks in OpenCode's dialect (a bash tool call, then done)"
+    )
+    fixer.add_argument(
+        "--tasks", action="append", default=[], type=Path, help="JSONL: key, fix, wrong[, name]"
+    )
+    fixer.add_argument(
+        "--wrong", default="", help="task indices (0-based, comma-separated) to fix wrongly"
+    )
+    for server in (scripted, replay, tokens, answers, fixer):  # always on 127.0.0.1
+        server.add_argument("--port", type=int, default=8000, help="0 picks a free one")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the server `args.server` names and serve it until SIGINT/SIGTERM (`serve`); a
+    server given nothing to answer from is a UsageError."""
+    if args.server == "scripted":
+        serve(ScriptedPolicy(port=args.port, record=False), "scripted policy")
+    elif args.server == "tokens":
+        server = TokenServer(
+            packaged_tokenizer(), port=args.port, model=args.model, max_model_len=args.max_model_len
+        )
+        serve(server, f"token server (model {server.model!r})")
+    elif args.server == "answers":
+        if not args.env and not args.rows:
+            raise UsageError("serve answers: give at least one --env NAME or --rows FILE")
+        answers = answer_key_policy(
+            args.env, args.rows, args.wrong, args.port, args.nemo_gym_version, args.python
+        )
+        right = len(answers.rows) - len(answers.wrong)
+        serve(answers, f"answer-key policy ({right} rows right, {len(answers.wrong)} wrong)")
+    elif args.server == "fixer":
+        if not args.tasks:
+            raise UsageError("serve fixer: give at least one --tasks FILE")
+        fixer = fixer_policy(args.tasks, args.wrong, args.port)
+        right = len(fixer.tasks) - len(fixer.wrong)
+        serve(fixer, f"fixer policy ({right} tasks right, {len(fixer.wrong)} wrong)")
+    else:
+        if not args.env and not args.rollouts:
+            raise UsageError("serve replay: give at least one --env NAME or --rollouts FILE")
+        index = replay_index(args.env, args.rollouts, args.nemo_gym_version, args.python)
+        policy = ReplayPolicy(port=args.port, record=False, index=index)
+        serve(policy, f"replay policy ({len(index.recordings)} recordings)")
+    return 0
 
 
 def replay_index(

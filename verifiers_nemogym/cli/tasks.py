@@ -21,6 +21,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "make-tasks",
         help="build the hand-made container tasks' images and write their rows and overrides",
     )
+    parser.set_defaults(func=run)
     parser.add_argument("out", type=Path, metavar="OUT", help="folder for rows and configs")
     parser.add_argument(
         "--opencode", default=DEFAULT_OPENCODE, help="OpenCode version baked into the images"

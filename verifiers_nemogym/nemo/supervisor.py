@@ -23,13 +23,15 @@ Exit status: the command's exit status, or 0 if it was stopped by the teardown.
 
 Its argument parsing and exit stay here rather than in `verifiers_nemogym.cli`: it is a program
 of its own, run by file path with `python -I`, that must not import the package (or anything
-outside the standard library). For that reason it is also the package's one reader of /proc (the
-supervisor needs one that imports nothing), which the tests and benchmarks use too (they read
-only a port's owner and CPU time themselves): `pids`, `environ_of`, `env_value`, `argv_of`,
-`parent_of`, `cwd_of`, `uid_of`, `alive`, `rss_bytes`, `processes_with_env` (the scan by an
-environment entry), `descendants`, and `count_stack_programs` (the count of a stack's programs
-among the processes of a scan). Its `die_with_parent` (the parent-death signal of a child it
-starts) serves the package's and the benchmarks' other child processes too.
+outside the standard library). For that reason it also holds the package's process readers of
+/proc (the supervisor needs ones that import nothing), which the tests and benchmarks use too:
+`pids`, `environ_of`, `env_value`, `argv_of`, `parent_of`, `cwd_of`, `uid_of`, `alive`,
+`rss_bytes`, `processes_with_env` (the scan by an environment entry), `descendants`, and
+`count_stack_programs` (the count of a stack's programs among the processes of a scan). Its
+`die_with_parent` (the parent-death signal of a child it starts) serves the package's and the
+benchmarks' other child processes too. Other /proc reads are one fact each, where it is needed:
+`metrics.py` (this process's open files), and in the tests and benchmarks a port's owner, open
+file descriptors, memory, CPU time and a process's name or environment.
 """
 
 from __future__ import annotations

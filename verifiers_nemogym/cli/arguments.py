@@ -1,0 +1,69 @@
+"""What more than one command takes: the `--judge.*` options (`stack up|down`, `metrics`),
+and `UsageError`, a command's complaint about its arguments.
+
+The `--judge.*` options are generated from `NeMoGymJudgeConfig`: one per field that class
+declares itself (the fields this package documents: `base_url`, `model`, `api_key_var`, `api`,
+`enable_optional`), each named, typed and explained as `--env.taskset.judge.*` is in
+docs/options.md (`options.options`, the field's attribute docstring), so a field added there
+is a flag here with no second copy."""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verifiers_nemogym.judge.endpoint import Judge
+
+
+class UsageError(Exception):
+    """Arguments argparse accepts but the command cannot run with: `main` reports it as
+    argparse reports its own errors (usage, message, exit status 2)."""
+
+
+def _judge_fields() -> list[tuple[str, Any, str]]:
+    """(field, annotation, help text) of every field `NeMoGymJudgeConfig` declares itself."""
+    from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
+    from verifiers_nemogym.options import options
+
+    fields = NeMoGymJudgeConfig.model_fields
+    return [
+        (o.key, fields[o.key].annotation, o.doc)
+        for o in options(NeMoGymJudgeConfig)
+        if o.owner == NeMoGymJudgeConfig.__module__
+    ]
+
+
+def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--judge.<field>` (dest `judge_<field>`) for each judge field (module doc): a bool field
+    is a switch, a `Literal` one takes its choices; unset, each is None (False for a switch)."""
+    group = parser.add_argument_group(
+        "judge", "the judge of a stack, named as vf-eval's --env.taskset.judge.* names it"
+    )
+    for name, annotation, doc in _judge_fields():
+        flag, dest = "--judge." + name.replace("_", "-"), f"judge_{name}"
+        text = doc.replace("%", "%%")  # argparse formats help with %
+        if annotation is bool:
+            group.add_argument(flag, dest=dest, action="store_true", help=text)
+        elif typing.get_origin(annotation) is typing.Literal:
+            group.add_argument(flag, dest=dest, choices=typing.get_args(annotation), help=text)
+        else:
+            group.add_argument(flag, dest=dest, default=None, help=text)
+
+
+def judge_fields(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `--judge.*` arguments given, as `--env.taskset.judge` fields (a switch only when on),
+    or None when none was given."""
+    given = {name: getattr(args, f"judge_{name}") for name, _, _ in _judge_fields()}
+    chosen = {k: v for k, v in given.items() if v is not None and v is not False}
+    return chosen or None
+
+
+def judge_of(args: argparse.Namespace) -> Judge | None:
+    """The judge the `--judge.*` arguments name, with its key (ConfigError when its key variable
+    is not set), or None when none was given."""
+    from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
+
+    fields = judge_fields(args)
+    return None if fields is None else NeMoGymJudgeConfig(**fields).endpoint()

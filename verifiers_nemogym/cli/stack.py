@@ -1,0 +1,155 @@
+"""`nemo-gym-env stack up|status|down`: persistent shared NeMo Gym stacks that env processes
+attach to (docs/shared-stacks.md); the lease protocol itself is `nemo/attach.py`'s."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from verifiers_nemogym import tls
+from verifiers_nemogym.cli.arguments import add_judge_arguments, judge_of
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.venv import ensure_venv
+
+if TYPE_CHECKING:
+    from verifiers_nemogym.nemo.attach import HostInfo
+    from verifiers_nemogym.nemo.ray_cluster import RayCluster
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = commands.add_parser("stack", help="shared NeMo Gym stacks that vf-eval attaches to")
+    parser.set_defaults(func=run)
+    stack_commands = parser.add_subparsers(dest="stack_command", required=True)
+    up = stack_commands.add_parser("up", help="start (or keep) a stack until `stack down`")
+    up.add_argument("envs", nargs="+", metavar="ENV", help="NeMo Gym environment name(s)")
+    up.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="stop after this many seconds without users (default: only on `stack down`)",
+    )
+    up.add_argument("--start-timeout", type=float, default=900.0)
+    up.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="also serve env processes on other hosts there, with TLS and an access token "
+        "(docs/shared-stacks.md#across-hosts); default: loopback only",
+    )
+    status = stack_commands.add_parser("status", help="list the shared stacks running here")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    down = stack_commands.add_parser("down", help="stop shared stacks and wait for them")
+    down.add_argument("envs", nargs="*", metavar="ENV", help="default: every shared stack")
+    for named in (up, down):  # the judge and the Ray cluster are part of a stack's identity
+        add_judge_arguments(named)
+        named.add_argument(
+            "--ray-address",
+            default=None,
+            metavar="HOST:PORT",
+            help="join this Ray cluster (its head's GCS port) instead of a private Ray; its "
+            "token from RAY_AUTH_TOKEN_PATH, RAY_AUTH_TOKEN or ~/.ray/auth_token",
+        )
+    return parser
+
+
+def _ray(args: argparse.Namespace) -> RayCluster | None:
+    """The Ray cluster `--ray-address` names (its token as Ray reads it), or None."""
+    from verifiers_nemogym.nemo.ray_cluster import RayCluster
+
+    return RayCluster.from_environ(args.ray_address) if args.ray_address else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """`stack up|status|down`: print what happened; exit 1 if `down` found nothing to stop."""
+    from verifiers_nemogym.nemo import attach
+
+    if args.stack_command == "up" and args.listen is not None:
+        tls.check_bindable(*tls.parse_listen(args.listen))  # before anything starts
+    runtime = ensure_venv(args.nemo_gym_version, args.python)
+    catalog = Catalog(runtime)
+
+    def config_paths(envs: list[str]) -> list[Path]:
+        return [p for name in envs for p in catalog.env(name).config_paths]
+
+    if args.stack_command == "status":
+        return _status(args.json, asyncio.run(attach.list_hosts()))
+    judge, ray = judge_of(args), _ray(args)
+    if args.stack_command == "up":
+        info = asyncio.run(
+            attach.bring_up(
+                runtime,
+                config_paths(args.envs),
+                idle_timeout=args.idle_timeout,
+                start_timeout=args.start_timeout,
+                judge=judge,
+                listen=args.listen,
+                ray=ray,
+            )
+        )
+        print(_describe(info))
+        if listen := info.get("listen"):
+            print(_describe_listen(listen))
+        return 0
+    hosts = asyncio.run(attach.list_hosts())
+    wanted = attach.stack_key(runtime, config_paths(args.envs), judge, ray) if args.envs else None
+    stopped = 0
+    for host in hosts:
+        if wanted is not None and host.directory.name != wanted:
+            continue
+        if host.status is None and host.pid is None:
+            continue  # a socket nothing answers on, and no host process: nothing to stop
+        # A host that does not answer (starting, wedged) is stopped by its pid.
+        by_pid = None if host.status is not None else host.pid
+        pid = asyncio.run(attach.take_down(host.directory, pid=by_pid))
+        print(f"stopped shared stack {host.directory.name} (host pid {pid})")
+        stopped += 1
+    if not stopped:
+        print("no matching shared NeMo Gym stack is running", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _status(as_json: bool, hosts: list[HostInfo]) -> int:
+    """`stack status`: each host's status (or why it gave none)."""
+    if as_json:
+        print(json.dumps([h.status or {"error": h.error} for h in hosts], indent=2))
+        return 0
+    if not hosts:
+        print("no shared NeMo Gym stack is running")
+    for host in hosts:
+        print(_describe(host.status) if host.status else f"{host.directory}: {host.error}")
+        if host.status and (listen := host.status.get("listen")):
+            print(_describe_listen(listen))
+    return 0
+
+
+def _describe(info: dict[str, Any]) -> str:
+    timeout = info.get("idle_timeout")
+    idle = "until `stack down`" if timeout is None else f"idle timeout {timeout} s"
+    return (
+        f"shared stack {info['key']}: host pid {info['pid']}, head {info['head_url']}, "
+        f"agents {', '.join(sorted(info['run_urls']))}, {info['users']} user(s), {idle}, "
+        f"NeMo Gym {info['nemo_gym_version']} (Python {info['python_version']}), "
+        + (
+            f"judge {judge['model']} at {judge['base_url']}, "
+            if (judge := info.get("judge"))
+            else ""
+        )
+        + (f"Ray cluster {ray}, " if (ray := info.get("ray_address")) else "")
+        + f"log {info['log']}"
+    )
+
+
+def _describe_listen(listen: dict[str, Any]) -> str:
+    """What env processes on other hosts need (the token itself is never printed)."""
+    return (
+        f"listening for env processes on other hosts at {listen['url']}\n"
+        f"  --env.taskset.stack-url {listen['url']} --env.taskset.stack-pin {listen['pin']}\n"
+        f"  access token: the file {listen['token_file']} (mode 0600; hand it over as a file, "
+        f"--env.taskset.stack-token-file FILE, or in ${tls.TOKEN_ENV_VAR}: never on a "
+        "command line)"
+    )

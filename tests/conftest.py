@@ -3,9 +3,9 @@
 Tiers: every test under tests/stack/ (one that starts a NeMo Gym stack, a model server, an
 install or NeMo Gym's config resolver) is marked `stack` by its path, here, and no test
 elsewhere may carry that mark; `pytest -m "not stack"` runs the rest in a few minutes (given
-the cached NeMo Gym runtime venvs; `-n 2 --dist loadfile`, as tests/run.sh runs it). A test outside tests/stack/ that starts a stack or a local
-model server fails (see `launches`), and the session fails if a stack or model process it
-started outlives it.
+the cached NeMo Gym runtime venvs, and two workers, `-n 2 --dist loadfile`, as tests/run.sh runs
+it). A test outside tests/stack/ that starts a stack or a local model server fails (see
+`launches`), and the session fails if a stack or model process it started outlives it.
 """
 
 from __future__ import annotations

@@ -172,3 +172,27 @@ def test_the_checks_see_drift() -> None:
     assert _problems(["stak", "up"]) == ["stak up: no command stak"]
     assert _problems(["--nemo-gym-version", "0.7.0", "stack", "up", "ENV", "--judge.*"]) == []
     assert "test_options_page_matches_the_config" in _test_names()
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]:
+    """Every command line's command words: `setup`, `stack up`, `serve replay`, ..."""
+    found: set[str] = set()
+    for name, sub in _subparsers(parser).items():
+        found |= _commands(sub, f"{prefix}{name} ") or {f"{prefix}{name}"}
+    return found
+
+
+def test_the_cli_usage_docstring_lists_every_command() -> None:
+    import verifiers_nemogym.cli
+
+    commands = _commands(_parser())
+    listed = set()
+    for line in (verifiers_nemogym.cli.__doc__ or "").splitlines():
+        if not line.startswith("nemo-gym-env "):
+            continue
+        words = line.split()[1:]
+        named = [" ".join(words[:n]) for n in range(len(words), 0, -1)]
+        found = next((c for c in named if c in commands), None)
+        assert found is not None, f"the usage names no command: {line}"
+        listed.add(found)
+    assert listed == commands

@@ -15,9 +15,10 @@ import inspect
 import textwrap
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+if TYPE_CHECKING:  # imported where used: `declared` serves the CLI's parser without pydantic
+    from pydantic import BaseModel
 
 REGENERATE = "uv run nemo-gym-env options --markdown > docs/options.md"
 
@@ -40,10 +41,14 @@ class Option:
     """The module of the class that declares it."""
 
 
-def _declared(cls: type) -> dict[str, tuple[str, str]]:
-    """Field name -> (annotation source, attribute docstring) as `cls` itself declares them."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
+def declared(source: str, name: str | None = None) -> dict[str, tuple[str, str]]:
+    """Field name -> (annotation source, attribute docstring on one line, "" if none) as the
+    class `name` (default: the first class) in Python `source` declares them. Reads source
+    only, so a caller that must not import a config's module (the CLI's parser, which does not
+    import verifiers) can read the config's file."""
+    tree = ast.parse(textwrap.dedent(source))
+    found_class = (n for n in tree.body if isinstance(n, ast.ClassDef) and name in (None, n.name))
+    body = next(found_class).body
     found: dict[str, tuple[str, str]] = {}
     for node, after in zip(body, [*body[1:], None], strict=True):
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
@@ -62,6 +67,8 @@ def _declared(cls: type) -> dict[str, tuple[str, str]]:
 def _nested(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
     """The config class a field holds, and whether it may also be None (an optional section,
     which keeps a row of its own: its default says it is off)."""
+    from pydantic import BaseModel
+
     if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
         return annotation, False
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -74,22 +81,24 @@ def _nested(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
 def options(config: type[BaseModel] | None = None, prefix: str = "") -> list[Option]:
     """Every field of `config` (default: `NeMoGymTasksetConfig`), nested configs expanded in
     place of their own row, in the order: this package's fields, then verifiers'."""
+    from pydantic import BaseModel
+
     if config is None:
         from verifiers_nemogym.taskset import NeMoGymTasksetConfig
 
         config = NeMoGymTasksetConfig
-    declared: dict[str, tuple[type, str, str]] = {}
+    found: dict[str, tuple[type, str, str]] = {}
     for cls in reversed(config.__mro__):  # a subclass's declaration wins
         if cls is BaseModel or not (inspect.isclass(cls) and issubclass(cls, BaseModel)):
             continue
         if "__annotations__" not in vars(cls):
             continue
-        for name, (annotation, doc) in _declared(cls).items():
-            declared[name] = (cls, annotation, doc)
+        for name, (annotation, doc) in declared(inspect.getsource(cls)).items():
+            found[name] = (cls, annotation, doc)
     ours: list[Option] = []
     theirs: list[Option] = []
     for name, field in config.model_fields.items():
-        cls, annotation, doc = declared[name]
+        cls, annotation, doc = found[name]
         key = f"{prefix}{name}"
         nested, optional = _nested(field.annotation)
         if nested is not None:

@@ -4,14 +4,18 @@ and `UsageError`, a command's complaint about its arguments.
 The `--judge.*` options are generated from `NeMoGymJudgeConfig`: one per field that class
 declares itself (the fields this package documents: `base_url`, `model`, `api_key_var`, `api`,
 `enable_optional`), each named, typed and explained as `--env.taskset.judge.*` is in
-docs/options.md (`options.options`, the field's attribute docstring), so a field added there
-is a flag here with no second copy."""
+docs/options.md (the field's attribute docstring, read by `options.declared`), so a field added
+there is a flag here with no second copy."""
 
 from __future__ import annotations
 
 import argparse
-import typing
+import ast
+import functools
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from verifiers_nemogym.options import declared
 
 if TYPE_CHECKING:
     from verifiers_nemogym.judge.endpoint import Judge
@@ -22,32 +26,33 @@ class UsageError(Exception):
     argparse reports its own errors (usage, message, exit status 2)."""
 
 
-def _judge_fields() -> list[tuple[str, Any, str]]:
-    """(field, annotation, help text) of every field `NeMoGymJudgeConfig` declares itself."""
-    from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
-    from verifiers_nemogym.options import options
-
-    fields = NeMoGymJudgeConfig.model_fields
+@functools.cache
+def _judge_fields() -> list[tuple[str, ast.expr, str]]:
+    """(field, annotation, help text) of every field `NeMoGymJudgeConfig` declares itself, read
+    from judge/config.py's source: importing it imports verifiers, which costs every command
+    seconds (and `metrics` refuses a bad path before verifiers is imported)."""
+    source = (Path(__file__).parents[1] / "judge" / "config.py").read_text(encoding="utf-8")
     return [
-        (o.key, fields[o.key].annotation, o.doc)
-        for o in options(NeMoGymJudgeConfig)
-        if o.owner == NeMoGymJudgeConfig.__module__
+        (name, ast.parse(annotation, mode="eval").body, doc)
+        for name, (annotation, doc) in declared(source, "NeMoGymJudgeConfig").items()
     ]
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--judge.<field>` (dest `judge_<field>`) for each judge field (module doc): a bool field
-    is a switch, a `Literal` one takes its choices; unset, each is None (False for a switch)."""
+    """`--judge.<field>` (dest `judge_<field>`) for each judge field (module doc): a `bool` field
+    is a switch, a `Literal[...]` one takes its choices; unset, each is None (False for a
+    switch)."""
     group = parser.add_argument_group(
         "judge", "the judge of a stack, named as vf-eval's --env.taskset.judge.* names it"
     )
     for name, annotation, doc in _judge_fields():
         flag, dest = "--judge." + name.replace("_", "-"), f"judge_{name}"
         text = doc.replace("%", "%%")  # argparse formats help with %
-        if annotation is bool:
+        if isinstance(annotation, ast.Name) and annotation.id == "bool":
             group.add_argument(flag, dest=dest, action="store_true", help=text)
-        elif typing.get_origin(annotation) is typing.Literal:
-            group.add_argument(flag, dest=dest, choices=typing.get_args(annotation), help=text)
+        elif isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value) == "Literal":
+            choices = ast.literal_eval(annotation.slice)
+            group.add_argument(flag, dest=dest, choices=choices, help=text)
         else:
             group.add_argument(flag, dest=dest, default=None, help=text)
 

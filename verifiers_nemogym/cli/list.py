@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.conformance.tables import runs_here
+from verifiers_nemogym.nemo.catalog import (
+    ENVIRONMENTS,
+    RESOURCES_SERVERS,
+    Catalog,
+    EnvSpec,
+    load_config,
+)
+from verifiers_nemogym.nemo.judges import judge_need, judge_refs
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 
 
@@ -34,15 +42,6 @@ def list_table(runtime: NeMoGymVenv, resolve: bool = False) -> str:
     With `resolve`, every environment is resolved as a run would resolve it (`Catalog.env`):
     a merged config shows its agents and judge, one that does not resolve says why, and a line
     above the table counts the resolvable ones per layout."""
-    from verifiers_nemogym.conformance.tables import runs_here
-    from verifiers_nemogym.nemo.catalog import (
-        ENVIRONMENTS,
-        RESOURCES_SERVERS,
-        EnvSpec,
-        load_config,
-    )
-    from verifiers_nemogym.nemo.judges import judge_need, judge_refs
-
     catalog = Catalog(runtime)
     found = catalog.resolve_each() if resolve else [(e, None) for e in catalog.entries()]
     lines = [

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from verifiers_nemogym.errors import ConfigError
@@ -50,14 +50,22 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "eval-local", help="vf-eval with a local CPU model, no API key (after --: vf-eval args)"
     )
     parser.set_defaults(func=run)
-    parser.add_argument("env", nargs="?", default="example_single_tool_call", metavar="ENV")
-    parser.add_argument("-n", type=int, default=3, help="rows to evaluate (default 3)")
-    parser.add_argument("-r", type=int, default=1, help="rollouts per row (default 1)")
-    parser.add_argument("-c", type=int, default=2, help="rollouts at once (default 2)")
+    # Each dest is a `LocalEvalOptions` field: `run` hands them over by name.
+    parser.add_argument("nemo_env", nargs="?", default="example_single_tool_call", metavar="ENV")
+    for flag, dest, default, what in (
+        ("-n", "num_tasks", 3, "rows to evaluate"),
+        ("-r", "rollouts", 1, "rollouts per row"),
+        ("-c", "concurrency", 2, "rollouts at once"),
+    ):
+        metavar, text = flag[1].upper(), f"{what} (default {default})"
+        parser.add_argument(flag, dest=dest, metavar=metavar, type=int, default=default, help=text)
     parser.add_argument("--max-turns", type=int, default=4, help="model calls per rollout")
     parser.add_argument("--gguf", type=Path, default=None, help="a GGUF model file of your own")
     parser.add_argument(
-        "--chat-template", default="fenced-json", help="fenced-json (default), model, or a file"
+        "--chat-template",
+        type=chat_template_choice,
+        default="fenced-json",
+        help="fenced-json (default), model, or a file",
     )
     parser.add_argument("-o", "--output-dir", type=Path, default=Path("outputs"))
     parser.add_argument(
@@ -79,21 +87,7 @@ def run(args: argparse.Namespace) -> int:
     ensure_venv(args.nemo_gym_version, args.python)  # before the model starts: fail fast
     began = time.time()
     status = run_local_eval(
-        LocalEvalOptions(
-            nemo_env=args.env,
-            num_tasks=args.n,
-            rollouts=args.r,
-            concurrency=args.c,
-            max_turns=args.max_turns,
-            gguf=args.gguf,
-            chat_template=chat_template_choice(args.chat_template),
-            output_dir=args.output_dir,
-            nemo_gym_version=args.nemo_gym_version,
-            python=args.python,
-            vf_eval_args=args.vf_eval_args,
-            train=args.train,
-            judge=args.judge,
-        )
+        LocalEvalOptions(**{f.name: getattr(args, f.name) for f in fields(LocalEvalOptions)})
     )
     if args.train:
         tokens, calls, rollouts = token_counts(args.output_dir, began)

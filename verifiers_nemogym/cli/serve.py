@@ -141,11 +141,7 @@ def answer_key_policy(
             rows += load_answer_key(catalog.env(name).dataset("example"))
     for path in files:
         rows += load_answer_key(path)
-    try:
-        chosen = frozenset(int(i) for i in wrong.split(",") if i.strip())
-    except ValueError:
-        raise ConfigError(f"--wrong {wrong!r}: give row indices, e.g. --wrong 1,3") from None
-    return AnswerKeyPolicy(port=port, record=False, rows=rows, wrong=chosen)
+    return AnswerKeyPolicy(port=port, record=False, rows=rows, wrong=_indices(wrong, "row"))
 
 
 def fixer_policy(files: list[Path], wrong: str, port: int) -> FixerPolicy:
@@ -155,11 +151,15 @@ def fixer_policy(files: list[Path], wrong: str, port: int) -> FixerPolicy:
     tasks: list[FixTask] = []
     for path in files:
         tasks += load_fix_tasks(path)
+    return FixerPolicy(port=port, record=False, tasks=tasks, wrong=_indices(wrong, "task"))
+
+
+def _indices(wrong: str, what: str) -> frozenset[int]:
+    """`--wrong`'s comma-separated 0-based indices; ConfigError naming `what` they index."""
     try:
-        chosen = frozenset(int(i) for i in wrong.split(",") if i.strip())
+        return frozenset(int(i) for i in wrong.split(",") if i.strip())
     except ValueError:
-        raise ConfigError(f"--wrong {wrong!r}: give task indices, e.g. --wrong 1,3") from None
-    return FixerPolicy(port=port, record=False, tasks=tasks, wrong=chosen)
+        raise ConfigError(f"--wrong {wrong!r}: give {what} indices, e.g. --wrong 1,3") from None
 
 
 async def _serve(policy: ResponsesServer | TokenServer, what: str) -> None:

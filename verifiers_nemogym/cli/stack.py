@@ -17,7 +17,6 @@ from verifiers_nemogym.nemo.venv import ensure_venv
 
 if TYPE_CHECKING:
     from verifiers_nemogym.nemo.attach import HostInfo
-    from verifiers_nemogym.nemo.ray_cluster import RayCluster
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -56,16 +55,10 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def _ray(args: argparse.Namespace) -> RayCluster | None:
-    """The Ray cluster `--ray-address` names (its token as Ray reads it), or None."""
-    from verifiers_nemogym.nemo.ray_cluster import RayCluster
-
-    return RayCluster.from_environ(args.ray_address) if args.ray_address else None
-
-
 def run(args: argparse.Namespace) -> int:
     """`stack up|status|down`: print what happened; exit 1 if `down` found nothing to stop."""
     from verifiers_nemogym.nemo import attach
+    from verifiers_nemogym.nemo.ray_cluster import RayCluster
 
     if args.stack_command == "up" and args.listen is not None:
         tls.check_bindable(*tls.parse_listen(args.listen))  # before anything starts
@@ -77,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.stack_command == "status":
         return _status(args.json, asyncio.run(attach.list_hosts()))
-    judge, ray = judge_of(args), _ray(args)
+    judge = judge_of(args)
+    # The cluster `--ray-address` names, its token read as Ray reads it.
+    ray = RayCluster.from_environ(args.ray_address) if args.ray_address else None
     if args.stack_command == "up":
         info = asyncio.run(
             attach.bring_up(

@@ -1,6 +1,12 @@
-"""Comparisons of a replay with its recordings: why a reward differs (`explain`), and NeMo Gym's
-aggregate metrics of the recorded rows next to those of the replayed traces (`compare_metrics`,
-per agent, figure by figure: `compare_answers`)."""
+"""Comparisons of a replay with its recordings: why a reward differs (`explain`), and the
+aggregate metrics (`compare_metrics`, figure by figure: `compare_answers`).
+
+The aggregate metrics are compared while the stack runs: for each agent, NeMo Gym's
+`/aggregate_metrics` answer on the recorded rows (what NeMo Gym's eval writes for them: failed
+rows left out, results stripped as its collector strips them) next to its answer on the replayed
+traces as `verifiers_nemogym.metrics` reads them (what `nemo-gym-env metrics` gives a user). Both
+carry the recording's task and rollout indices, so the two differ only where the rollouts do
+(`MetricsComparison`)."""
 
 from __future__ import annotations
 
@@ -27,6 +33,9 @@ from verifiers_nemogym.policies.replay import Recording
 def explain(
     result: RowResult, lenient: set[str], release: str, unjudged: AbstractSet[str] = frozenset()
 ) -> None:
+    """Set `result.reason` when it lost parity, from what is known first (a rescored recording
+    of `release`, `KNOWN_REASONS`, a judge replay gap among `unjudged`, a gap in the recording),
+    else what was seen; note a recording the replay matched leniently (`lenient`)."""
     # Bare folder name: `environments/blackjack` is the same environment as `blackjack`.
     env = result.recording.rsplit(":", 1)[0].rsplit("/", 1)[-1]
     if result.recording in lenient:

@@ -1,5 +1,11 @@
 """Running conformance: every recording of some environments replayed on one stack
-(`run_conformance`), and long lists on successive stacks (`run_in_stacks`)."""
+(`run_conformance`), and long lists on successive stacks (`run_in_stacks`).
+
+Judge environments replay their judge too: when an environment of the stack grades with an
+LLM judge (`nemo.judges`), the stack's judge is `ReplayJudge`, which answers each judge call
+with the judge output recorded for that rollout (`policies.replay_judge`); judges NeMo Gym ships
+switched off (math_with_judge, polymath) stay off unless `enable_optional_judges`. A rollout
+whose recording keeps no judge output and that loses parity is reported as a judge replay gap."""
 
 from __future__ import annotations
 

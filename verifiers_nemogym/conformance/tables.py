@@ -81,16 +81,10 @@ def runs_here(
     return WITH_JUDGE, f"ran with a judge named by --env.taskset.judge.*: {counts}"
 
 
-HARNESSES: dict[str, dict[str, dict[str, str]]] = {
-    release: {env: dict(entry) for env, entry in envs.items()}
-    for release, envs in _RELEASES["harnesses"].items()
-}
+HARNESSES: dict[str, dict[str, dict[str, str]]] = _RELEASES["harnesses"]
 """Release -> coding-agent harness environment -> `ran` (date of the run here) and `overrides`,
 or `why` it does not run here (tables.toml)."""
-CONTAINERS: dict[str, dict[str, dict[str, str]]] = {
-    release: {env: dict(entry) for env, entry in envs.items()}
-    for release, envs in _RELEASES["containers"].items()
-}
+CONTAINERS: dict[str, dict[str, dict[str, str]]] = _RELEASES["containers"]
 """Release -> container environment -> `ran` (date of the run here with hand-made tasks), the
 agent `pairing` and what it `needs`, or `why` it does not run here (tables.toml)."""
 

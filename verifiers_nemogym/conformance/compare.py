@@ -18,12 +18,7 @@ from typing import Any
 import aiohttp
 
 from verifiers_nemogym import metrics
-from verifiers_nemogym.conformance.report import (
-    METRIC_TOLERANCE,
-    MetricsComparison,
-    RowResult,
-    error_line,
-)
+from verifiers_nemogym.conformance.report import MetricsComparison, RowResult, error_line
 from verifiers_nemogym.conformance.rows import LACKS_FIELDS, Plan
 from verifiers_nemogym.conformance.tables import KNOWN_REASONS, RESCORED
 from verifiers_nemogym.errors import StackError
@@ -153,6 +148,10 @@ def _figures(value: Any, path: str = "") -> dict[str, Any]:
     for key, item in items:
         found |= _figures(item, f"{path}.{key}" if path else str(key))
     return found
+
+
+METRIC_TOLERANCE = 1e-9
+"""Two aggregate figures agree when they differ by at most this much (sums in another order)."""
 
 
 def _number(x: Any) -> bool:

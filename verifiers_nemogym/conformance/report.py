@@ -30,14 +30,10 @@ class RowResult:
         return self.error is None and self.reward == self.recorded_reward
 
 
-METRIC_TOLERANCE = 1e-9
-"""Two aggregate figures agree when they differ by at most this much (sums in another order)."""
-
-
 @dataclass
 class MetricsComparison:
     """NeMo Gym's aggregate metrics of one agent's rollouts: on the recorded rows and on the
-    replayed traces (module contract), compared figure by figure."""
+    replayed traces (`conformance.compare`), compared figure by figure."""
 
     agent: str
     recorded: int = 0

@@ -164,6 +164,10 @@ def replay_row(
 
 @dataclass
 class Plan:
+    """What one stack replays: per environment its report (`reports`), every row with its
+    recording and the result it fills (`results`, by recording id), the environments with rows
+    (`runnable`), and what the run learns on the way (`episodes`)."""
+
     reports: dict[str, EnvReport]
     rows: list[dict[str, Any]]
     recordings: list[Recording]
@@ -180,6 +184,9 @@ class Plan:
 
 
 def plan_rows(catalog: Catalog, envs: Sequence[str], enable_optional_judges: bool = False) -> Plan:
+    """The `Plan` of `envs`: an unknown name raises ConfigError (before anything starts), an
+    environment without usable recordings is reported skipped; with `enable_optional_judges`,
+    the judges NeMo Gym ships off count as grading."""
     plan = Plan(reports={}, rows=[], recordings=[], results={}, runnable=[])
     for name in envs:
         spec = catalog.env(name)  # unknown names fail here, before anything starts

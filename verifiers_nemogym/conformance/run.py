@@ -168,9 +168,8 @@ async def run_in_stacks(envs: Sequence[str], **options: Any) -> list[EnvReport]:
     batch that fails is run again one environment per stack, and an environment whose own stack
     fails gets `EnvReport.start_error` (the run goes on). A start that fails because Ray's node
     timed out (the machine's load) was already tried again by the start itself
-    (`nemo.stack.start_stack`). Bad
-    input (`ConfigError`, e.g. an unknown name) ends the run at the batch holding it, before
-    that batch's stack starts."""
+    (`nemo.stack.start_stack`). Bad input (`ConfigError`, e.g. an unknown name) ends the run at
+    the batch holding it, before that batch's stack starts."""
     names = list(dict.fromkeys(envs))
     batches = [names[i : i + STACK_ENVS] for i in range(0, len(names), STACK_ENVS)]
     reports: list[EnvReport] = []

@@ -21,7 +21,9 @@ class NeMoGymJudgeConfig(vf.JudgeConfig):
     """The judge NeMo Gym's LLM-judge environments grade with, under `--env.taskset.judge.*`:
     verifiers' judge endpoint (`base_url`, `model`, `api_key_var`, `headers`, `timeout`) plus
     which NeMo Gym adapter calls it. The key is read from `api_key_var` by the process that
-    runs the stack and never reaches NeMo Gym (a relay holds it)."""
+    runs the stack and never reaches NeMo Gym (a relay holds it). Each field declared here is
+    also a `--judge.*` flag of `nemo-gym-env stack up|down` and `metrics`, read from this source
+    (`cli/arguments.py`: a `bool` is a switch, a `Literal` its choices, anything else a string)."""
 
     base_url: str = vf.JudgeConfig.model_fields["base_url"].default
     """The judge's OpenAI-compatible base URL (verifiers' judge default unless set)."""

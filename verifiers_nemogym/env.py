@@ -26,6 +26,7 @@ from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
 from verifiers_nemogym.taskset import NeMoGymTaskset
+from verifiers_nemogym.util import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -162,10 +163,8 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
     async def stop(self) -> None:
         """Take down what this process owns; safe after a failed or partial start, and twice."""
         cast(NeMoGymTaskset, self.taskset).config.task._live = None
-        if self._watchdog is not None:
-            watchdog, self._watchdog = self._watchdog, None
-            watchdog.cancel()
-            await asyncio.gather(watchdog, return_exceptions=True)
+        watchdog, self._watchdog = self._watchdog, None
+        await cancel_and_wait(watchdog)
         try:
             if self._stack is not None and self._http is not None and not self._stack.lost.is_set():
                 # A vf-eval run: NeMo Gym's aggregate metrics beside its traces, from this stack.
@@ -188,7 +187,6 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
 async def _fail_when_lost(stack: Stack, context: RolloutContext) -> None:
     """The one watchdog: once the stack is lost (each backend watches its own kind of stack),
     every rollout in flight or to come fails fast with the reason."""
-    await stack.lost.wait()
-    reason = cut(stack.reason, NOTICE_LIMIT)
-    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", reason)
-    context.fail(stack.reason)
+    reason = await stack.lost.wait()
+    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", cut(reason, NOTICE_LIMIT))
+    context.fail(reason)

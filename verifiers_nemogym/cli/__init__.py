@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verifiers_nemogym import tls
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.cli.metrics import add_parser as add_metrics_parser
 from verifiers_nemogym.cli.metrics import run as run_metrics
@@ -44,6 +43,7 @@ from verifiers_nemogym.cli.tasks import run as run_tasks
 from verifiers_nemogym.errors import NeMoGymError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR, ensure_venv
+from verifiers_nemogym.shared import tls
 
 if TYPE_CHECKING:
     from verifiers_nemogym.judge.endpoint import Judge
@@ -242,7 +242,7 @@ def _judge_fields(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _stack(args: argparse.Namespace) -> int:
     """`stack up|status|down`: print what happened; exit 1 if `down` found nothing to stop."""
-    from verifiers_nemogym.nemo import attach
+    from verifiers_nemogym.shared import client as attach
 
     if args.stack_command == "up" and args.listen is not None:
         tls.check_bindable(*tls.parse_listen(args.listen))  # before anything starts

@@ -1,5 +1,5 @@
-"""The shared-stack lease protocol: what a stack host (`nemo/host.py`) and its clients
-(`nemo/attach.py`: env processes and the `stack` commands) both know, and nothing else.
+"""The shared-stack lease protocol: what a stack host (`shared/host.py`) and its clients
+(`shared/client.py`: env processes and the `stack` commands) both know, and nothing else.
 
 - The stack folder (`<cache>/stacks/<key>/`, mode 0700): `lock` (a flock serialising attach,
   start and stop decisions), `host.lock` (flocked by the live host for its whole life),
@@ -33,7 +33,7 @@ from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
 
-HOST_MODULE = "verifiers_nemogym.nemo.host"
+HOST_MODULE = "verifiers_nemogym.shared.host"
 """The host program, run as `python -m` (a client never imports it)."""
 HOST_ENV_VAR = "VF_NEMOGYM_STACK_HOST"
 """Set (to the stack key) in the stack host's environment, so scans can find hosts."""

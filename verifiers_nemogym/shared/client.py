@@ -161,14 +161,12 @@ async def stack_lock(directory: Path, deadline: float, what: str) -> AsyncIterat
     """Hold `directory/lock` (flock) for the block; StackError naming `what` at `deadline`.
     The folder is checked first (`check_stack_dir`)."""
     check_stack_dir(directory)
+    path = directory / protocol.LOCK
     try:
-        handle = await acquire_flock(directory / protocol.LOCK, deadline)
+        handle = await acquire_flock(path, deadline)
     except TimeoutError:
-        raise StackError(
-            f"timed out waiting for the shared stack lock {directory / protocol.LOCK} ({what})"
-        ) from None
+        raise StackError(f"timed out waiting for the shared stack lock {path} ({what})") from None
     except OSError as e:  # e.g. ELOOP: `lock` is a symlink, which is never followed
-        path = directory / protocol.LOCK
         raise StackError(f"cannot open the shared stack lock {path}: {e}") from None
     try:
         yield

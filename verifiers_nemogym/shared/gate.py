@@ -3,7 +3,7 @@
 `nemo-gym-env stack up ENV --listen HOST:PORT` makes the stack host (`shared/host.py`) serve, on
 HOST:PORT only, HTTPS with a self-signed certificate it made at start (`shared/tls.py`: clients pin
 it) and an access token (a 0600 file in the stack folder). Everything else of the stack stays
-on the host's loopback. The wire (`GateLink` in `nemo/remote.py` is the client):
+on the host's loopback. The wire (`GateLink` in `shared/link.py` is the client):
 
 - Every request carries `Authorization: Bearer <token>`; one without it, or with another, is
   answered 401 before its body is read (a middleware, ahead of every handler), and learns

@@ -444,10 +444,6 @@ def main(argv: list[str] | None = None) -> int:
         secrets = json.loads(sys.stdin.readline() or "{}")
         if not isinstance(secrets, dict):
             raise ValueError("stdin must hold a JSON object")
-    except (ValueError, TypeError) as e:
-        logger.error("stack_host: bad --spec or stdin: %s", e)
-        return 2
-    try:
         judge = spec.judge_with(secrets)
     except (ValueError, TypeError) as e:
         logger.error("stack_host: bad --spec or stdin: %s", e)

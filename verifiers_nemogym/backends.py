@@ -42,6 +42,7 @@ from verifiers_nemogym.nemo.ray_cluster import RayCluster
 from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote
 from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack, start_stack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.net import forwarding_session
 from verifiers_nemogym.shared import protocol
 from verifiers_nemogym.shared.client import Lease, attach_or_start
 from verifiers_nemogym.shared.link import CONNECT_TIMEOUT, GateLink, GateTarget, describe_gate
@@ -88,11 +89,7 @@ class Stack(ABC):
     def client_session(self) -> aiohttp.ClientSession:
         """The HTTP client for `/run` (call on the running loop). No cookie jar: NeMo Gym keys
         agent sessions by cookie, and each `/run` is its own session."""
-        return aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        return forwarding_session()
 
     @abstractmethod
     def describe(self) -> tuple[str, str]:

@@ -5,7 +5,8 @@ server). Our own aiohttp servers (model proxy, scripted and replay policies, the
 reference servers) bind through `serve_app`, which binds port 0 itself when asked for a free
 port, so no other process can take the port between choosing and binding it. `AppServer` is
 the lifecycle those servers share (runner, bound port, `start`/`stop`, `async with`).
-`forward` is how a server of the package passes a call on to an upstream and reads its answer.
+`forward` is how a server of the package passes a call on to an upstream and reads its answer,
+with a `forwarding_session`.
 """
 
 from __future__ import annotations
@@ -185,6 +186,23 @@ class AppServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def forwarding_session(
+    timeout: aiohttp.ClientTimeout | None = None,
+    headers: Mapping[str, str] | None = None,
+    **connector: Any,
+) -> aiohttp.ClientSession:
+    """An HTTP client for passing calls on: no cookie jar (each call is a session of its own
+    upstream; NeMo Gym keys agent sessions by cookie), no limit on connections unless
+    `connector` (`aiohttp.TCPConnector`'s arguments) sets one, no time limit unless `timeout`.
+    Make it on the running event loop."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(**{"limit": 0, **connector}),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=timeout or aiohttp.ClientTimeout(total=None),
+        headers=headers,
+    )
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.bridge.wire import secret_digest
-from verifiers_nemogym.net import LOOPBACK, AppServer, forward
+from verifiers_nemogym.net import LOOPBACK, AppServer, forward, forwarding_session
 
 UNKNOWN_SECRET = "missing or unknown proxy secret"
 FRONT_CALL_TIMEOUT = 3700.0
@@ -70,15 +70,10 @@ class FrontForwarder(AppServer):
         return wire.model_call_app(self._forward)
 
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.pool_size),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            # sock_connect, not connect: a call beyond the pool waits for a free connection;
-            # aiohttp's `connect` would fail it after the bound, as if its env process were gone.
-            timeout=aiohttp.ClientTimeout(
-                total=FRONT_CALL_TIMEOUT, sock_connect=self.connect_timeout
-            ),
-        )
+        # sock_connect, not connect: a call beyond the pool waits for a free connection;
+        # aiohttp's `connect` would fail it after the bound, as if its env process were gone.
+        timeout = aiohttp.ClientTimeout(total=FRONT_CALL_TIMEOUT, sock_connect=self.connect_timeout)
+        self._http = forwarding_session(timeout, limit=self.pool_size)
         await super().start()
 
     async def stop(self) -> None:

@@ -49,7 +49,7 @@ from aiohttp import web
 
 from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.bridge.front import FRONT_CALL_TIMEOUT, FrontForwarder, FrontUser
-from verifiers_nemogym.net import LOOPBACK, AppServer, forward
+from verifiers_nemogym.net import LOOPBACK, AppServer, forward, forwarding_session
 from verifiers_nemogym.shared import tls
 
 logger = logging.getLogger(__name__)
@@ -210,11 +210,7 @@ class StackGate(AppServer):
         self._token = tls.write_token(self.token_file).encode()
         self.ssl_context = tls.server_context(self.directory)
         await self._relay.start()
-        self._http = aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        )
+        self._http = forwarding_session(aiohttp.ClientTimeout(total=None, sock_connect=10))
         await super().start()
         logger.info("listening for env processes on other hosts at %s (pin %s)", self.url, self.pin)
 

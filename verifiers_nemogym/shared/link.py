@@ -22,7 +22,7 @@ import aiohttp
 from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.judge.blame import JudgeStatus
-from verifiers_nemogym.net import LOOPBACK, forward
+from verifiers_nemogym.net import LOOPBACK, forward, forwarding_session
 from verifiers_nemogym.shared import gate, protocol, tls
 from verifiers_nemogym.util import Latch, cancel_and_wait
 
@@ -54,16 +54,14 @@ class GateTarget:
         back on the lease, `GateLink`)."""
         return LOOPBACK, 0
 
-    def client_session(self, **kwargs: Any) -> aiohttp.ClientSession:
+    def client_session(self, timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientSession:
         """An HTTP client for the gate: TLS pinned to its certificate, the token on every
         request, connections that fail within `tls.LINK_TIMEOUT` s of the link going silent."""
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0, ssl=tls.client_ssl(self.pin), socket_factory=tls.keepalive_socket
-            ),
-            headers=gate.bearer(self.token),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            **kwargs,
+        return forwarding_session(
+            timeout,
+            gate.bearer(self.token),
+            ssl=tls.client_ssl(self.pin),
+            socket_factory=tls.keepalive_socket,
         )
 
 
@@ -158,11 +156,7 @@ class GateLink:
 
     async def open(self) -> None:
         self._http = self.target.client_session(timeout=CONNECT_TIMEOUT)
-        self._local = aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        self._local = forwarding_session()
         try:
             first = await self._connect()
         except BaseException:

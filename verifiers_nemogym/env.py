@@ -1,7 +1,7 @@
 """NeMoGymEnv: gets a NeMo Gym stack for its env process and hands it to every rollout.
 
 `start()` brings up the model proxy (NeMo Gym's `policy_model`, or what the shared stack's front
-forwards to), then opens the `Stack` the taskset config asks for (`stacks.open_stack`: the
+forwards to), then opens the `Stack` the taskset config asks for (`backends.open_stack`: the
 machine's shared stack by default, a private one, or one started elsewhere) and hands its
 `/run` targets to the rollouts. A start that fails does not raise (see `start`). `stop()` gives
 the stack up and stops the proxy (also after a failed or partial start). It runs each task
@@ -49,7 +49,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
 
     @property
     def stack(self) -> Stack | None:
-        """The stack rollouts use while started (`stacks.Stack`), else None."""
+        """The stack rollouts use while started (`backends.Stack`), else None."""
         return self._stack
 
     @property

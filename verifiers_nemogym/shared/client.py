@@ -206,11 +206,8 @@ class Lease:
         reason = "the shared NeMo Gym stack host closed the lease"
         try:
             while (message := await protocol.receive(self._reader)) is not None:
-                event = message.get("event")
-                if event == protocol.EVENT_JUDGE_FAILED and self.judge is not None:
-                    self.judge.failed(protocol.judge_failure_of(message))
-                elif event == protocol.EVENT_DOWN:
-                    reason = f"the shared NeMo Gym stack went down: {message.get('reason')}"
+                if (down := protocol.take_event(message, self.judge)) is not None:
+                    reason = f"the shared NeMo Gym stack went down: {down}"
         except (OSError, ValueError, KeyError) as e:
             reason = f"lost the shared NeMo Gym stack host ({e!r})"
         self.lost.set(reason)

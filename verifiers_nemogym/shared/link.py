@@ -230,13 +230,9 @@ class GateLink:
                     self._calls.add(task)
                     task.add_done_callback(self._calls.discard)
                 elif message.type == aiohttp.WSMsgType.TEXT:
-                    event = json.loads(message.data)
-                    kind = event.get("event")
-                    if kind == protocol.EVENT_DOWN:
-                        down = str(event.get("reason"))
+                    down = protocol.take_event(json.loads(message.data), self.judge)
+                    if down is not None:
                         break  # its last word: the host closes next
-                    elif kind == protocol.EVENT_JUDGE_FAILED and self.judge is not None:
-                        self.judge.failed(protocol.judge_failure_of(event))
         except (ValueError, KeyError, TypeError, AttributeError, aiohttp.ClientError) as e:
             # A malformed message ends this lease, never the link's upkeep: it connects again.
             logger.warning("bad message from the stack host: %s", type(e).__name__)

@@ -210,16 +210,16 @@ async def test_users_that_see_different_stacks_folders_never_share_a_host(
 ):
     """`VF_NEMOGYM_STACKS` moves the stacks' folders: the same stack key under two of them is
     two hosts, and `stack status` sees the hosts of its own folder only."""
-    monkeypatch.setenv(attach.STACKS_ENV_VAR, str(cache / "a"))
+    monkeypatch.setenv(client.STACKS_ENV_VAR, str(cache / "a"))
     first = await join(configs, who="A")
     same = await join(configs, who="B")
     assert directory_of(configs).parent == cache / "a"
-    monkeypatch.setenv(attach.STACKS_ENV_VAR, str(cache / "b"))
+    monkeypatch.setenv(client.STACKS_ENV_VAR, str(cache / "b"))
     other = await join(configs, who="C")
     assert directory_of(configs).parent == cache / "b"
     assert same.marker == first.marker and not same.started
     assert other.started and other.marker != first.marker and len(running(hosts)) == 2
-    assert [info.directory.parent for info in await attach.list_hosts()] == [cache / "b"]
+    assert [info.directory.parent for info in await client.list_hosts()] == [cache / "b"]
     for user in (first, same, other):
         await user.close()
     await until(lambda: not running(hosts), 5, "both hosts stop after their last user")

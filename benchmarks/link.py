@@ -302,14 +302,14 @@ async def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """The run (see the module doc); fills `result` as it goes."""
     from benchmarks.common import bench_runtime
     from verifiers_nemogym.errors import StackError
-    from verifiers_nemogym.nemo import attach, lease
     from verifiers_nemogym.nemo.catalog import Catalog
+    from verifiers_nemogym.shared import client, protocol
 
     runtime = bench_runtime()
     result["nemo_gym_version"] = runtime.nemo_gym_version
-    directory = attach.stack_dir(attach.stack_key(runtime, Catalog(runtime).env(ENV).config_paths))
+    directory = client.stack_dir(client.stack_key(runtime, Catalog(runtime).env(ENV).config_paths))
     try:
-        await lease.status(directory, timeout=10)
+        await protocol.status(directory, timeout=10)
     except StackError:
         pass  # none runs: the one in host A will be the only one
     else:  # it would be attached to instead, and its loopback is not A's
@@ -407,7 +407,7 @@ async def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
         for driver in drivers.values():
             await driver.stop()
         with contextlib.suppress(OSError):  # when leases came and went, to set beside batches
-            log = (directory / lease.LOG).read_text(errors="replace").splitlines()
+            log = (directory / protocol.LOG).read_text(errors="replace").splitlines()
             result["lease_events"] = [line for line in log if "remote user pid" in line]
         if up:
             subprocess.run([cli, "stack", "down", ENV], env=env, capture_output=True, timeout=300)

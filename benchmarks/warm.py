@@ -16,10 +16,10 @@ from pathlib import Path
 
 from benchmarks.common import ENV, IN_FLIGHT, REPEATS, ROWS, timed_vf_eval, vf_eval_command
 from benchmarks.native import collect_rollouts, native_stack
-from verifiers_nemogym.nemo import attach
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.shared import client
 
 # NeMoGymEnv's log line once its stack is open (backends.SharedStack.describe).
 _ATTACHED = re.compile(r"attached to shared NeMo Gym stack in ([\d.]+) s")
@@ -27,12 +27,12 @@ _ATTACHED = re.compile(r"attached to shared NeMo Gym stack in ([\d.]+) s")
 
 async def bring_up(runtime: NeMoGymVenv) -> None:
     """A persistent shared stack for ENV on `runtime` (not timed)."""
-    await attach.bring_up(runtime, Catalog(runtime).env(ENV).config_paths, idle_timeout=600)
+    await client.bring_up(runtime, Catalog(runtime).env(ENV).config_paths, idle_timeout=600)
 
 
 async def take_down(runtime: NeMoGymVenv) -> None:
     paths = Catalog(runtime).env(ENV).config_paths
-    await attach.take_down(attach.stack_dir(attach.stack_key(runtime, paths)))
+    await client.take_down(client.stack_dir(client.stack_key(runtime, paths)))
 
 
 async def ours_once(runtime: NeMoGymVenv, policy_url: str) -> tuple[float, float]:

@@ -48,7 +48,6 @@ from verifiers.v1.serve.pool import env_config_data
 
 from benchmarks import warm
 from benchmarks.common import ENV, rss_mb, spawn_policy, start_child
-from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import (
     argv_of,
@@ -58,6 +57,7 @@ from verifiers_nemogym.nemo.supervisor import (
 )
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.net import free_port
+from verifiers_nemogym.shared import client, protocol
 
 N, IN_FLIGHT = 200, 64
 SHARED_WORKERS = (1, 2, 4)
@@ -236,8 +236,8 @@ async def measure(repeats: int) -> dict[str, Any]:
 
     runtime = ensure_venv()
     tasks = list(nemo_gym_env.load_environment(nemo_env=ENV).taskset)
-    key = attach.stack_key(runtime, Catalog(runtime).env(ENV).config_paths)
-    host_entry = f"{lease.HOST_ENV_VAR}={key}"
+    key = client.stack_key(runtime, Catalog(runtime).env(ENV).config_paths)
+    host_entry = f"{protocol.HOST_ENV_VAR}={key}"
     out: dict[str, Any] = {"rps": {}, "shared_stack_rss_mb": [], "worker_rss_mb": {}}
     pools: list[Pool] = []
     shared_pools: list[Pool] = []
@@ -251,7 +251,7 @@ async def measure(repeats: int) -> dict[str, Any]:
                 pools.append(shared_pools[-1])
             watch.start()
             await _warm_up(shared_pools, tasks, url)
-            status = await lease.request(attach.stack_dir(key), {"op": "status"})
+            status = await protocol.request(client.stack_dir(key), {"op": "status"})
             attached = {pid for p in shared_pools for pid in p.worker_pids()}
             if len(attached) != sum(SHARED_WORKERS) or attached - set(status["user_pids"]):
                 raise RuntimeError(f"not every shared worker attached: {attached} vs {status}")

@@ -40,7 +40,7 @@ STACK_TIER = Path(__file__).parent / "stack"
 def pytest_report_header(config: pytest.Config) -> str:
     """The log says whether the tests that need root ran: network namespaces
     (tests/stack/test_across_hosts.py, tests/stack/test_ray_cluster.py), a peer of a second uid
-    (tests/nemo/test_shared_hosts.py) and the next PID chosen (tests/nemo/test_supervisor.py)
+    (tests/shared/test_host.py) and the next PID chosen (tests/nemo/test_supervisor.py)
     skip for any other user."""
     if os.geteuid() == 0:
         return "running as root: yes (the tests that need root run)"

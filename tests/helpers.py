@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR as STACK_MARKER_VAR
@@ -30,6 +29,7 @@ from verifiers_nemogym.nemo.supervisor import alive, env_value, processes_with_e
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.policies.local_model import MARKER_ENV_VAR as MODEL_MARKER_VAR
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.shared import protocol
 from verifiers_nemogym.util import poll_until, wait_until
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class HeldStack:
         test opened on the stack has left it, and the stack is still up."""
 
         async def alone() -> bool:
-            return (await lease.status(self.directory))["users"] == 1
+            return (await protocol.status(self.directory))["users"] == 1
 
         await until(alone, SHARED_STACK_GONE_S, "the test's envs to leave the held stack")
 

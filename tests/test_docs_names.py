@@ -167,7 +167,7 @@ def test_nemo_gym_env_command_lines_parse(page: Path) -> None:
 
 def test_the_checks_see_drift() -> None:
     """The checks above fail on the kinds of drift they are for."""
-    assert not _exists("nemo/shared.py") and _exists("nemo/lease.py")
+    assert not _exists("nemo/shared.py") and _exists("shared/protocol.py")
     assert _problems(["stack", "status", "--jsn"]) == ["stack status --jsn: no option --jsn"]
     assert _problems(["stak", "up"]) == ["stak up: no command stak"]
     assert _problems(["--nemo-gym-version", "0.7.0", "stack", "up", "ENV", "--judge.*"]) == []

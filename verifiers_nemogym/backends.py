@@ -1,26 +1,26 @@
 """The NeMo Gym stack an env process's rollouts use: one contract, four backends.
 
 Contract (`Stack`): a running NeMo Gym stack that rollouts POST `/run` to. `run_urls` maps each
-agent instance to where its rollouts' `/run` goes (computed by `nemo.catalog.run_targets` from
-the stack's merged config, for every backend); `marker` is the stack's process marker
-(`VF_NEMOGYM_STACK=<marker>` in every NeMo Gym process of it; None for a stack started
-elsewhere); `lost` is set, with `reason`, once the stack is unusable (a server died, the shared
-host went away, a remote head server stopped answering); `close()` gives it up (idempotent):
-stops what this process owns, releases a lease, or only stops watching. `judge` is the stack's
-judge (`judge.blame.JudgeStatus`: who it is, its recent failures) when it has one, and
-`judge_summary()` its calls, failures and tokens so far. `client_session()` is the HTTP
-client rollouts post `/run` with (the gate's pinned TLS and token for `RemoteSharedStack`).
+agent instance to where its rollouts' `/run` goes (computed by `nemo.catalog.run_targets` from the
+stack's merged config, for every backend); `marker` is the stack's process marker
+(`VF_NEMOGYM_STACK=<marker>` in every NeMo Gym process of it; None for a stack started elsewhere);
+`lost` (a `util.Latch`) is set, with its reason, once the stack is unusable (a server died, the
+shared host went away, a remote head server stopped answering); `close()` gives it up (idempotent):
+stops what this process owns, releases a lease, or only stops watching. `judge` is the stack's judge
+(`judge.blame.JudgeStatus`: who it is, its recent failures) when it has one, and `judge_summary()`
+its calls, failures and tokens so far. `client_session()` is the HTTP client rollouts post `/run`
+with (the gate's pinned TLS and token for `RemoteSharedStack`).
 
 Backends, chosen by `open_stack` from the taskset config:
 - `SharedStack` (default, `shared_stack=True`): a lease on the machine's one stack for the
-  config set (`nemo/attach.py`), started for everyone if none runs;
+  config set (`shared/client.py`), started for everyone if none runs;
 - `PrivateStack` (`shared_stack=False`): a stack this process starts and stops
   (`nemo/stack.py`), checked every `CHECK_ALIVE_INTERVAL`;
 - `AttachedStack` (`stack_url`): a stack started elsewhere (`nemo/remote.py`, described by
   `describe_stack_url` before the proxy starts, since it names the proxy's port), its head
   server checked every `REMOTE_WATCH_INTERVAL`;
 - `RemoteSharedStack` (`stack_url` with `stack_pin`): a lease on a shared stack host on another
-  host, over its TLS listener (`nemo/gate.py`, client `nemo/remote.py`'s `GateLink`), whose
+  host, over its TLS listener (`shared/gate.py`, client `shared/link.py`'s `GateLink`), whose
   model calls ride back on the lease; lost only when the host goes down or stops listening (a
   lost link fails the rollouts in flight, and the lease comes back with the link).
 """
@@ -38,19 +38,15 @@ from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
-from verifiers_nemogym.nemo import lease
-from verifiers_nemogym.nemo.attach import Lease, attach_or_start
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
-from verifiers_nemogym.nemo.remote import (
-    CONNECT_TIMEOUT,
-    GateLink,
-    GateTarget,
-    RemoteStack,
-    describe_gate,
-    describe_remote,
-)
+from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote
 from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack, start_stack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.net import forwarding_session
+from verifiers_nemogym.shared import protocol
+from verifiers_nemogym.shared.client import Lease, attach_or_start
+from verifiers_nemogym.shared.link import CONNECT_TIMEOUT, GateLink, GateTarget, describe_gate
+from verifiers_nemogym.util import Latch, cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -70,24 +66,16 @@ class Stack(ABC):
         """Starts watching the stack (`_watch_stack`, first run at the caller's next await, after
         the subclass's `__init__`): call it on the running event loop."""
         self.run_urls = dict(run_urls)
-        self.lost = asyncio.Event()
-        self.reason = ""
+        self.lost = Latch()
         self._watch: asyncio.Task[None] | None = asyncio.create_task(self._watch_stack())
-
-    def _lose(self, reason: str) -> None:
-        if not self.lost.is_set():
-            self.reason = reason
-            self.lost.set()
 
     @abstractmethod
     async def _watch_stack(self) -> None:
-        """Until the stack is lost (then `_lose` with the reason); cancelled by `close()`."""
+        """Until the stack is lost (then `lost.set` with the reason); cancelled by `close()`."""
 
     async def close(self) -> None:
-        if self._watch is not None:
-            watch, self._watch = self._watch, None
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+        watch, self._watch = self._watch, None
+        await cancel_and_wait(watch)
         await self._release()
 
     @abstractmethod
@@ -101,11 +89,7 @@ class Stack(ABC):
     def client_session(self) -> aiohttp.ClientSession:
         """The HTTP client for `/run` (call on the running loop). No cookie jar: NeMo Gym keys
         agent sessions by cookie, and each `/run` is its own session."""
-        return aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        return forwarding_session()
 
     @abstractmethod
     def describe(self) -> tuple[str, str]:
@@ -131,7 +115,7 @@ class PrivateStack(Stack):
             try:
                 await self.process.check_alive()
             except StackError as e:
-                self._lose(str(e))
+                self.lost.set(str(e))
                 return
 
     async def _release(self) -> None:
@@ -156,8 +140,7 @@ class SharedStack(Stack):
     async def _watch_stack(self) -> None:
         # The host closes the lease when the stack died, on `stack down`, or when it is killed;
         # its last word is the reason.
-        await self.lease.lost.wait()
-        self._lose(self.lease.reason)
+        self.lost.set(await self.lease.lost.wait())
 
     async def _release(self) -> None:
         await self.lease.close()
@@ -166,7 +149,7 @@ class SharedStack(Stack):
         if self.judge is None:
             return None
         try:
-            status = await lease.status(self.lease.directory, timeout=5)
+            status = await protocol.status(self.lease.directory, timeout=5)
         except StackError as e:
             return f"unknown ({e})"
         return str(status.get("judge_stats") or "unknown")
@@ -197,7 +180,7 @@ class AttachedStack(Stack):
                     missed += 1
                 except (aiohttp.ClientError, TimeoutError):
                     pass  # slow is not dead
-        self._lose(f"the NeMo Gym stack at {self.remote.head_url} stopped answering")
+        self.lost.set(f"the NeMo Gym stack at {self.remote.head_url} stopped answering")
 
     async def _release(self) -> None:
         return None  # nothing of it is ours
@@ -215,8 +198,7 @@ class RemoteSharedStack(Stack):
         self.judge = link.judge
 
     async def _watch_stack(self) -> None:
-        await self.link.lost.wait()
-        self._lose(self.link.reason)
+        self.lost.set(await self.link.lost.wait())
 
     async def _release(self) -> None:
         await self.link.close()
@@ -283,7 +265,7 @@ async def describe_stack_url(
     """The stack started elsewhere that `stack_url` names (None: none named), described
     before the model proxy starts: its `policy_address` is where the proxy must listen
     (`nemo.remote.describe_remote`; with `pin`, the TLS listener of a stack host,
-    `nemo.remote.describe_gate`: StackError, ConfigError)."""
+    `shared.link.describe_gate`: StackError, ConfigError)."""
     if stack_url is None:
         return None
     if pin is not None:

@@ -1,7 +1,7 @@
 """NeMoGymEnv: gets a NeMo Gym stack for its env process and hands it to every rollout.
 
 `start()` brings up the model proxy (NeMo Gym's `policy_model`, or what the shared stack's front
-forwards to), then opens the `Stack` the taskset config asks for (`stacks.open_stack`: the
+forwards to), then opens the `Stack` the taskset config asks for (`backends.open_stack`: the
 machine's shared stack by default, a private one, or one started elsewhere) and hands its
 `/run` targets to the rollouts. A start that fails does not raise (see `start`). `stop()` gives
 the stack up and stops the proxy (also after a failed or partial start). It runs each task
@@ -26,6 +26,7 @@ from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
 from verifiers_nemogym.taskset import NeMoGymTaskset
+from verifiers_nemogym.util import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
 
     @property
     def stack(self) -> Stack | None:
-        """The stack rollouts use while started (`stacks.Stack`), else None."""
+        """The stack rollouts use while started (`backends.Stack`), else None."""
         return self._stack
 
     @property
@@ -162,10 +163,8 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
     async def stop(self) -> None:
         """Take down what this process owns; safe after a failed or partial start, and twice."""
         cast(NeMoGymTaskset, self.taskset).config.task._live = None
-        if self._watchdog is not None:
-            watchdog, self._watchdog = self._watchdog, None
-            watchdog.cancel()
-            await asyncio.gather(watchdog, return_exceptions=True)
+        watchdog, self._watchdog = self._watchdog, None
+        await cancel_and_wait(watchdog)
         try:
             if self._stack is not None and self._http is not None and not self._stack.lost.is_set():
                 # A vf-eval run: NeMo Gym's aggregate metrics beside its traces, from this stack.
@@ -188,7 +187,6 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
 async def _fail_when_lost(stack: Stack, context: RolloutContext) -> None:
     """The one watchdog: once the stack is lost (each backend watches its own kind of stack),
     every rollout in flight or to come fails fast with the reason."""
-    await stack.lost.wait()
-    reason = cut(stack.reason, NOTICE_LIMIT)
-    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", reason)
-    context.fail(stack.reason)
+    reason = await stack.lost.wait()
+    logger.error("NeMo Gym stack lost; remaining rollouts fail: %s", cut(reason, NOTICE_LIMIT))
+    context.fail(reason)

@@ -5,6 +5,8 @@ server). Our own aiohttp servers (model proxy, scripted and replay policies, the
 reference servers) bind through `serve_app`, which binds port 0 itself when asked for a free
 port, so no other process can take the port between choosing and binding it. `AppServer` is
 the lifecycle those servers share (runner, bound port, `start`/`stop`, `async with`).
+`forward` is how a server of the package passes a call on to an upstream and reads its answer,
+with a `forwarding_session`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ipaddress
 import socket
 import ssl
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import aiohttp
@@ -183,3 +186,46 @@ class AppServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def forwarding_session(
+    timeout: aiohttp.ClientTimeout | None = None,
+    headers: Mapping[str, str] | None = None,
+    **connector: Any,
+) -> aiohttp.ClientSession:
+    """An HTTP client for passing calls on: no cookie jar (each call is a session of its own
+    upstream; NeMo Gym keys agent sessions by cookie), no limit on connections unless
+    `connector` (`aiohttp.TCPConnector`'s arguments) sets one, no time limit unless `timeout`.
+    Make it on the running event loop."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(**{"limit": 0, **connector}),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=timeout or aiohttp.ClientTimeout(total=None),
+        headers=headers,
+    )
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """An upstream's whole answer to a call `forward` passed on."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: Mapping[str, str]
+
+    def response(self) -> web.Response:
+        """The answer, passed on as it came (JSON if it named no content type)."""
+        return web.Response(
+            body=self.body, status=self.status, content_type=self.content_type or "application/json"
+        )
+
+
+async def forward(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: Mapping[str, str] | None
+) -> Forwarded:
+    """POST `body` to `url` with `headers` and read the whole answer. The session's errors
+    (aiohttp.ClientError, TimeoutError) reach the caller, which knows what they mean for it."""
+    async with session.post(url, data=body, headers=headers) as upstream:
+        payload = await upstream.read()
+        return Forwarded(upstream.status, upstream.content_type, payload, upstream.headers)

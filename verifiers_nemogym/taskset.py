@@ -35,7 +35,7 @@ from verifiers_nemogym.nemo.venv import (
     default_version,
     ensure_venv,
 )
-from verifiers_nemogym.tls import parse_pin
+from verifiers_nemogym.shared.tls import parse_pin
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -1,5 +1,6 @@
-"""Plumbing shared by the package: the cache folder, `uv`, child environments, file locks, and
-waiting for a condition (`poll_until`). (Reading /proc is `nemo/supervisor.py`'s.)
+"""Plumbing shared by the package: the cache folder, `uv`, child environments, file locks,
+waiting for a condition (`poll_until`), a reason set once (`Latch`) and stopping tasks
+(`cancel_and_wait`). (Reading /proc is `nemo/supervisor.py`'s.)
 
 Contract: nothing here knows NeMo Gym or verifiers; every function is safe to call from any
 process of the package (library, CLI, stack host, model servers).
@@ -199,3 +200,34 @@ async def acquire_flock(
     if (handle := await poll_until(attempt, deadline, poll)) is None:
         raise TimeoutError(f"timed out waiting for the lock {path}")
     return handle
+
+
+class Latch:
+    """Something that happens once and has a reason (a stack lost, a host told to stop): the
+    first `set(reason)` wins, later ones change nothing; `wait()` returns the reason once set.
+    Make it where an event loop may be running or not (it binds to the loop that first waits)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason = ""
+
+    def set(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> str:
+        await self._event.wait()
+        return self.reason
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel `tasks` (None ones skipped) and wait until every one has finished, whatever it
+    raised: after this, none of them runs any more."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)

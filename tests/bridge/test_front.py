@@ -144,7 +144,7 @@ def _meta(route: Route) -> dict[str, str]:
 def test_a_user_proxy_must_be_plainly_on_loopback(url: str):
     """L1: the front forwards only to `http://127.0.0.1:<port>` (userinfo, other hosts, paths
     refused), so a registered user can never point it off the machine."""
-    from verifiers_nemogym.nemo.host import _loopback_url
+    from verifiers_nemogym.shared.host import _loopback_url
 
     with pytest.raises(ValueError, match=re.escape("is not http://127.0.0.1:<port>")):
         _loopback_url(url)

@@ -8,7 +8,7 @@ import json
 import pickle
 
 from verifiers_nemogym.judge.endpoint import Judge
-from verifiers_nemogym.nemo.lease import HostSpec, host_secrets
+from verifiers_nemogym.shared.protocol import HostSpec, host_secrets
 
 KEY = "judge-key-" + "s" * 24
 HEADER = "header-secret-" + "h" * 20

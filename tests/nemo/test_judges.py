@@ -11,7 +11,6 @@ import yaml
 from pydantic import ValidationError
 
 from verifiers_nemogym.judge.endpoint import Judge
-from verifiers_nemogym.nemo.attach import stack_key
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.judges import (
     JUDGE_INSTANCE,
@@ -21,6 +20,7 @@ from verifiers_nemogym.nemo.judges import (
     write_judge_config,
 )
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.shared.client import stack_key
 
 
 def _refs(catalog: Catalog, name: str) -> list[JudgeRef]:

@@ -16,9 +16,7 @@ from pydantic import ValidationError
 
 from verifiers_nemogym.cli import main
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.nemo.attach import host_spec, stack_key
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.lease import HostSpec, host_secrets
 from verifiers_nemogym.nemo.ray_cluster import (
     LOOPBACK_ONLY_VAR,
     TOKEN_FILE,
@@ -26,6 +24,8 @@ from verifiers_nemogym.nemo.ray_cluster import (
     parse_ray_address,
 )
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.shared.client import host_spec, stack_key
+from verifiers_nemogym.shared.protocol import HostSpec, host_secrets
 from verifiers_nemogym.taskset import NeMoGymTasksetConfig
 
 TOKEN = "ab" * 32

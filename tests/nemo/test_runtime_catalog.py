@@ -242,7 +242,7 @@ def test_run_targets_send_each_agent_to_the_environment_server_fronting_it() -> 
 def test_a_shared_stacks_key_follows_its_config_contents(nemo_venv: NeMoGymVenv, tmp_path: Path):
     """M2: editing a config (say, an agent setting) makes another stack, never an attach to the
     one still running the old file; the same files give the same key."""
-    from verifiers_nemogym.nemo.attach import stack_key
+    from verifiers_nemogym.shared.client import stack_key
 
     config = tmp_path / "extra.yaml"
     config.write_text("my_server:\n  resources_servers:\n    x:\n      entrypoint: app.py\n")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from verifiers_nemogym.nemo.attach import STACKS_ENV_VAR
+from verifiers_nemogym.shared.client import STACKS_ENV_VAR
 from verifiers_nemogym.util import cache_root
 
 

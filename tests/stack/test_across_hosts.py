@@ -32,13 +32,12 @@ import pytest
 from helpers import run_command, run_tag, script
 
 from benchmarks.netns import A, B, Hosts, handover
-from verifiers_nemogym import tls
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.harness import LOST_RUN_HINT
-from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, count_stack_programs
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.shared import client, protocol, tls
 
 ENV = "example_single_tool_call"
 AGENT = f"{ENV}_simple_agent"
@@ -259,12 +258,12 @@ def rows(nemo_venv: NeMoGymVenv, path: Path, hang: int, normal: int) -> Path:
 
 
 def stack_directory(nemo_venv: NeMoGymVenv) -> Path:
-    return attach.stack_dir(attach.stack_key(nemo_venv, Catalog(nemo_venv).env(ENV).config_paths))
+    return client.stack_dir(client.stack_key(nemo_venv, Catalog(nemo_venv).env(ENV).config_paths))
 
 
 async def host_status(nemo_venv: NeMoGymVenv) -> dict[str, Any] | None:
     try:
-        return await lease.status(stack_directory(nemo_venv), timeout=10)
+        return await protocol.status(stack_directory(nemo_venv), timeout=10)
     except StackError:
         return None
 
@@ -417,7 +416,7 @@ async def test_stack_on_one_host_env_servers_on_another(
         assert all(r["rewards"] == [1.0] for r in after["results"])
 
         await driver.stop()
-        host_log = (directory / lease.LOG).read_text(errors="replace")
+        host_log = (directory / protocol.LOG).read_text(errors="replace")
         # Each worker leased twice (the same processes: before the cut and after it).
         pids = re.findall(r"remote user pid (\d+) attached from " + re.escape(B), host_log)
         assert len(pids) == 2 * leases and len(set(pids)) == leases, pids

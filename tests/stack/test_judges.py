@@ -192,7 +192,7 @@ async def test_the_judge_key_reaches_no_process_config_log_or_trace(
 
 
 async def _status(env: Any) -> dict[str, Any]:
-    from verifiers_nemogym.nemo.lease import request
+    from verifiers_nemogym.shared.protocol import request
 
     return await request(env.stack.lease.directory, {"op": "status"})
 

@@ -36,8 +36,6 @@ import nemo_gym_env
 from benchmarks.netns import A, B, Hosts
 from verifiers_nemogym.backends import SharedStack
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.nemo import attach, lease
-from verifiers_nemogym.nemo.attach import check_ray
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
@@ -50,6 +48,8 @@ from verifiers_nemogym.nemo.supervisor import (
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.shared import client, protocol
+from verifiers_nemogym.shared.client import check_ray
 from verifiers_nemogym.util import cache_root
 
 ENV = "example_single_tool_call"
@@ -215,7 +215,7 @@ async def test_a_stack_joins_the_users_ray_cluster_and_leaves_nothing_in_it(
             assert config["ray_head_node_address"] == cluster.address
             assert cluster.token not in json.dumps(config)
             folder = env.stack.lease.directory  # the shared stack's: its host's log
-            host = processes_with_env(f"{lease.HOST_ENV_VAR}={folder.name}")
+            host = processes_with_env(f"{protocol.HOST_ENV_VAR}={folder.name}")
             assert host
             for pid in ours | set(host):
                 assert not _holds(pid, cluster.token), pid
@@ -224,7 +224,7 @@ async def test_a_stack_joins_the_users_ray_cluster_and_leaves_nothing_in_it(
         assert [t.reward for e in eps for t in e.traces] == [1.0] * len(tasks)
         # The stack stops after its idle grace: nothing of ours is left, here or in the cluster.
         assert await gone(marker) == []
-        assert cluster.token not in (folder / lease.LOG).read_text()
+        assert cluster.token not in (folder / protocol.LOG).read_text()
         state = cluster.state()
         assert state["nodes"] == ["127.0.0.1"]  # the cluster is still up
         assert {j["pid"] for j in state["jobs"]} == drivers  # the jobs were ours...
@@ -305,8 +305,8 @@ async def test_a_cluster_this_machine_is_no_node_of_is_one_line_and_starts_nothi
             assert [p for p in private_tmp.rglob("*") if p not in made] == []
             assert cluster.state()["jobs"] == []
             paths = Catalog(nemo_venv).env(ENV).config_paths
-            directory = attach.stack_dir(
-                attach.stack_key(nemo_venv, paths, None, RayCluster(cluster.address))
+            directory = client.stack_dir(
+                client.stack_key(nemo_venv, paths, None, RayCluster(cluster.address))
             )
             assert list(directory.iterdir()) == []  # made (checked private) before the check
             directory.rmdir()

@@ -28,7 +28,6 @@ from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
 
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.nemo import attach, lease
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
@@ -37,6 +36,7 @@ from verifiers_nemogym.nemo.supervisor import (
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.shared import client, protocol
 
 ENV = "example_single_tool_call"
 GRACE = 8.0
@@ -82,12 +82,12 @@ def env_config(rows: Path, grace: float = GRACE) -> dict[str, Any]:
 
 def stack_directory(nemo_venv: NeMoGymVenv) -> Path:
     paths = Catalog(nemo_venv).env(ENV).config_paths
-    return attach.stack_dir(attach.stack_key(nemo_venv, paths))
+    return client.stack_dir(client.stack_key(nemo_venv, paths))
 
 
 async def status(nemo_venv: NeMoGymVenv) -> dict[str, Any] | None:
     try:
-        return await lease.request(stack_directory(nemo_venv), {"op": "status"})
+        return await protocol.request(stack_directory(nemo_venv), {"op": "status"})
     except StackError:
         return None
 
@@ -215,7 +215,7 @@ async def test_env_server_pools_share_one_stack(
     # The test holds a lease of its own between the two pools (a pool takes longer than the
     # grace to spawn its workers on a loaded machine), as a persistent `stack up` would.
     paths = Catalog(nemo_venv).env(ENV).config_paths
-    holder = await attach.attach_or_start(
+    holder = await client.attach_or_start(
         nemo_venv,
         paths,
         proxy_url="http://127.0.0.1:9",  # never called: no rollout carries its secret
@@ -231,12 +231,12 @@ async def test_env_server_pools_share_one_stack(
             address = f"tcp://127.0.0.1:{free_port()}"
             args = {"address": address, "config_data": env_config(rows), **pool}
             server = await spawn_server(args, env)
-            client = EnvClient(address)
+            env_client = EnvClient(address)
             try:
                 began = time.monotonic()
                 policy.calls.clear()
                 episodes = await asyncio.wait_for(
-                    run_rollouts([client], tasks, policy, 128), timeout=900
+                    run_rollouts([env_client], tasks, policy, 128), timeout=900
                 )
                 timings[name] = time.monotonic() - began
                 assert [e.ok for e in episodes] == [True] * len(tasks), [
@@ -253,7 +253,7 @@ async def test_env_server_pools_share_one_stack(
                 watch.marker = f"{MARKER_ENV_VAR}={info['marker']}"
                 assert len(set(info["user_pids"]) - {os.getpid()}) == 3
             finally:
-                await client.close()
+                await env_client.close()
                 await stop_server(server)
         assert markers[0] == markers[1] == holder.marker, "a pool started its own stack"
         await watch.stop()
@@ -322,8 +322,8 @@ async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
     finally:
         if watch._task is not None and not watch._task.done():
             await watch.stop()
-        for client in clients:
-            await client.close()
+        for env_client in clients:
+            await env_client.close()
         for server in servers:
             if server.poll() is None:
                 server.kill()
@@ -413,21 +413,21 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         if watch._task is not None and not watch._task.done():
             await watch.stop()
         if await status(nemo_venv) is not None:
-            await attach.take_down(stack_directory(nemo_venv))
+            await client.take_down(stack_directory(nemo_venv))
 
 
 def _host_pids(directory: Path) -> list[int]:
-    """The stack host processes of `directory` (`attach.host_processes`)."""
-    return [pid for d, pid in attach.host_processes().items() if d == directory.absolute()]
+    """The stack host processes of `directory` (`client.host_processes`)."""
+    return [pid for d, pid in client.host_processes().items() if d == directory.absolute()]
 
 
 STARTER = """
 import asyncio, json, sys
 from pathlib import Path
-from verifiers_nemogym.nemo import attach
+from verifiers_nemogym.shared import client
 from verifiers_nemogym.nemo.venv import ensure_venv
 paths = [Path(p) for p in json.loads(sys.argv[1])]
-asyncio.run(attach.attach_or_start(
+asyncio.run(client.attach_or_start(
     ensure_venv(), paths, proxy_url="http://127.0.0.1:9", proxy_secret="s" * 32,
     idle_timeout=float(sys.argv[2]), start_timeout=600,
 ))
@@ -455,7 +455,7 @@ async def test_starter_sigkilled_mid_start_leaves_its_host_to_the_next_user(
         starter.kill()  # SIGKILL: the stack lock drops, the host is not told
         starter.wait()
         assert await status(nemo_venv) is None, "the stack was up before the starter was killed"
-        held = await attach.attach_or_start(
+        held = await client.attach_or_start(
             nemo_venv,
             paths,
             proxy_url="http://127.0.0.1:9",

@@ -1,6 +1,6 @@
 """The front forwarder: NeMo Gym's `policy_model` for a shared stack.
 
-A shared stack (`nemo/host.py`) serves the env processes of many owners; each owner runs its
+A shared stack (`shared/host.py`) serves the env processes of many owners; each owner runs its
 own model proxy (`bridge.proxy`). The front passes every model call on, bytes unchanged, to the
 registered proxy whose secret the call carries, or, on a rollout's `/ng-rollout/<id>/` path,
 whose secret made the id's credential (checked before the body is read; `bridge.wire` defines
@@ -21,7 +21,7 @@ from aiohttp import web
 
 from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.bridge.wire import secret_digest
-from verifiers_nemogym.net import LOOPBACK, AppServer
+from verifiers_nemogym.net import LOOPBACK, AppServer, forward, forwarding_session
 
 UNKNOWN_SECRET = "missing or unknown proxy secret"
 FRONT_CALL_TIMEOUT = 3700.0
@@ -70,15 +70,10 @@ class FrontForwarder(AppServer):
         return wire.model_call_app(self._forward)
 
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.pool_size),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            # sock_connect, not connect: a call beyond the pool waits for a free connection;
-            # aiohttp's `connect` would fail it after the bound, as if its env process were gone.
-            timeout=aiohttp.ClientTimeout(
-                total=FRONT_CALL_TIMEOUT, sock_connect=self.connect_timeout
-            ),
-        )
+        # sock_connect, not connect: a call beyond the pool waits for a free connection;
+        # aiohttp's `connect` would fail it after the bound, as if its env process were gone.
+        timeout = aiohttp.ClientTimeout(total=FRONT_CALL_TIMEOUT, sock_connect=self.connect_timeout)
+        self._http = forwarding_session(timeout, limit=self.pool_size)
         await super().start()
 
     async def stop(self) -> None:
@@ -134,16 +129,9 @@ class FrontForwarder(AppServer):
         assert self._http is not None
         try:
             # The path is kept: `/ng-rollout/<id>/v1/...` names the rollout to the proxy too.
-            async with self._http.post(
-                f"{user.proxy_url}{request.path_qs}", data=raw, headers=headers
-            ) as upstream:
-                payload = await upstream.read()
-                return web.Response(
-                    body=payload,
-                    status=upstream.status,
-                    content_type=upstream.content_type or "application/json",
-                )
+            answer = await forward(self._http, f"{user.proxy_url}{request.path_qs}", raw, headers)
         except (aiohttp.ClientError, TimeoutError) as e:
             return wire.json_error(
                 410, f"the env process (pid {user.pid}) owning this call is gone: {e!r}", "gone"
             )
+        return answer.response()

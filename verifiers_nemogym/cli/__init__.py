@@ -25,7 +25,7 @@ Every command takes the global options first: [--nemo-gym-version V] [--python P
 (its arguments, `set_defaults(func=run)`) and `run(args) -> exit status`; `main` only parses
 and dispatches. The commands' printing, logging set-up (`logs.py`) and exit statuses live in
 this package; the library below never prints, parses arguments or exits, except the two
-programs it starts as processes of their own (`nemo/host.py`, `nemo/supervisor.py`).
+programs it starts as processes of their own (`shared/host.py`, `nemo/supervisor.py`).
 """
 
 from __future__ import annotations

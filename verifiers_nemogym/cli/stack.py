@@ -1,5 +1,5 @@
 """`nemo-gym-env stack up|status|down`: persistent shared NeMo Gym stacks that env processes
-attach to (docs/shared-stacks.md); the lease protocol itself is `nemo/attach.py`'s."""
+attach to (docs/shared-stacks.md); the lease protocol itself is `shared/`'s."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verifiers_nemogym import tls
 from verifiers_nemogym.cli.arguments import add_judge_arguments, judge_of
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import ensure_venv
+from verifiers_nemogym.shared import tls
 
 if TYPE_CHECKING:
-    from verifiers_nemogym.nemo.attach import HostInfo
+    from verifiers_nemogym.shared.client import HostInfo
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -57,8 +57,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """`stack up|status|down`: print what happened; exit 1 if `down` found nothing to stop."""
-    from verifiers_nemogym.nemo import attach
     from verifiers_nemogym.nemo.ray_cluster import RayCluster
+    from verifiers_nemogym.shared import client
 
     if args.stack_command == "up" and args.listen is not None:
         tls.check_bindable(*tls.parse_listen(args.listen))  # before anything starts
@@ -69,13 +69,13 @@ def run(args: argparse.Namespace) -> int:
         return [p for name in envs for p in catalog.env(name).config_paths]
 
     if args.stack_command == "status":
-        return _status(args.json, asyncio.run(attach.list_hosts()))
+        return _status(args.json, asyncio.run(client.list_hosts()))
     judge = judge_of(args)
     # The cluster `--ray-address` names, its token read as Ray reads it.
     ray = RayCluster.from_environ(args.ray_address) if args.ray_address else None
     if args.stack_command == "up":
         info = asyncio.run(
-            attach.bring_up(
+            client.bring_up(
                 runtime,
                 config_paths(args.envs),
                 idle_timeout=args.idle_timeout,
@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
         if listen := info.get("listen"):
             print(_describe_listen(listen))
         return 0
-    hosts = asyncio.run(attach.list_hosts())
-    wanted = attach.stack_key(runtime, config_paths(args.envs), judge, ray) if args.envs else None
+    hosts = asyncio.run(client.list_hosts())
+    wanted = client.stack_key(runtime, config_paths(args.envs), judge, ray) if args.envs else None
     stopped = 0
     for host in hosts:
         if wanted is not None and host.directory.name != wanted:
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             continue  # a socket nothing answers on, and no host process: nothing to stop
         # A host that does not answer (starting, wedged) is stopped by its pid.
         by_pid = None if host.status is not None else host.pid
-        pid = asyncio.run(attach.take_down(host.directory, pid=by_pid))
+        pid = asyncio.run(client.take_down(host.directory, pid=by_pid))
         print(f"stopped shared stack {host.directory.name} (host pid {pid})")
         stopped += 1
     if not stopped:

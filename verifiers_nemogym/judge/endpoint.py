@@ -3,7 +3,7 @@
 
 Contract: a `Judge` carries its own key (`key`) and headers, which are secrets: never in its
 repr, `public()`, `identity()` or `to_dict()`. They leave the process that read them only as
-`secrets()`, which a shared stack's host gets on its stdin (`nemo/lease.py`), and reach the
+`secrets()`, which a shared stack's host gets on its stdin (`shared/protocol.py`), and reach the
 judge only through the relay (`judge/relay.py`), never NeMo Gym's config, command lines or
 environment.
 """

@@ -32,7 +32,7 @@ from verifiers_nemogym.bridge.responses import message_text
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import PROMPT_KEPT, JudgeFailure, JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
-from verifiers_nemogym.net import LOOPBACK, AppServer
+from verifiers_nemogym.net import LOOPBACK, AppServer, forward
 from verifiers_nemogym.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
@@ -214,20 +214,15 @@ class JudgeRelay(AppServer):
         Status 0 is a transport failure, -1 a 200 whose body is not JSON."""
         assert self._session is not None
         try:
-            async with self._session.post(
-                self._upstream(path), data=body, headers=self._headers()
-            ) as response:
-                payload = await response.read()
-                status = response.status
-                asked = wire.retry_after(response.headers)
+            answer = await forward(self._session, self._upstream(path), body, self._headers())
         except (aiohttp.ClientError, TimeoutError) as e:
             return 0, (str(e) or type(e).__name__).encode(), None
-        if status == 200:
+        if answer.status == 200:
             try:
-                json.loads(payload)
+                json.loads(answer.body)
             except ValueError:
-                return -1, payload, None
-        return status, payload, asked
+                return -1, answer.body, None
+        return answer.status, answer.body, wire.retry_after(answer.headers)
 
     def _count_tokens(self, payload: bytes) -> None:
         try:

@@ -1,8 +1,8 @@
 """The pieces of a stack used across hosts, on loopback and without NeMo Gym (the two-host
 test with a real stack is tests/stack/test_across_hosts.py): the certificate, pin and token
-files (`tls.py`), the gate's refusals (`nemo/gate.py`), the one-line errors of a client with a
-wrong pin, a wrong or missing token or a bad `--listen`, and model calls riding a lease back
-to the env process's real proxy (the model is the scripted policy)."""
+files (`shared/tls.py`), the gate's refusals (`shared/gate.py`), the one-line errors of a client
+(`shared/link.py`) with a wrong pin, a wrong or missing token or a bad `--listen`, and model calls
+riding a lease back to the env process's real proxy (the model is the scripted policy)."""
 
 from __future__ import annotations
 
@@ -22,16 +22,15 @@ import aiohttp
 import pytest
 from helpers import until
 
-from verifiers_nemogym import tls
 from verifiers_nemogym.bridge.front import FrontForwarder
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.wire import route_metadata
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo import lease
-from verifiers_nemogym.nemo.gate import StackGate
-from verifiers_nemogym.nemo.remote import GateLink, describe_gate
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.shared import protocol, tls
+from verifiers_nemogym.shared.gate import StackGate
+from verifiers_nemogym.shared.link import GateLink, describe_gate
 
 COMMAND = str(Path(sys.executable).with_name("nemo-gym-env"))
 
@@ -272,9 +271,9 @@ async def test_a_link_is_lost_only_when_the_host_goes_down_or_stops_listening(
         told = GateLink(target, proxy.url, proxy.secret)
         await told.open()
         try:
-            await made.gate.broadcast(lease.down_event("stack down requested"))
+            await made.gate.broadcast(protocol.down_event("stack down requested"))
             await asyncio.wait_for(told.lost.wait(), 10)
-            assert told.reason == "the shared NeMo Gym stack went down: stack down requested"
+            assert told.lost.reason == "the shared NeMo Gym stack went down: stack down requested"
         finally:
             await told.close()
         left = GateLink(target, proxy.url, proxy.secret)
@@ -284,7 +283,7 @@ async def test_a_link_is_lost_only_when_the_host_goes_down_or_stops_listening(
             await asyncio.sleep(0.5)
             assert not left.lost.is_set() and not left.connected.is_set()  # it tries again
             await asyncio.wait_for(left.lost.wait(), 30)
-            assert left.reason.endswith("stopped listening") and left.links == 1
+            assert left.lost.reason.endswith("stopped listening") and left.links == 1
         finally:
             await left.close()
 
@@ -296,7 +295,7 @@ ended mid-run at load 15, benchmarks/link.py), well within `tls.LINK_TIMEOUT` of
 _HOLD_A_LEASE = """
 import asyncio, sys
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.nemo.remote import GateLink, describe_gate
+from verifiers_nemogym.shared.link import GateLink, describe_gate
 
 async def main() -> None:
     target = await describe_gate(sys.argv[1], sys.argv[2], None)

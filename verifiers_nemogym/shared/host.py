@@ -1,10 +1,10 @@
 """The shared-stack host program: owns one shared NeMo Gym stack for every env process of it.
 
-Started detached by `nemo/attach.py` (`spawn_host`, as `python -m <this module> --dir D --spec
-J`; never by hand; the protocol is `nemo/lease.py`). `StackHost` runs the stack for the stack
+Started detached by `shared/client.py` (`spawn_host`, as `python -m <this module> --dir D --spec
+J`; never by hand; the protocol is `shared/protocol.py`). `StackHost` runs the stack for the stack
 folder D with the `HostSpec` J, the front forwarder NeMo Gym calls as `policy_model`
 (`bridge/front.py`), the lease socket and, once `stack up --listen` asks for it, the TLS
-listener for env processes on other hosts (`nemo/gate.py`), until the stack is idle past its
+listener for env processes on other hosts (`shared/gate.py`), until the stack is idle past its
 timeout, told down, dead, or the process gets SIGTERM/SIGINT; the stack is stopped in every case
 (and if this process is SIGKILLed, the stack's supervisor tears it down). Logs go to stderr (the
 folder's host.log). Exit status: 0 after a normal stop, 1 if the stack failed, 2 for bad
@@ -34,14 +34,14 @@ from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_dig
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.errors import NeMoGymError, StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
-from verifiers_nemogym.nemo import lease
-from verifiers_nemogym.nemo.gate import StackGate
-from verifiers_nemogym.nemo.lease import HostSpec, receive, send
 from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack, start_stack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.net import LOOPBACK
-from verifiers_nemogym.tls import parse_listen
-from verifiers_nemogym.util import acquire_flock, try_flock
+from verifiers_nemogym.shared import protocol
+from verifiers_nemogym.shared.gate import StackGate
+from verifiers_nemogym.shared.protocol import HostSpec, receive, send
+from verifiers_nemogym.shared.tls import parse_listen
+from verifiers_nemogym.util import Latch, acquire_flock, try_flock
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ async def claim_host_lock(directory: Path) -> IO[str]:
     """`directory/host.lock`, exclusively flocked for the caller's whole life (closing it, or
     dying, releases it): the one host of the stack. StackError if another host holds it."""
     try:
-        path = directory / lease.HOST_LOCK
+        path = directory / protocol.HOST_LOCK
         return await acquire_flock(path, time.monotonic() + HOST_LOCK_WAIT)
     except TimeoutError:
         raise StackError(f"another stack host runs for {directory}; this one exits") from None
@@ -76,7 +76,7 @@ class StackHost:
     """The stack host process's work: front + stack + lease socket, until idle or told down.
 
     `run()` returns once everything it started is stopped. Leases are connections to the socket
-    (the messages are `nemo/lease.py`'s).
+    (the messages are `shared/protocol.py`'s).
     """
 
     def __init__(
@@ -88,7 +88,7 @@ class StackHost:
         secrets: dict[str, Any] | None = None,
     ) -> None:
         """`host_lock`: `host.lock` already flocked for this host (handed over by its spawner);
-        None: `run()` claims it. `secrets`: what came on stdin (`lease.host_secrets`)."""
+        None: `run()` claims it. `secrets`: what came on stdin (`protocol.host_secrets`)."""
         self.venv = venv
         self._host_lock = host_lock
         self.secrets = secrets or {}
@@ -100,8 +100,8 @@ class StackHost:
         self.idle_since = time.monotonic()
         self.started_at = time.time()
         self.leases_total = 0
-        self._stopping = asyncio.Event()
-        self._stop_reason = ""
+        self.stopping = Latch()
+        """Set, with the reason, once the host is to stop (idle, told down, stack dead, signal)."""
         self._server: asyncio.AbstractServer | None = None
         self._bound_inode: int | None = None
         self.gate: StackGate | None = None
@@ -109,12 +109,7 @@ class StackHost:
         self._background: set[asyncio.Task[None]] = set()
         self.claimed = False
         """Whether a user leased this host or `stack up` claimed it; an unclaimed ready host
-        stops after `lease.UNCLAIMED_GRACE` s (its starter was cancelled or killed)."""
-
-    def request_stop(self, reason: str) -> None:
-        if not self._stopping.is_set():
-            self._stop_reason = reason
-            self._stopping.set()
+        stops after `protocol.UNCLAIMED_GRACE` s (its starter was cancelled or killed)."""
 
     async def run(self) -> None:
         """Raises StackError (having started nothing) if another host holds `host.lock`."""
@@ -143,7 +138,7 @@ class StackHost:
             )
             # Listening last: a user that can connect finds a ready stack.
             self._server = await asyncio.start_unix_server(
-                self._serve, sock=self._bind(), limit=lease.LINE_LIMIT
+                self._serve, sock=self._bind(), limit=protocol.LINE_LIMIT
             )
             self.idle_since = time.monotonic()
             logger.info("shared stack ready; agents: %s", ", ".join(sorted(self.stack.agents)))
@@ -155,7 +150,7 @@ class StackHost:
         """The listening socket at `host.sock`. A leftover file is a dead host's (we hold
         `host.lock`), removed, unless something answers on it: then StackError, never a bind
         over a live socket (asyncio's own bind would silently remove it)."""
-        path = self.directory / lease.SOCKET
+        path = self.directory / protocol.SOCKET
         if path.exists() or path.is_symlink():
             if _socket_accepts(path):
                 raise StackError(f"something else answers on {path}; not replacing it")
@@ -173,28 +168,28 @@ class StackHost:
 
     async def _supervise(self) -> None:
         last_check = time.monotonic()
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), 0.5)
+                await asyncio.wait_for(self.stopping.wait(), 0.5)
             now = time.monotonic()
             if self.stack is not None and now - last_check >= CHECK_ALIVE_INTERVAL:
                 last_check = now
                 try:
                     await self.stack.check_alive()
                 except StackError as e:
-                    self.request_stop(f"the stack died: {e}")
+                    self.stopping.set(f"the stack died: {e}")
             timeout = self.spec.idle_timeout
             if not self.claimed:
-                grace = lease.UNCLAIMED_GRACE
+                grace = protocol.UNCLAIMED_GRACE
                 timeout = grace if timeout is None else min(timeout, grace)
             idle = not self._users() and timeout is not None and now - self.idle_since >= timeout
             if idle and await self._close_if_still_idle():
-                self.request_stop(f"no user for {timeout:g} s")
+                self.stopping.set(f"no user for {timeout:g} s")
 
     async def _close_if_still_idle(self) -> bool:
         """Under the flock, so no user can be attaching meanwhile: stop listening if idle."""
         try:
-            handle = try_flock(self.directory / lease.LOCK)
+            handle = try_flock(self.directory / protocol.LOCK)
         except OSError:
             return True
         if handle is None:
@@ -215,7 +210,7 @@ class StackHost:
             self._server = None
         if self._bound_inode is None:
             return
-        path = self.directory / lease.SOCKET
+        path = self.directory / protocol.SOCKET
         with contextlib.suppress(FileNotFoundError):
             if path.lstat().st_ino == self._bound_inode:
                 path.unlink()
@@ -232,10 +227,10 @@ class StackHost:
     def _tell_judge_failure(self, failure: JudgeFailure) -> None:
         """Any user's rollout may have been graded by the failed call: tell them all (with its
         prompt, which each user matches against its rollouts' questions)."""
-        event = lease.judge_failed_event(failure)
+        event = protocol.judge_failed_event(failure)
         for writer in list(self.leases):
             with contextlib.suppress(OSError, ConnectionError, RuntimeError):
-                lease.post(writer, event)
+                protocol.post(writer, event)
         if self.gate is not None:
             task = asyncio.create_task(self.gate.broadcast(event))
             self._background.add(task)
@@ -299,7 +294,7 @@ class StackHost:
             "idle_timeout": self.spec.idle_timeout,
             "persistent": self.spec.persistent,
             "uptime_s": round(time.time() - self.started_at, 1),
-            "log": str(self.directory / lease.LOG),
+            "log": str(self.directory / protocol.LOG),
             "judge": relay.judge.public() if relay is not None else None,
             "judge_stats": relay.stats.summary() if relay is not None else None,
             "ray_address": self.spec.ray["address"] if self.spec.ray is not None else None,
@@ -308,7 +303,7 @@ class StackHost:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         user: FrontUser | None = None
         try:
-            uid = lease.peer_uid(writer)
+            uid = protocol.peer_uid(writer)
             if uid != os.getuid():
                 logger.warning("refused a connection from uid %d on the lease socket", uid)
                 return
@@ -317,27 +312,27 @@ class StackHost:
             if message is None:
                 return
             op = message.get("op")
-            if self._stopping.is_set():
-                await send(writer, lease.refusal("shutting down"))
-            elif op == lease.OP_STATUS:
+            if self.stopping.is_set():
+                await send(writer, protocol.refusal("shutting down"))
+            elif op == protocol.OP_STATUS:
                 await send(writer, self.status())
-            elif op == lease.OP_PERSIST:
+            elif op == protocol.OP_PERSIST:
                 # `stack up` on a running stack: keep it until down or the new idle timeout.
                 try:
-                    timeout = lease.check_idle_timeout(message.get("idle_timeout"))
+                    timeout = protocol.check_idle_timeout(message.get("idle_timeout"))
                     if message.get("listen"):
                         await self.listen(str(message["listen"]))
                 except NeMoGymError as e:
-                    await send(writer, lease.refusal(str(e)))
+                    await send(writer, protocol.refusal(str(e)))
                     return
                 self.spec = dataclasses.replace(self.spec, persistent=True, idle_timeout=timeout)
                 self.claimed = True
                 self.idle_since = time.monotonic()
                 await send(writer, self.status())
-            elif op == lease.OP_DOWN:
-                self.request_stop("stack down requested")
+            elif op == protocol.OP_DOWN:
+                self.stopping.set("stack down requested")
                 await send(writer, {"ok": True, "pid": os.getpid()})
-            elif op == lease.OP_LEASE:
+            elif op == protocol.OP_LEASE:
                 user = FrontUser(
                     pid=int(message["pid"]),
                     proxy_url=_loopback_url(str(message["proxy_url"])),
@@ -353,7 +348,7 @@ class StackHost:
                 while await reader.read(4096):  # held until the user closes or dies
                     pass
             else:
-                await send(writer, lease.refusal(f"unknown op {op!r}"))
+                await send(writer, protocol.refusal(f"unknown op {op!r}"))
         except (OSError, ValueError, KeyError, TypeError, TimeoutError) as e:
             logger.warning("bad client on the lease socket: %r", e)
         finally:
@@ -369,14 +364,14 @@ class StackHost:
         self._stop_listening()
         # Pattern redaction: the host knows no secret's value (only digests), but a death notice
         # quoting a server's log can carry any user's row, secret included.
-        reason = cut(self._stop_reason or "host exiting", NOTICE_LIMIT)
+        reason = cut(self.stopping.reason or "host exiting", NOTICE_LIMIT)
         logger.info("stopping shared stack: %s", reason)
         for writer in list(self.leases):
             with contextlib.suppress(OSError, ConnectionError):
-                await send(writer, lease.down_event(reason))
+                await send(writer, protocol.down_event(reason))
             writer.close()
         if self.gate is not None:
-            await self.gate.broadcast(lease.down_event(reason))
+            await self.gate.broadcast(protocol.down_event(reason))
             await self.gate.stop()
         try:
             if self.stack is not None:
@@ -422,7 +417,7 @@ async def _run(
         # Before the stack is up, cancel the start (NeMoGymStack.start cleans up on cancel);
         # afterwards, a normal stop.
         if host.stack is not None and host.stack.agents:
-            host.request_stop("signal")
+            host.stopping.set("signal")
         else:
             task.cancel()
 
@@ -449,10 +444,6 @@ def main(argv: list[str] | None = None) -> int:
         secrets = json.loads(sys.stdin.readline() or "{}")
         if not isinstance(secrets, dict):
             raise ValueError("stdin must hold a JSON object")
-    except (ValueError, TypeError) as e:
-        logger.error("stack_host: bad --spec or stdin: %s", e)
-        return 2
-    try:
         judge = spec.judge_with(secrets)
     except (ValueError, TypeError) as e:
         logger.error("stack_host: bad --spec or stdin: %s", e)

@@ -1,10 +1,10 @@
 """One NeMo Gym stack per machine for every env process that asks for the same one: the
 client side (an env process's lease, and the `stack up/status/down` commands). The protocol
-both ends speak is `nemo/lease.py`; the design is docs/shared-stacks.md.
+both ends speak is `shared/protocol.py`; the design is docs/shared-stacks.md.
 
 - A stack is identified by its *key* (`stack_key`): runtime, config files and their contents,
   and its judge's identity (two judges or two keys never share a stack).
-- The *stack host* (`nemo/host.py`, a detached process) owns the `NeMoGymStack` and the *front*
+- The *stack host* (`shared/host.py`, a detached process) owns the `NeMoGymStack` and the *front*
   forwarder NeMo Gym calls as `policy_model`; it never runs rollouts. Each env process (*user*)
   keeps its own model proxy and holds a *lease* (`Lease`): one open connection to the host's
   socket, on which it registered its proxy's URL and secret. The kernel closes a lease when its
@@ -38,14 +38,16 @@ from typing import IO, Any, TypeVar
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
-from verifiers_nemogym.nemo import lease
 from verifiers_nemogym.nemo import supervisor as procs
-from verifiers_nemogym.nemo.lease import HOST_ENV_VAR, HostSpec, check_idle_timeout, request
 from verifiers_nemogym.nemo.ray_cluster import TOKEN_VAR, RayCluster, check_cluster
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.shared import protocol
+from verifiers_nemogym.shared.protocol import HOST_ENV_VAR, HostSpec, check_idle_timeout, request
 from verifiers_nemogym.util import (
+    Latch,
     acquire_flock,
     cache_root,
+    cancel_and_wait,
     open_nofollow,
     poll_until,
     private_dir,
@@ -121,10 +123,10 @@ def check_stack_dir(directory: Path) -> None:
     private_dir(cache_root())
     private_dir(directory.parent)
     private_dir(directory)
-    path = directory / lease.SOCKET
-    if len(os.fsencode(path)) > lease.SOCKET_PATH_MAX:
+    path = directory / protocol.SOCKET
+    if len(os.fsencode(path)) > protocol.SOCKET_PATH_MAX:
         raise StackError(
-            f"the shared stack socket path {path} is longer than {lease.SOCKET_PATH_MAX} bytes; "
+            f"the shared stack socket path {path} is longer than {protocol.SOCKET_PATH_MAX} bytes; "
             "set VF_NEMOGYM_CACHE to a shorter folder"
         )
 
@@ -135,7 +137,7 @@ def spawn_if_no_host(
     """Under the stack lock: a new host for `directory` if none runs (None if one does). The
     new host inherits our flock on `host.lock` (the same open file), so there is no moment in
     which the lock is free while it starts, even if we are killed right after."""
-    handle = try_flock(directory / lease.HOST_LOCK)
+    handle = try_flock(directory / protocol.HOST_LOCK)
     if handle is None:
         return None
     with handle:
@@ -159,14 +161,12 @@ async def stack_lock(directory: Path, deadline: float, what: str) -> AsyncIterat
     """Hold `directory/lock` (flock) for the block; StackError naming `what` at `deadline`.
     The folder is checked first (`check_stack_dir`)."""
     check_stack_dir(directory)
+    path = directory / protocol.LOCK
     try:
-        handle = await acquire_flock(directory / lease.LOCK, deadline)
+        handle = await acquire_flock(path, deadline)
     except TimeoutError:
-        raise StackError(
-            f"timed out waiting for the shared stack lock {directory / lease.LOCK} ({what})"
-        ) from None
+        raise StackError(f"timed out waiting for the shared stack lock {path} ({what})") from None
     except OSError as e:  # e.g. ELOOP: `lock` is a symlink, which is never followed
-        path = directory / lease.LOCK
         raise StackError(f"cannot open the shared stack lock {path}: {e}") from None
     try:
         yield
@@ -182,7 +182,7 @@ class Lease:
     """An env process's hold on a shared stack: while it is open the stack stays up.
 
     `run_urls` (agent -> where its rollouts' `/run` goes) and `head_url` describe the stack;
-    `lost` is set (with `reason`) when the host goes away (stack died, `stack down`, host
+    `lost` is set, with its reason, when the host goes away (stack died, `stack down`, host
     killed). `close()` is idempotent."""
 
     directory: Path
@@ -194,8 +194,7 @@ class Lease:
     """Whether this process started the host (else it attached to a running one)."""
     _reader: asyncio.StreamReader
     _writer: asyncio.StreamWriter
-    reason: str = ""
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    lost: Latch = field(default_factory=Latch)
     judge: JudgeStatus | None = None
     """The stack's judge, kept up to date by the host's `judge_failed` events."""
     _watch: asyncio.Task[None] | None = None
@@ -206,22 +205,16 @@ class Lease:
     async def _follow(self) -> None:
         reason = "the shared NeMo Gym stack host closed the lease"
         try:
-            while (message := await lease.receive(self._reader)) is not None:
-                event = message.get("event")
-                if event == lease.EVENT_JUDGE_FAILED and self.judge is not None:
-                    self.judge.failed(lease.judge_failure_of(message))
-                elif event == lease.EVENT_DOWN:
-                    reason = f"the shared NeMo Gym stack went down: {message.get('reason')}"
+            while (message := await protocol.receive(self._reader)) is not None:
+                if (down := protocol.take_event(message, self.judge)) is not None:
+                    reason = f"the shared NeMo Gym stack went down: {down}"
         except (OSError, ValueError, KeyError) as e:
             reason = f"lost the shared NeMo Gym stack host ({e!r})"
-        self.reason = reason
-        self.lost.set()
+        self.lost.set(reason)
 
     async def close(self) -> None:
-        if self._watch is not None:
-            watch, self._watch = self._watch, None
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+        watch, self._watch = self._watch, None
+        await cancel_and_wait(watch)
         if not self._writer.is_closing():
             # shutdown, not just close: a child forked after attaching shares the socket, and a
             # close would leave the connection open (and the host counting us) while it lives.
@@ -237,17 +230,17 @@ async def _try_lease(directory: Path, proxy_url: str, proxy_secret: str) -> Leas
     """A lease from the host listening in `directory`, or None if none answers in
     `LEASE_ANSWER_TIMEOUT` s (or it is shutting down). StackError, before the secret is sent,
     if the listener is another user's."""
-    path = directory / lease.SOCKET
+    path = directory / protocol.SOCKET
     if not path.exists():
         return None
     try:
-        reader, writer = await lease.connect(path)
+        reader, writer = await protocol.connect(path)
     except OSError:
         return None
     try:
-        await lease.send(writer, lease.lease_hello(proxy_url, proxy_secret))
+        await protocol.send(writer, protocol.lease_hello(proxy_url, proxy_secret))
         async with asyncio.timeout(LEASE_ANSWER_TIMEOUT):
-            answer = await lease.receive(reader)
+            answer = await protocol.receive(reader)
     except (OSError, TimeoutError, ValueError):
         writer.close()
         return None
@@ -302,12 +295,12 @@ def spawn_host(
     """Start a detached stack host for `directory` (its output goes to `host.log`; the previous
     host's log is kept as `host.log.1`, so logs do not grow forever). The caller holds the stack
     lock and `host_lock` (`host.lock`, flocked), which the host inherits and keeps for its life;
-    the host itself removes a dead host's socket. The judge's secrets (`lease.host_secrets`) go
+    the host itself removes a dead host's socket. The judge's secrets (`protocol.host_secrets`) go
     to the host on its stdin (one JSON line), never in its arguments or environment; so does a
     Ray cluster's token given by value (`RAY_AUTH_TOKEN`)."""
-    log_path = directory / lease.LOG
+    log_path = directory / protocol.LOG
     with contextlib.suppress(FileNotFoundError):
-        os.replace(log_path, directory / lease.PREVIOUS_LOG)
+        os.replace(log_path, directory / protocol.PREVIOUS_LOG)
     env = {**os.environ, HOST_ENV_VAR: directory.name}
     env.pop(TOKEN_VAR, None)
     if judge is not None:
@@ -317,7 +310,7 @@ def spawn_host(
             [
                 sys.executable,
                 "-m",
-                lease.HOST_MODULE,
+                protocol.HOST_MODULE,
                 "--dir",
                 str(directory),
                 "--spec",
@@ -336,14 +329,14 @@ def spawn_host(
         )
     assert proc.stdin is not None
     with contextlib.suppress(OSError):  # a host that died at once says why in its log
-        proc.stdin.write(json.dumps(lease.host_secrets(judge, ray)).encode() + b"\n")
+        proc.stdin.write(json.dumps(protocol.host_secrets(judge, ray)).encode() + b"\n")
         proc.stdin.close()
     return proc
 
 
 def _log_tail(directory: Path, n: int = 30) -> str:
     try:
-        lines = (directory / lease.LOG).read_text(errors="replace").splitlines()
+        lines = (directory / protocol.LOG).read_text(errors="replace").splitlines()
     except OSError:
         return ""
     return "\n".join(lines[-n:])
@@ -375,14 +368,14 @@ async def _host_or_start(
         if proc is not None and (code := proc.poll()) is not None:
             raise StackError(
                 f"the shared NeMo Gym stack host exited with status {code} before it was ready; "
-                f"log tail ({directory / lease.LOG}):\n{_log_tail(directory)}"
+                f"log tail ({directory / protocol.LOG}):\n{_log_tail(directory)}"
             )
         if proc is None and (proc := spawn_if_no_host(directory, spec, judge, ray)) is not None:
             log.info(
                 "starting NeMo Gym stack (shared, host pid %d: %s), log: %s",
                 proc.pid,
                 ", ".join(Path(p).name for p in spec.config_paths),
-                directory / lease.LOG,
+                directory / protocol.LOG,
             )
         elif proc is None and not waiting_logged:
             waiting_logged = True
@@ -398,7 +391,7 @@ async def _host_or_start(
             await asyncio.to_thread(proc.wait, 60)
     raise StackError(
         f"the shared NeMo Gym stack was not ready in time; log tail "
-        f"({directory / lease.LOG}):\n{_log_tail(directory)}"
+        f"({directory / protocol.LOG}):\n{_log_tail(directory)}"
     )
 
 
@@ -468,7 +461,7 @@ def host_processes() -> dict[Path, int]:
             continue
         argv = procs.argv_of(pid)
         # The host's children inherit the marker, but run other programs.
-        if lease.HOST_MODULE not in argv or "--dir" not in argv[:-1]:
+        if protocol.HOST_MODULE not in argv or "--dir" not in argv[:-1]:
             continue
         directory = Path(argv[argv.index("--dir") + 1]).absolute()
         if directory.parent == root:
@@ -484,10 +477,10 @@ async def list_hosts() -> list[HostInfo]:
     processes = host_processes()
     if root.is_dir():
         for directory in sorted(root.iterdir()):
-            if not (directory / lease.SOCKET).exists():
+            if not (directory / protocol.SOCKET).exists():
                 continue
             try:
-                status = await lease.status(directory)
+                status = await protocol.status(directory)
             except StackError as e:
                 found.append(HostInfo(directory, None, str(e)))
                 continue
@@ -515,7 +508,7 @@ async def bring_up(
     persistent) that stays until `stack down` or `idle_timeout` seconds without users
     (None: no limit; else finite and >= 0, or StackError), its servers in the Ray cluster `ray`
     when given (`check_ray` first). `listen` (`HOST:PORT`): the host also serves env processes
-    on other hosts there, with TLS (`nemo/gate.py`); StackError if it cannot. Returns its
+    on other hosts there, with TLS (`shared/gate.py`); StackError if it cannot. Returns its
     status (with `listen`: the URL, the certificate's pin, the token's file)."""
     check_idle_timeout(idle_timeout)
     deadline = time.monotonic() + start_timeout + 60
@@ -531,7 +524,7 @@ async def bring_up(
             return await _host_answers(directory) or None
 
         await _host_or_start(directory, spec, deadline, answering, logger, judge, ray)
-        message = {"op": lease.OP_PERSIST, "idle_timeout": idle_timeout, "listen": listen}
+        message = {"op": protocol.OP_PERSIST, "idle_timeout": idle_timeout, "listen": listen}
         answer = await request(directory, message)
         if not answer.get("ok"):
             raise StackError(f"the shared stack host refused: {answer.get('error')}")
@@ -541,7 +534,7 @@ async def bring_up(
 async def _host_answers(directory: Path) -> bool:
     """Whether the host in `directory` answers a status request, ready."""
     try:
-        return bool((await lease.status(directory, timeout=5)).get("ok"))
+        return bool((await protocol.status(directory, timeout=5)).get("ok"))
     except StackError:
         return False
 
@@ -551,7 +544,7 @@ async def take_down(directory: Path, timeout: float = 60, pid: int | None = None
     that does not answer, SIGTERM it) and wait until it has exited (its stack stopped with it).
     Returns the host's pid."""
     if pid is None:
-        answer = await request(directory, {"op": lease.OP_DOWN})
+        answer = await request(directory, {"op": protocol.OP_DOWN})
         pid = int(answer["pid"])
     else:
         with contextlib.suppress(ProcessLookupError):

@@ -1,5 +1,5 @@
-"""The shared-stack lease protocol: what a stack host (`nemo/host.py`) and its clients
-(`nemo/attach.py`: env processes and the `stack` commands) both know, and nothing else.
+"""The shared-stack lease protocol: what a stack host (`shared/host.py`) and its clients
+(`shared/client.py`: env processes and the `stack` commands) both know, and nothing else.
 
 - The stack folder (`<cache>/stacks/<key>/`, mode 0700): `lock` (a flock serialising attach,
   start and stop decisions), `host.lock` (flocked by the live host for its whole life),
@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.judge.blame import JudgeFailure
+from verifiers_nemogym.judge.blame import JudgeFailure, JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
 
-HOST_MODULE = "verifiers_nemogym.nemo.host"
+HOST_MODULE = "verifiers_nemogym.shared.host"
 """The host program, run as `python -m` (a client never imports it)."""
 HOST_ENV_VAR = "VF_NEMOGYM_STACK_HOST"
 """Set (to the stack key) in the stack host's environment, so scans can find hosts."""
@@ -134,6 +134,17 @@ def judge_failed_event(failure: JudgeFailure) -> dict[str, Any]:
 def judge_failure_of(event: dict[str, Any]) -> JudgeFailure:
     """The `JudgeFailure` of an `EVENT_JUDGE_FAILED` event (ValueError/KeyError if malformed)."""
     return JudgeFailure(str(event["message"]), float(event["at"]), str(event.get("prompt") or ""))
+
+
+def take_event(event: dict[str, Any], judge: JudgeStatus | None) -> str | None:
+    """A host's event, as a lease of either kind (unix socket or gate) takes it: a judge failure
+    is told to `judge`; `EVENT_DOWN` gives the host's reason; anything else None. ValueError or
+    KeyError if malformed."""
+    if event.get("event") == EVENT_JUDGE_FAILED and judge is not None:
+        judge.failed(judge_failure_of(event))
+    elif event.get("event") == EVENT_DOWN:
+        return str(event.get("reason"))
+    return None
 
 
 def down_event(reason: str) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """The gate: a shared stack host's TLS listener for env processes on other hosts.
 
-`nemo-gym-env stack up ENV --listen HOST:PORT` makes the stack host (`nemo/host.py`) serve, on
-HOST:PORT only, HTTPS with a self-signed certificate it made at start (`tls.py`: clients pin
+`nemo-gym-env stack up ENV --listen HOST:PORT` makes the stack host (`shared/host.py`) serve, on
+HOST:PORT only, HTTPS with a self-signed certificate it made at start (`shared/tls.py`: clients pin
 it) and an access token (a 0600 file in the stack folder). Everything else of the stack stays
-on the host's loopback. The wire (`GateLink` in `nemo/remote.py` is the client):
+on the host's loopback. The wire (`GateLink` in `shared/link.py` is the client):
 
 - Every request carries `Authorization: Bearer <token>`; one without it, or with another, is
   answered 401 before its body is read (a middleware, ahead of every handler), and learns
@@ -13,7 +13,7 @@ on the host's loopback. The wire (`GateLink` in `nemo/remote.py` is the client):
 - `POST /agents/<agent>/<tail>`: forwarded to `<the agent's /run target>/<tail>` on the host
   (rollouts' `/run`, NeMo Gym's `/aggregate_metrics`); an unknown agent is 404.
 - `GET /lease` (a WebSocket): the remote user's lease, as the unix-socket lease is a local
-  user's (`nemo/lease.py`): a text hello `{"op": "lease", "pid", "secret"}` answered by the
+  user's (`shared/protocol.py`): a text hello `{"op": "lease", "pid", "secret"}` answered by the
   description, then held. While it is open the front forwarder (`bridge/front.py`) knows the
   user by its secret's digest, as any user, at a loopback URL of the gate's relay; each model
   call the front passes there rides this WebSocket to the env process (a binary `frame`:
@@ -47,10 +47,10 @@ from typing import Any, ClassVar
 import aiohttp
 from aiohttp import web
 
-from verifiers_nemogym import tls
 from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.bridge.front import FRONT_CALL_TIMEOUT, FrontForwarder, FrontUser
-from verifiers_nemogym.net import LOOPBACK, AppServer
+from verifiers_nemogym.net import LOOPBACK, AppServer, forward, forwarding_session
+from verifiers_nemogym.shared import tls
 
 logger = logging.getLogger(__name__)
 
@@ -210,11 +210,7 @@ class StackGate(AppServer):
         self._token = tls.write_token(self.token_file).encode()
         self.ssl_context = tls.server_context(self.directory)
         await self._relay.start()
-        self._http = aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(),
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        )
+        self._http = forwarding_session(aiohttp.ClientTimeout(total=None, sock_connect=10))
         await super().start()
         logger.info("listening for env processes on other hosts at %s (pin %s)", self.url, self.pin)
 
@@ -259,17 +255,13 @@ class StackGate(AppServer):
         body = await request.read()
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
         assert self._http is not None
-        url = f"{target}/{request.match_info['tail']}"
         try:
-            async with self._http.post(url, data=body, headers=headers) as upstream:
-                payload = await upstream.read()
-                return web.Response(
-                    body=payload,
-                    status=upstream.status,
-                    content_type=upstream.content_type or "application/json",
-                )
+            answer = await forward(
+                self._http, f"{target}/{request.match_info['tail']}", body, headers
+            )
         except aiohttp.ClientError as e:
             return wire.json_error(502, f"the stack's server failed: {e!r}", "upstream_error")
+        return answer.response()
 
     async def _lease(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(heartbeat=HEARTBEAT, max_msg_size=MAX_FRAME_BYTES)

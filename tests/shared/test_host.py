@@ -1,9 +1,9 @@
-"""The shared-stack host/lease protocol (`nemo/lease.py`, `nemo/attach.py`, `nemo/host.py`) with a
-fake stack in place of NeMo Gym's: the real `attach_or_start`, `StackHost` and lease socket,
+"""The shared-stack host/lease protocol (`shared/protocol.py`, `shared/client.py`, `shared/host.py`)
+with a fake stack in place of NeMo Gym's: the real `attach_or_start`, `StackHost` and lease socket,
 with hosts run as tasks of this process (`spawn_host` replaced). That is a unit test of the
 protocol: at most one host per stack key whatever is cancelled when, a host removes only its own
-socket, nothing outlives its users, and both ends of the socket and the stack folder belong to
-this uid. The same with a real stack and a SIGKILLed starter: tests/stack/test_shared_stack.py.
+socket, nothing outlives its users, and both ends of the socket and the stack folder belong to this
+uid. The same with a real stack and a SIGKILLed starter: tests/stack/test_shared_stack.py.
 
 The second-uid tests run a peer under `setpriv` as uid 65534 (nobody), so they need root."""
 
@@ -28,11 +28,11 @@ import pytest
 from helpers import until
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError, StackError
-from verifiers_nemogym.nemo import attach, lease
-from verifiers_nemogym.nemo import host as host_module
 from verifiers_nemogym.nemo import venv as venv_module
-from verifiers_nemogym.nemo.host import StackHost
-from verifiers_nemogym.nemo.lease import HostSpec
+from verifiers_nemogym.shared import client, protocol
+from verifiers_nemogym.shared import host as host_module
+from verifiers_nemogym.shared.host import StackHost
+from verifiers_nemogym.shared.protocol import HostSpec
 
 START_S = 0.5
 """How long a fake stack takes to start."""
@@ -128,7 +128,7 @@ async def hosts(monkeypatch: pytest.MonkeyPatch, cache: Path) -> AsyncIterator[l
     monkeypatch.setattr(host_module, "NeMoGymStack", FakeStack)
     monkeypatch.setattr(FakeStack, "began", asyncio.Event(), raising=False)
     monkeypatch.setattr(
-        attach, "spawn_host", lambda d, s, lock, *_: InProcessHost(d, s, lock, spawned)
+        client, "spawn_host", lambda d, s, lock, *_: InProcessHost(d, s, lock, spawned)
     )
     yield spawned
     for proc in spawned:
@@ -158,8 +158,8 @@ async def most_running(hosts: list[InProcessHost]) -> AsyncIterator[list[int]]:
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def join(configs: list[Path], idle: float = 0.3, who: str = "u") -> attach.Lease:
-    return await attach.attach_or_start(
+async def join(configs: list[Path], idle: float = 0.3, who: str = "u") -> client.Lease:
+    return await client.attach_or_start(
         VENV,
         configs,
         proxy_url="http://127.0.0.1:9",
@@ -170,7 +170,7 @@ async def join(configs: list[Path], idle: float = 0.3, who: str = "u") -> attach
 
 
 def directory_of(configs: list[Path]) -> Path:
-    return attach.stack_dir(attach.stack_key(VENV, configs))
+    return client.stack_dir(client.stack_key(VENV, configs))
 
 
 def made_directory(configs: list[Path]) -> Path:
@@ -210,16 +210,16 @@ async def test_users_that_see_different_stacks_folders_never_share_a_host(
 ):
     """`VF_NEMOGYM_STACKS` moves the stacks' folders: the same stack key under two of them is
     two hosts, and `stack status` sees the hosts of its own folder only."""
-    monkeypatch.setenv(attach.STACKS_ENV_VAR, str(cache / "a"))
+    monkeypatch.setenv(client.STACKS_ENV_VAR, str(cache / "a"))
     first = await join(configs, who="A")
     same = await join(configs, who="B")
     assert directory_of(configs).parent == cache / "a"
-    monkeypatch.setenv(attach.STACKS_ENV_VAR, str(cache / "b"))
+    monkeypatch.setenv(client.STACKS_ENV_VAR, str(cache / "b"))
     other = await join(configs, who="C")
     assert directory_of(configs).parent == cache / "b"
     assert same.marker == first.marker and not same.started
     assert other.started and other.marker != first.marker and len(running(hosts)) == 2
-    assert [info.directory.parent for info in await attach.list_hosts()] == [cache / "b"]
+    assert [info.directory.parent for info in await client.list_hosts()] == [cache / "b"]
     for user in (first, same, other):
         await user.close()
     await until(lambda: not running(hosts), 5, "both hosts stop after their last user")
@@ -228,7 +228,7 @@ async def test_users_that_see_different_stacks_folders_never_share_a_host(
 async def test_slow_host_is_waited_for_not_replaced(
     hosts: list[InProcessHost], configs: list[Path], monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr(attach, "LEASE_ANSWER_TIMEOUT", 0.3)
+    monkeypatch.setattr(client, "LEASE_ANSWER_TIMEOUT", 0.3)
     serve = StackHost._serve
     connections = itertools.count()
 
@@ -252,7 +252,7 @@ async def test_host_never_unlinks_a_socket_it_did_not_bind(
 ):
     held = await join(configs)
     (proc,) = hosts
-    path = held.directory / lease.SOCKET
+    path = held.directory / protocol.SOCKET
     # Another socket now sits at the path (as a second host's would).
     path.unlink()
     other = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(path))
@@ -269,10 +269,10 @@ async def test_host_refuses_to_bind_over_an_answering_socket(
     hosts: list[InProcessHost], configs: list[Path]
 ):
     directory = made_directory(configs)
-    path = directory / lease.SOCKET
+    path = directory / protocol.SOCKET
     other = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(path))
     inode = path.stat().st_ino
-    spec = attach.host_spec(VENV, configs, 0.3, 30)
+    spec = client.host_spec(VENV, configs, 0.3, 30)
     try:
         with pytest.raises(StackError, match="answers on"):
             await StackHost(VENV, directory, spec).run()
@@ -286,7 +286,7 @@ async def test_second_host_for_a_key_exits_without_starting(
 ):
     monkeypatch.setattr(host_module, "HOST_LOCK_WAIT", 0.3, raising=False)
     held = await join(configs)
-    spec = attach.host_spec(VENV, configs, 0.3, 30)
+    spec = client.host_spec(VENV, configs, 0.3, 30)
     second = StackHost(VENV, held.directory, spec)
     with pytest.raises(StackError, match="another stack host"):
         await second.run()
@@ -298,11 +298,11 @@ async def test_unclaimed_host_stops_by_itself(
     hosts: list[InProcessHost], configs: list[Path], monkeypatch: pytest.MonkeyPatch
 ):
     """A persistent (`stack up`) host whose starter was cancelled before it claimed it."""
-    monkeypatch.setattr(lease, "UNCLAIMED_GRACE", 0.5)
+    monkeypatch.setattr(protocol, "UNCLAIMED_GRACE", 0.5)
     directory = made_directory(configs)
-    spec = attach.host_spec(VENV, configs, None, 30, persistent=True)
+    spec = client.host_spec(VENV, configs, None, 30, persistent=True)
     await asyncio.wait_for(StackHost(VENV, directory, spec).run(), START_S + 5)
-    assert not (directory / lease.SOCKET).exists()
+    assert not (directory / protocol.SOCKET).exists()
 
 
 async def test_lease_close_ends_the_lease_while_a_forked_copy_holds_the_socket(
@@ -323,7 +323,7 @@ async def test_host_drops_a_connection_that_says_nothing(
 ):
     monkeypatch.setattr(host_module, "FIRST_MESSAGE_TIMEOUT", 0.3, raising=False)
     held = await join(configs, idle=30)
-    reader, writer = await asyncio.open_unix_connection(held.directory / lease.SOCKET)
+    reader, writer = await asyncio.open_unix_connection(held.directory / protocol.SOCKET)
     try:
         assert await asyncio.wait_for(reader.read(), 3) == b""
     finally:
@@ -336,7 +336,7 @@ async def test_persist_refuses_a_bad_idle_timeout(
     hosts: list[InProcessHost], configs: list[Path], timeout: object
 ):
     held = await join(configs, idle=30)
-    answer = await lease.request(held.directory, {"op": "persist", "idle_timeout": timeout})
+    answer = await protocol.request(held.directory, {"op": "persist", "idle_timeout": timeout})
     assert answer["ok"] is False and "idle timeout" in answer["error"]
     (proc,) = hosts
     assert (proc.host.spec.idle_timeout, proc.host.spec.persistent) == (30, False)
@@ -348,13 +348,13 @@ async def test_status_and_down_find_a_host_that_does_not_answer(cache: Path, con
     argv = ["-m", host_module.__name__, "--dir", str(directory)]  # a host's command line
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", *argv],
-        env={**os.environ, lease.HOST_ENV_VAR: directory.name},
+        env={**os.environ, protocol.HOST_ENV_VAR: directory.name},
     )
     try:
-        await until(lambda: proc.pid in attach.host_processes().values(), 5, "scan finds it")
-        (info,) = await attach.list_hosts()
+        await until(lambda: proc.pid in client.host_processes().values(), 5, "scan finds it")
+        (info,) = await client.list_hosts()
         assert (info.directory, info.pid, info.status) == (directory, proc.pid, None)
-        assert await attach.take_down(directory, timeout=5, pid=info.pid) == proc.pid
+        assert await client.take_down(directory, timeout=5, pid=info.pid) == proc.pid
         assert proc.wait(5) == -signal.SIGTERM
     finally:
         proc.kill()
@@ -399,7 +399,7 @@ async def test_open_stack_folder_is_refused_before_any_hello(
 ):
     directory = directory_of(configs)
     directory.mkdir(parents=True)
-    async with recording_host(directory / lease.SOCKET) as got:
+    async with recording_host(directory / protocol.SOCKET) as got:
         (directory if folder == "stack" else cache).chmod(0o777)
         with pytest.raises(ConfigError, match=r"writable.*VF_NEMOGYM_CACHE") as caught:
             await join(configs)
@@ -413,7 +413,7 @@ async def test_stack_folder_of_another_uid_is_refused_before_any_hello(
 ):
     directory = directory_of(configs)
     directory.mkdir(parents=True, mode=0o700)
-    async with recording_host(directory / lease.SOCKET) as got:
+    async with recording_host(directory / protocol.SOCKET) as got:
         os.chown(directory, NOBODY, NOBODY)
         with pytest.raises(ConfigError, match=f"owned by uid {NOBODY}"):
             await join(configs)
@@ -472,7 +472,7 @@ async def test_lease_refuses_a_host_of_another_uid(
     for folder in (cache, directory.parent):
         folder.chmod(0o755)  # nobody can reach the stack folder...
     directory.chmod(0o777)  # ...and, for the moment, bind in it
-    path = directory / lease.SOCKET
+    path = directory / protocol.SOCKET
     fake = await asyncio.create_subprocess_exec(
         *as_nobody("-c", FAKE_HOST, str(path)), stdout=asyncio.subprocess.PIPE
     )
@@ -483,7 +483,7 @@ async def test_lease_refuses_a_host_of_another_uid(
         with pytest.raises(StackError, match=f"served by uid {NOBODY}") as caught:
             await join(configs)
         with pytest.raises(StackError, match=f"served by uid {NOBODY}"):
-            await lease.request(directory, {"op": "status"})
+            await protocol.request(directory, {"op": "status"})
         assert "\n" not in str(caught.value) and hosts == []
     finally:
         fake.kill()
@@ -508,7 +508,7 @@ async def test_host_refuses_a_user_of_another_uid(
     hosts: list[InProcessHost], configs: list[Path], cache: Path
 ):
     held = await join(configs, idle=30)
-    path = held.directory / lease.SOCKET
+    path = held.directory / protocol.SOCKET
     for folder in (cache, held.directory.parent, held.directory):
         folder.chmod(0o711)  # the socket reachable by nobody: only the uid check is left
     path.chmod(0o777)
@@ -543,7 +543,7 @@ async def test_lock_and_log_symlinks_are_not_followed(
     (directory / "lock").unlink()
     (directory / "host.log").symlink_to(victim)
     with pytest.raises(OSError):
-        attach.open_nofollow(directory / "host.log")
+        client.open_nofollow(directory / "host.log")
     assert victim.read_text() == "untouched"
 
 

@@ -1,6 +1,10 @@
-"""What a NeMo Gym release is: its declared Python floor, its extras, and its files.
+"""What a NeMo Gym release is: what it can do (`RELEASES`), its extras, and its files.
 
-Contract: `release_files(version)` returns a folder holding exactly what the `nemo-gym==<version>`
+Contract: `features(version)` is the one place a difference between releases is decided: its
+row of `RELEASES` (a `Features`: the declared Python floor and what the release has), or for an
+unknown release the row of the newest known one not newer than it (PEP 440 order), or for one
+older than all of them `Features(MIN_PYTHON)` (nothing new). Nothing else compares versions.
+`release_files(version)` returns a folder holding exactly what the `nemo-gym==<version>`
 wheel installs (the `resources_servers/`, `environments/`, `responses_api_agents/` trees with
 their configs and example data, and `nemo_gym-<version>.dist-info`), fetched once with
 `uv pip install --no-deps --target` into `cache_root()/releases/` (atomic: built beside, then
@@ -16,7 +20,7 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -30,15 +34,61 @@ DEFAULT_NEMO_GYM_VERSION = "0.4.0"
 """The fallback release: the newest one whose floor (3.12) needs no recent patch release."""
 # NeMo Gym >= 0.2 requires Python >= 3.12; older interpreters are never candidates.
 MIN_PYTHON = (3, 12)
-KNOWN_RELEASES: dict[str, tuple[int, ...]] = {
-    "0.4.0": (3, 12),
-    "0.5.0": (3, 13, 14),
-    "0.5.1": (3, 13, 14),
-    "0.6.0": (3, 13, 14),
-    "0.7.0": (3, 13, 14),
+
+
+@dataclass(frozen=True)
+class Features:
+    """One release as this package treats it. A field the library acts on is on from the release
+    it was verified on; tests/nemo/test_releases.py checks every row against the release's files.
+    Extras are read from each release's own metadata instead (`ReleaseFiles.extras`)."""
+
+    python_floor: tuple[int, ...]
+    """Its declared `Requires-Python` floor (its metadata's, where a runtime holds it)."""
+    gym_cli: bool = False
+    """Started with `gym env start` (`ng_run` became its deprecated shim; same overrides)."""
+    readyz: bool = False
+    """Its head server's `/readyz` says every server is ready (else ng_run's ready line)."""
+    spinup_timeout: bool = False
+    """Takes `+server_spinup_timeout_seconds`, its own start deadline (default 600 s)."""
+    pairing_check: bool = False
+    """Refuses model servers a resources server's `allowed_model_types` does not name, unless
+    `+allow_unsupported_pairing=true`."""
+    environment_servers: bool = False
+    """Environment servers front agents and take their `/run` (`catalog.run_targets`)."""
+    rollout_correlation: bool = False
+    """With observability on, agents call the model at `/ng-rollout/<_ng_rollout_id>/v1`."""
+    failure_class: bool = False
+    """Failures can be a 200 result tagged `_ng_failure_class` or `_ng_no_persist`."""
+    mask_sample: bool = False
+    """Results can be `mask_sample: true` with `failure_kind`/`failure_reason`."""
+    environments_layout: bool = False
+    """Environments in `environments/<name>/` as well as `resources_servers/<name>/configs/`."""
+    sandbox_providers: frozenset[str] = frozenset()
+    """Its sandbox providers (`nemo_gym/sandbox/providers/<name>/`, `containers.sandbox`)."""
+
+
+_SANDBOXES_0_6 = frozenset(
+    {"apptainer", "daytona", "docker", "e2b", "ecs_fargate", "enroot", "opensandbox", "openshell"}
+)
+_0_5 = Features((3, 13, 14), failure_class=True, rollout_correlation=True, environments_layout=True)
+_0_6 = replace(_0_5, mask_sample=True, sandbox_providers=_SANDBOXES_0_6)
+RELEASES: dict[str, Features] = {
+    "0.4.0": Features((3, 12), environments_layout=True),
+    "0.5.0": _0_5,
+    "0.5.1": _0_5,
+    "0.6.0": _0_6,
+    "0.7.0": replace(
+        _0_6,
+        gym_cli=True,
+        readyz=True,
+        spinup_timeout=True,
+        pairing_check=True,
+        environment_servers=True,
+        sandbox_providers=_SANDBOXES_0_6 | {"local"},
+    ),
 }
-"""nemo-gym release -> its declared `Requires-Python` floor (from each release's metadata).
-The newest entry that an interpreter here satisfies is the default release."""
+"""nemo-gym release -> what it has. The newest entry that an interpreter here satisfies is the
+default release. A new release is a row here (and its tests)."""
 _RELEASE = re.compile(r"^\d+(\.\d+){1,2}(\.?(a|b|rc|dev|post)\d+)?$")
 _COMPLETE = ".vf-nemogym-complete"
 
@@ -72,20 +122,23 @@ def check_release(version: str) -> str:
     return version
 
 
+def features(version: str) -> Features:
+    """What nemo-gym `version` has (see the module contract)."""
+    if version in RELEASES:
+        return RELEASES[version]
+    older = [v for v in RELEASES if parse_version(v) <= parse_version(version)]
+    return RELEASES[max(older, key=parse_version)] if older else Features(MIN_PYTHON)
+
+
 def python_floor(version: str, venv: Path | None = None) -> tuple[int, ...]:
     """The Python floor nemo-gym `version` declares: read from the installed package's metadata
-    when `venv` (a runtime venv or a `release_files` folder) holds it (cheap, exact), else
-    `KNOWN_RELEASES`; an unknown release gets the floor of the newest known release not newer
-    than it."""
+    when `venv` (a runtime venv or a `release_files` folder) holds it (cheap, exact), else its
+    `features`."""
     if venv is not None:
         for meta in _metadata_files(venv, version):
             if floor := _metadata_floor(meta):
                 return floor
-    if version in KNOWN_RELEASES:
-        return KNOWN_RELEASES[version]
-    older = [v for v in KNOWN_RELEASES if parse_version(v) <= parse_version(version)]
-    older.sort(key=parse_version)
-    return KNOWN_RELEASES[older[-1]] if older else MIN_PYTHON
+    return features(version).python_floor
 
 
 def _metadata_files(folder: Path, version: str) -> list[Path]:

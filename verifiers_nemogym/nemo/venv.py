@@ -32,8 +32,8 @@ from pathlib import Path
 from verifiers_nemogym.errors import VenvSetupError
 from verifiers_nemogym.nemo.release import (
     DEFAULT_NEMO_GYM_VERSION,
-    KNOWN_RELEASES,
     MIN_PYTHON,
+    RELEASES,
     floor_text,
     floor_version,
     parse_version,
@@ -276,7 +276,7 @@ def interpreters_available() -> list[str]:
 
 
 def default_version(python: str | None = None) -> str:
-    """The newest release of `KNOWN_RELEASES` whose declared floor an interpreter here meets
+    """The newest release of `RELEASES` whose declared floor an interpreter here meets
     (`python`, else $VF_NEMOGYM_PYTHON, else every interpreter `find_python_for` can see). The
     below-floor opt-in permits a release the user names; it never picks one. Falls back to
     `DEFAULT_NEMO_GYM_VERSION` when nothing fits (its own error then names the problem)."""
@@ -287,8 +287,8 @@ def default_version(python: str | None = None) -> str:
         versions = [found] if found else []
     else:
         versions = [v for v in interpreters_available() if python is None or _acceptable(v, python)]
-    for release in sorted(KNOWN_RELEASES, key=parse_version, reverse=True):
-        if any(_satisfies(v, KNOWN_RELEASES[release]) for v in versions):
+    for release in sorted(RELEASES, key=parse_version, reverse=True):
+        if any(_satisfies(v, RELEASES[release].python_floor) for v in versions):
             return release
     return DEFAULT_NEMO_GYM_VERSION
 

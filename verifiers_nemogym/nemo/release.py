@@ -67,13 +67,21 @@ class Features:
     """Its sandbox providers (`nemo_gym/sandbox/providers/<name>/`, `containers.sandbox`)."""
 
 
-_SANDBOXES_0_6 = frozenset(
-    {"apptainer", "daytona", "docker", "e2b", "ecs_fargate", "enroot", "opensandbox", "openshell"}
+# Each row is the one before it with what the release changed.
+_0_4 = Features(
+    (3, 12), environments_layout=True, sandbox_providers=frozenset({"apptainer", "opensandbox"})
 )
-_0_5 = Features((3, 13, 14), failure_class=True, rollout_correlation=True, environments_layout=True)
-_0_6 = replace(_0_5, mask_sample=True, sandbox_providers=_SANDBOXES_0_6)
+_0_5 = replace(
+    _0_4,
+    python_floor=(3, 13, 14),
+    failure_class=True,
+    rollout_correlation=True,
+    sandbox_providers=_0_4.sandbox_providers
+    | {"daytona", "docker", "ecs_fargate", "enroot", "openshell"},
+)
+_0_6 = replace(_0_5, mask_sample=True, sandbox_providers=_0_5.sandbox_providers | {"e2b"})
 RELEASES: dict[str, Features] = {
-    "0.4.0": Features((3, 12), environments_layout=True),
+    "0.4.0": _0_4,
     "0.5.0": _0_5,
     "0.5.1": _0_5,
     "0.6.0": _0_6,
@@ -84,7 +92,7 @@ RELEASES: dict[str, Features] = {
         spinup_timeout=True,
         pairing_check=True,
         environment_servers=True,
-        sandbox_providers=_SANDBOXES_0_6 | {"local"},
+        sandbox_providers=_0_6.sandbox_providers | {"local"},
     ),
 }
 """nemo-gym release -> what it has. The newest entry that an interpreter here satisfies is the

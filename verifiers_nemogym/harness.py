@@ -207,11 +207,10 @@ def _finite_number(value: Any) -> bool:
 
 
 def _failed(where: str, result: dict[str, Any]) -> AgentRunError:
-    """NeMo Gym (`Features.failure_class`) returns some failures as a 200 result tagged
-    `_ng_failure_class` (a failed judge call: `judge_failed`, with `reward: 0.0`; agents' own
-    classes) or `_ng_no_persist` (a killed rollout); its collector keeps such rows out of its
-    results and metrics. An error naming the signal and its class, with NeMo Gym's
-    `_ng_failure_*` details, never the reward."""
+    """NeMo Gym returns some failures as a 200 result tagged `_ng_failure_class` (a failed
+    judge call: `judge_failed`, with `reward: 0.0`; agents' own classes) or `_ng_no_persist`
+    (a killed rollout); its collector keeps such rows out of its results and metrics. An error
+    naming the signal and its class, with NeMo Gym's `_ng_failure_*` details, never the reward."""
     kind = result.get(_FAILURE_CLASS)
     kind = None if kind is None else str(kind)
     signal = f"{_FAILURE_CLASS}: {kind}" if kind is not None else f"{_NO_PERSIST}: true"
@@ -229,9 +228,8 @@ def _failed(where: str, result: dict[str, Any]) -> AgentRunError:
 
 
 def _masked(where: str, result: dict[str, Any]) -> AgentRunError:
-    """NeMo Gym (`Features.mask_sample`) marks a result whose reward is no valid measurement (an
-    infrastructure failure inside the rollout) with `mask_sample: true`: an error, never its
-    reward."""
+    """NeMo Gym (`Features.mask_sample`) marks a result whose reward is no valid measurement
+    (an infrastructure failure in the rollout) `mask_sample: true`: an error, never its reward."""
     kind, reason = result.get("failure_kind"), result.get("failure_reason")
     kind = None if kind is None else str(kind)
     # Cut before redacting: NeMo Gym's reason is unbounded (L4), the trace keeps 2000 chars.

@@ -434,6 +434,7 @@ async def _compute_on_stack(
     import nemo_gym_env
 
     agents = list(rollouts.by_agent)
+    fronted = features(version).environment_servers
     logger.info(
         "starting a private NeMo Gym %s stack with the configs of %s (the agents, their "
         "resources servers and NeMo Gym's placeholder policy model; no model is called): NeMo "
@@ -441,9 +442,7 @@ async def _compute_on_stack(
         "computes itself or forwards to its resources server, as its code says",
         version,
         ", ".join(agents),
-        " (through the environment server in front of it)"
-        if features(version).environment_servers
-        else "",
+        " (through the environment server in front of it)" if fronted else "",
     )
     with tempfile.TemporaryDirectory(prefix="vf-nemogym-metrics-") as tmp:
         # One recorded row per agent: the stack then starts exactly those agents' configs.

@@ -11,11 +11,11 @@ import tracemalloc
 from pathlib import Path
 
 from verifiers_nemogym.nemo.ng_log import NgRunLog
-from verifiers_nemogym.nemo.venv import prune_interrupted_builds
-from verifiers_nemogym.nemo.workdirs import (
+from verifiers_nemogym.nemo.venv import (
     STALE_WORKDIR_SECONDS,
     WORKDIR_LOCK,
     WORKDIR_PREFIX,
+    prune_interrupted_builds,
     prune_stale_workdirs,
 )
 from verifiers_nemogym.util import try_flock

@@ -10,10 +10,8 @@ shape (`<instance>: {<server type>: {<impl>: {...}}}`). It reads NeMo Gym's conf
 merged config). Configs that include others (a top-level `config_paths:` list) or inherit
 (`_inherit_from:`) are merged by NeMo Gym itself (`nemo.resolver`, run once per config file
 and cached on disk per runtime and file content); plain configs are read directly. Everything
-else asks a `Catalog` for an `EnvSpec` (absolute paths back), or for `entries()` (a cheap scan
-of both layouts for listing), reads server blocks through `server_blocks`, and registers the
-external policy model with `write_policy_placeholder`. From a running stack's merged config it
-derives server URLs (`server_urls`) and where each agent's `/run` goes (`run_targets`).
+else asks a `Catalog` for an `EnvSpec` (absolute paths back) or for `entries()` (a cheap scan of
+both layouts for listing), and reads server blocks, URLs and `/run` targets through here.
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ ENVIRONMENTS = "environments"
 AGENTS = "responses_api_agents"
 MODELS = "responses_api_models"
 ENVIRONMENT_SERVERS = "environment_servers"
-"""Servers fronting agents (`Features.environment_servers`); NeMo Gym's own rollout collection
-posts `/run` to them."""
+"""Servers fronting agents (`Features.environment_servers`): NeMo Gym posts `/run` to them."""
 LAYOUTS = (RESOURCES_SERVERS, ENVIRONMENTS)
 """The two places environments live; a name prefixed `<layout>/` picks one explicitly."""
 _TOMBSTONE = ".nemo_gym_tombstone"

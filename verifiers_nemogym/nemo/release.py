@@ -38,33 +38,21 @@ MIN_PYTHON = (3, 12)
 
 @dataclass(frozen=True)
 class Features:
-    """One release as this package treats it. A field the library acts on is on from the release
-    it was verified on; tests/nemo/test_releases.py checks every row against the release's files.
+    """One release as this package treats it: a field the library acts on is on from the release
+    it was verified on (tests/nemo/test_releases.py checks each row against the release's files).
     Extras are read from each release's own metadata instead (`ReleaseFiles.extras`)."""
 
-    python_floor: tuple[int, ...]
-    """Its declared `Requires-Python` floor (its metadata's, where a runtime holds it)."""
-    gym_cli: bool = False
-    """Started with `gym env start` (`ng_run` became its deprecated shim; same overrides)."""
-    readyz: bool = False
-    """Its head server's `/readyz` says every server is ready (else ng_run's ready line)."""
-    spinup_timeout: bool = False
-    """Takes `+server_spinup_timeout_seconds`, its own start deadline (default 600 s)."""
-    pairing_check: bool = False
-    """Refuses model servers a resources server's `allowed_model_types` does not name, unless
-    `+allow_unsupported_pairing=true`."""
-    environment_servers: bool = False
-    """Environment servers front agents and take their `/run` (`catalog.run_targets`)."""
-    rollout_correlation: bool = False
-    """With observability on, agents call the model at `/ng-rollout/<_ng_rollout_id>/v1`."""
-    failure_class: bool = False
-    """Failures can be a 200 result tagged `_ng_failure_class` or `_ng_no_persist`."""
-    mask_sample: bool = False
-    """Results can be `mask_sample: true` with `failure_kind`/`failure_reason`."""
-    environments_layout: bool = False
-    """Environments in `environments/<name>/` as well as `resources_servers/<name>/configs/`."""
-    sandbox_providers: frozenset[str] = frozenset()
-    """Its sandbox providers (`nemo_gym/sandbox/providers/<name>/`, `containers.sandbox`)."""
+    python_floor: tuple[int, ...]  # its `Requires-Python` (the metadata's, where installed)
+    gym_cli: bool = False  # `gym env start` (`ng_run` its deprecated shim; same overrides)
+    readyz: bool = False  # the head server's `/readyz` (else ng_run's ready line)
+    spinup_timeout: bool = False  # `+server_spinup_timeout_seconds`, its own start deadline
+    pairing_check: bool = False  # `allowed_model_types` holds (`+allow_unsupported_pairing` waives)
+    environment_servers: bool = False  # front agents, take their `/run` (`catalog.run_targets`)
+    rollout_correlation: bool = False  # agents call the model at `/ng-rollout/<_ng_rollout_id>/v1`
+    failure_class: bool = False  # 200 results tagged `_ng_failure_class` or `_ng_no_persist`
+    mask_sample: bool = False  # results `mask_sample: true` (`failure_kind`, `failure_reason`)
+    environments_layout: bool = False  # `environments/<name>/` beside `resources_servers/`
+    sandbox_providers: frozenset[str] = frozenset()  # `nemo_gym/sandbox/providers/<name>/`
 
 
 # Each row is the one before it with what the release changed.
@@ -139,9 +127,8 @@ def features(version: str) -> Features:
 
 
 def python_floor(version: str, venv: Path | None = None) -> tuple[int, ...]:
-    """The Python floor nemo-gym `version` declares: read from the installed package's metadata
-    when `venv` (a runtime venv or a `release_files` folder) holds it (cheap, exact), else its
-    `features`."""
+    """The Python floor nemo-gym `version` declares: its metadata's when `venv` (a runtime venv
+    or a `release_files` folder) holds it (cheap, exact), else its `features`."""
     if venv is not None:
         for meta in _metadata_files(venv, version):
             if floor := _metadata_floor(meta):

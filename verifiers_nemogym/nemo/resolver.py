@@ -1,9 +1,6 @@
-"""NeMo Gym's own config merge (`gym env resolve`), run in the runtime.
-
-Contract: `run_resolver` returns the merged config's YAML text of one config file as NeMo Gym
-merges it (includes, inheritance), or raises ConfigError with NeMo Gym's reason in one line
-(`resolver_error`) or the timeout. It runs one process and caches nothing (the catalog does).
-"""
+"""NeMo Gym's own config merge (`gym env resolve`), run in the runtime: `run_resolver` returns the
+YAML text of one config file as NeMo Gym merges it (includes, inheritance), or raises ConfigError
+with NeMo Gym's reason in one line (`resolver_error`). It caches nothing (the catalog does)."""
 
 from __future__ import annotations
 

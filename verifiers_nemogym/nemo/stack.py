@@ -8,9 +8,7 @@ maps them to the server a rollout's `POST /run` goes to (catalog.py's `run_targe
 merged config: the environment server fronting the agent where the release has them, as NeMo
 Gym's own rollout collection does; else the agent). `await stop()` is idempotent and takes the
 whole process tree down; if the owning process dies instead, the supervisor (supervisor.py) does
-the same. What a stack adds to the user's configs is prepared by the modules that know it
-(`nemo.harnesses`, `nemo.judges`, `containers.prepare`); its command is `nemo.command`'s, its
-folders `nemo.workdirs`'. Stacks share no state in this module.
+the same. Stacks share no state in this module.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from typing import IO, Any
 import aiohttp
 import yaml
 
-from verifiers_nemogym.containers.prepare import StackContainers
+from verifiers_nemogym.containers.docker import StackContainers
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.judge.endpoint import Judge
@@ -41,13 +39,14 @@ from verifiers_nemogym.judge.relay import JudgeRelay
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     POLICY_INSTANCE,
+    RESOURCES_SERVERS,
     Catalog,
     placeholder_server_venv,
     run_targets,
+    server_blocks,
     server_urls,
     write_policy_placeholder,
 )
-from verifiers_nemogym.nemo.command import model_type_restrictions, start_command
 from verifiers_nemogym.nemo.harnesses import (
     cli_env,
     harness_agents,
@@ -58,18 +57,18 @@ from verifiers_nemogym.nemo.harnesses import (
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
 from verifiers_nemogym.nemo.ng_log import NgRunLog, also_down
-from verifiers_nemogym.nemo.ray_cluster import RayCluster, check_cluster
+from verifiers_nemogym.nemo.ray_cluster import RayCluster, check_cluster, private_ray_auth
 from verifiers_nemogym.nemo.release import features
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, private_ray_auth
-from verifiers_nemogym.nemo.workdirs import (
+from verifiers_nemogym.nemo.venv import (
     WORKDIR_LOCK,
     WORKDIR_PREFIX,
+    NeMoGymVenv,
     WarmStart,
     prune_stale_workdirs,
 )
 from verifiers_nemogym.net import free_port
-from verifiers_nemogym.util import poll_until, try_flock
+from verifiers_nemogym.util import poll_until, try_flock, uv_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +79,19 @@ _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 _DIED_LINE_WAIT = 5.0
 _PROGRESS_EVERY = 5.0
 CHECK_ALIVE_INTERVAL = 2.0
-"""Seconds between `check_alive` calls of whoever watches a running stack (its owner, or a
-shared stack's host)."""
+"""Seconds between the `check_alive` calls of a stack's owner (or a shared stack's host)."""
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
+
+
+def _hydra_quote(text: str) -> str:
+    """A quoted hydra string: one value whatever it holds (commas, brackets, colons)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _hydra_list(paths: list[Path]) -> str:
+    """A hydra list literal; quoted so paths with commas or spaces stay one element."""
+    return "[" + ",".join(_hydra_quote(str(p)) for p in paths) + "]"
 
 
 RAY_NODE_TIMEOUT = "The current node timed out during startup"
@@ -103,11 +111,9 @@ def ray_node_timed_out(error: BaseException) -> bool:
 
 
 def retry_start(error: BaseException, attempt: int, remaining: float) -> bool:
-    """Whether a start that failed with `error`, the `attempt`-th (from 1) of one
-    `start_stack`, `remaining` seconds before its deadline, is tried again with a fresh stack:
-    only Ray's node timeout (`ray_node_timed_out`), before `START_ATTEMPTS` starts, and with
-    more than `RAY_NODE_WAIT` s left (an attempt with less could not outlast Ray's own wait
-    under the load that timed it out; it would only replace Ray's error by the deadline's)."""
+    """Whether the `attempt`-th (from 1) start of one `start_stack`, failed with `error`
+    `remaining` s before its deadline, is tried again: only on Ray's node timeout, before
+    `START_ATTEMPTS`, with more than `RAY_NODE_WAIT` s left (less could not outlast Ray's wait)."""
     return ray_node_timed_out(error) and attempt < START_ATTEMPTS and remaining > RAY_NODE_WAIT
 
 
@@ -115,12 +121,9 @@ async def start_stack(
     make: Callable[[float], NeMoGymStack], start_timeout: float, log: logging.Logger = logger
 ) -> NeMoGymStack:
     """A started stack from `make(seconds)` (a fresh `NeMoGymStack` whose `start_timeout` is
-    `seconds`), every start path's one way to start one. A start that fails only because Ray's
-    node timed out is tried again with a fresh stack while `retry_start` allows, all within
-    `start_timeout` seconds from now, with a warning each time; otherwise (and after the last
-    attempt) the error stands, as `NeMoGymStack.start` raised it. Nothing of a failed attempt
-    survives: its start already stopped it, and the folder it kept for its log is removed when
-    the start is tried again (the warning says why)."""
+    `seconds`), every start path's one way to start one: tried again with a fresh stack, with a
+    warning, while `retry_start` allows, all within `start_timeout` s; else the error stands.
+    Nothing of a failed attempt survives (the folder it kept for its log goes at the retry)."""
     deadline = time.monotonic() + start_timeout
     attempt = 1
     while True:
@@ -173,10 +176,8 @@ class NeMoGymStack:
         self.policy_port = policy_port
         self.start_timeout = start_timeout
         self.fast_start = fast_start
-        """Return once every server answers (not at NeMo Gym's next 3 s readiness poll), and
-        keep Ray from pre-starting idle workers NeMo Gym's servers never use (CPU a 2-core
-        machine needs for the servers' imports). False runs `ng_run` exactly as NeMo Gym does
-        alone (the benchmarks compare the two)."""
+        """Return once every server answers, and keep Ray from pre-starting idle workers
+        (docs/performance.md); False runs `ng_run` exactly as NeMo Gym does alone."""
         self.log = log
         self.ray = ray
         """The user's Ray cluster NeMo Gym's servers join (None: a private Ray)."""
@@ -191,11 +192,9 @@ class NeMoGymStack:
         self.agents: dict[str, str] = {}
         self.run_urls: dict[str, str] = {}
         """Agent instance name -> base URL of the server its rollouts' `POST /run` goes to
-        (`catalog.run_targets`): the environment server fronting it (where the release has them),
-        else the agent itself."""
+        (`catalog.run_targets`)."""
         self.head_url = ""
         self.features = features(venv.nemo_gym_version)
-        """What the runtime's release has (`nemo.release`): start CLI, readiness, pairing check."""
         self.servers: dict[str, str] = {}
         """Every NeMo Gym server instance name -> base URL (including policy_model)."""
         self._proc: subprocess.Popen[bytes] | None = None
@@ -203,7 +202,6 @@ class NeMoGymStack:
         self.warm_start = WarmStart(
             venv.server_venvs_dir, self.config_paths, judge.api if judge is not None else None
         )
-        """This config set's warm stamp and build lock (`nemo.workdirs`)."""
         self._workdir_lock: IO[str] | None = None
         self._warm = False
         self.ng_log = NgRunLog(self.workdir / "ng_run.log" if self.workdir else None)
@@ -212,7 +210,6 @@ class NeMoGymStack:
         self._failed = False
         self._merged: list[dict[str, Any]] | None = None
         self.containers = StackContainers(self.marker, f"http://{policy_host}:{policy_port}", log)
-        """What the stack made for servers of its configs that start containers."""
 
     @property
     def log_path(self) -> Path:
@@ -233,10 +230,8 @@ class NeMoGymStack:
             # Ray's node timing out is ng_run's first step, before NeMo Gym touches any server
             # venv: the stamp stays, and a start tried again (`start_stack`) stays warm.
             if self._warm and isinstance(exc, Exception) and not ray_node_timed_out(exc):
-                # The stamp only says a start of this config set once succeeded; per-server
-                # venvs are shared with other sets, and a start of another set interrupted
-                # mid-install leaves one half-built, which a warm start never repairs. The next
-                # start is cold: NeMo Gym checks (and repairs) every venv again.
+                # Server venvs are shared between sets: one another set's interrupted start
+                # left half-built is repaired only by a cold start (docs/runtime.md).
                 self.warm_start.stamp.unlink(missing_ok=True)
                 self.log.info("NeMo Gym warm start failed; the next start re-checks server venvs")
             await self.stop()
@@ -279,11 +274,9 @@ class NeMoGymStack:
         if containers := await self._prepare_containers():
             extra.append(containers)
         await self.warm_start.lock_if_cold(deadline, self.log)
-        # Cold (no start of this config set succeeded yet): let NeMo Gym build or repair every
-        # per-server venv. With `skip_venv_if_present` it would start a server as soon as
-        # another server sharing its venv (several simple_agent instances) had created it,
-        # before the packages were in (`No module named fastapi`), and it would reuse venvs an
-        # interrupted start left half-installed.
+        # Cold: NeMo Gym builds or repairs every server venv. `skip_venv_if_present` would start
+        # a server once another sharing its venv had created it, before its packages were in
+        # (`No module named fastapi`), and reuse venvs an interrupted start left half-built.
         warm = self._warm = self.warm_start.stamp.exists()
         placeholder_venv = placeholder_server_venv(self.venv)
         if not warm and placeholder_venv.is_symlink():
@@ -296,7 +289,7 @@ class NeMoGymStack:
         command = await asyncio.to_thread(
             self.command, extra, head_port, warm=warm, deadline=deadline
         )
-        self._spawn(command, self._environment(ray_env, cli_folders, bool(harness)))
+        self._spawn(command, ray_env, cli_folders, bool(harness))
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             await self._wait_ready(session, started, deadline)
@@ -312,13 +305,12 @@ class NeMoGymStack:
             )
         self.warm_start.mark_warm()
 
-    def _environment(
-        self, ray_env: dict[str, str], cli_folders: list[Path], harness: bool
-    ) -> dict[str, str]:
-        """The environment NeMo Gym runs in: `ray_env` (the runtime's, with the stack's Ray),
-        without the judge's key, with the CLIs in `cli_folders` first on PATH."""
-        assert self.workdir is not None
-        env = ray_env
+    def _spawn(
+        self, command: list[str], env: dict[str, str], cli_folders: list[Path], harness: bool
+    ) -> None:
+        """Start `command` in the workdir under the supervisor, its output in the log, with `env`
+        (the runtime's, with the stack's Ray) less the judge's key, `cli_folders` first on PATH."""
+        assert self.workdir is not None and self._ray_tmpdir is not None
         if self.judge is not None:
             env = self.judge.scrubbed(env)  # the relay holds the key; NeMo Gym never does
         if cli_folders or harness:
@@ -332,21 +324,15 @@ class NeMoGymStack:
             # Ray otherwise spawns idle Python workers (one per CPU) when the first driver
             # connects; NeMo Gym's drivers start workers on demand if they ever run a task.
             env["RAY_prestart_worker_first_driver"] = "0"
-        return env
-
-    def _spawn(self, command: list[str], env: dict[str, str]) -> None:
-        """Start `command` in the workdir under the supervisor, its output in the log."""
-        assert self.workdir is not None and self._ray_tmpdir is not None
         self.log_path.touch()
         orphan_cleanup = [str(self._ray_tmpdir)]
         if self._own_workdir:
             orphan_cleanup.append(str(self.workdir))
-        label = self.containers.label
         self._proc = subprocess.Popen(
             [sys.executable, "-I", str(_SUPERVISOR), "--marker", self.marker,
              "--log", str(self.log_path), "--cwd", str(self.workdir),
              *(arg for folder in orphan_cleanup for arg in ("--remove-if-orphaned", folder)),
-             *(["--docker-label", label] if label else []),
+             *(["--docker-label", self.containers.label] if self.containers.label else []),
              "--", *command],
             cwd=self.workdir,
             env=env,
@@ -366,9 +352,8 @@ class NeMoGymStack:
         )
 
     async def _prepare_harnesses(self, deadline: float) -> tuple[list[Path], Path | None]:
-        """For configs with coding-agent harnesses (`nemo.harnesses`): install their CLIs
-        (cached) and write the config routing their calls per rollout; the folders to put
-        first on PATH and that config (None without harnesses)."""
+        """Install the CLIs of coding-agent harnesses (`nemo.harnesses`; cached) and write the
+        config routing their calls per rollout: the CLIs' folders and that config, or None."""
         agents = harness_agents(await asyncio.to_thread(self._merged_configs))
         if not agents:
             return [], None
@@ -384,8 +369,7 @@ class NeMoGymStack:
         return folders, path
 
     async def _prepare_containers(self) -> Path | None:
-        """The config for servers of the configs that start sandboxes (`containers.prepare`),
-        None without sandboxes."""
+        """The config for servers that start sandboxes (`StackContainers`), None without."""
         assert self.workdir is not None
         merged = await asyncio.to_thread(self._merged_configs)
         return await self.containers.prepare(merged, self.venv, self.workdir)
@@ -416,10 +400,32 @@ class NeMoGymStack:
     def command(
         self, extra_configs: list[Path], head_port: int, *, warm: bool, deadline: float
     ) -> list[str]:
-        """The NeMo Gym start command for this stack (`nemo.command`; `extra_configs`: ours,
-        listed after the user's so they win; `deadline`: `time.monotonic()` value)."""
-        restricted = self._model_type_restrictions() if self.features.pairing_check else {}
-        if restricted:
+        """The NeMo Gym start command for this stack (`extra_configs`: ours, listed after the
+        user's so they win; `deadline`: `time.monotonic()` value)."""
+        has = self.features
+        # `ng_run` became a deprecated shim for `gym env start` (same overrides).
+        start = ["gym", "env", "start"] if has.gym_cli else ["ng_run"]
+        command = [
+            str(self.venv.bin(start[0])),
+            *start[1:],
+            f"+config_paths={_hydra_list([*self.config_paths, *extra_configs])}",
+            "+head_server.host=127.0.0.1",
+            f"+head_server.port={head_port}",
+            # NeMo Gym's default is already loopback unless use_absolute_ip; say so explicitly.
+            "+default_host=127.0.0.1",
+            f"+uv_venv_dir={self.venv.server_venvs_dir}",
+            f"+skip_venv_if_present={str(warm).lower()}",
+            f"+uv_cache_dir={uv_cache_dir()}",
+        ]
+        if self.ray is not None:
+            # NeMo Gym's head and every server then `ray.init` this address (0.4-0.7).
+            command.append(f"+ray_head_node_address={_hydra_quote(self.ray.address)}")
+        if has.spinup_timeout:
+            # NeMo Gym's own start deadline (default 600 s) would otherwise cut ours short, or
+            # outlive it: give it what is left of ours, so both end the start at the same time.
+            left = max(1, int(deadline - time.monotonic()) + 1)
+            command.append(f"+server_spinup_timeout_seconds={left}")
+        if has.pairing_check and (restricted := self._model_type_restrictions()):
             # Our placeholder is no model adapter NeMo Gym knows (it only points agents at the
             # proxy), so NeMo Gym would refuse to start. The proxy relays Responses calls
             # unchanged to verifiers' model: whatever an allowed adapter would translate (e.g.
@@ -430,27 +436,25 @@ class NeMoGymStack:
                 "pairing check is waived (+allow_unsupported_pairing=true)",
                 "; ".join(f"{name}: {', '.join(types)}" for name, types in restricted.items()),
             )
-        return start_command(
-            self.venv,
-            [*self.config_paths, *extra_configs],
-            head_port,
-            warm=warm,
-            deadline=deadline,
-            ray_address=self.ray.address if self.ray is not None else None,
-            waive_pairing=bool(restricted),
-        )
+            command.append("+allow_unsupported_pairing=true")
+        return command
 
     def _merged_configs(self) -> list[dict[str, Any]]:
-        """Each of our configs as NeMo Gym merges it (`Catalog.merged_config`), read once per
-        stack: the judge config and the pairing check both look at them."""
+        """Each of our configs as NeMo Gym merges it (`Catalog.merged_config`), read once."""
         if self._merged is None:
             catalog = Catalog(self.venv)
             self._merged = [catalog.merged_config(path) for path in self.config_paths]
         return self._merged
 
     def _model_type_restrictions(self) -> dict[str, list[str]]:
-        """Resources servers of our configs that restrict their model servers' types."""
-        return model_type_restrictions(self._merged_configs())
+        """Resources servers of our configs that declare `allowed_model_types`, with them, as
+        NeMo Gym merges the configs (from an included config or an inherited block too)."""
+        found: dict[str, list[str]] = {}
+        for merged in self._merged_configs():
+            for name, (_, settings) in server_blocks(merged, RESOURCES_SERVERS).items():
+                if allowed := settings.get("allowed_model_types"):
+                    found[name] = [allowed] if isinstance(allowed, str) else list(map(str, allowed))
+        return dict(sorted(found.items()))
 
     async def _wait_ready(
         self, session: aiohttp.ClientSession, started: float, deadline: float
@@ -513,41 +517,28 @@ class NeMoGymStack:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
-    async def _answers(self, session: aiohttp.ClientSession, url: str) -> bool:
-        """Any HTTP answer counts: NeMo Gym's own poll ignores the status too."""
+    async def _answers(self, session: aiohttp.ClientSession, url: str) -> bool | None:
+        """True on any HTTP answer (NeMo Gym's poll ignores the status too), False when nothing
+        listens at `url`, None when slow (no death: a busy server may outlast the timeout)."""
         try:
             async with session.get(url) as response:
                 await response.read()
                 return True
-        except (aiohttp.ClientError, TimeoutError):
-            return False
-
-    async def _refuses(self, session: aiohttp.ClientSession, url: str) -> bool:
-        """Whether nothing listens at `url` any more. A slow answer is not death: a server busy
-        with hundreds of rollouts may take longer than the check's timeout."""
-        try:
-            async with session.get(url) as response:
-                await response.read()
         except aiohttp.ClientConnectorError:
-            return True
+            return False
         except (aiohttp.ClientError, TimeoutError):
-            pass
-        return False
+            return None
 
     # ----------------------------------------------------------------------------- health
 
     async def check_alive(self) -> None:
         """Raise StackError naming the server that died first (or ng_run itself), if one did.
 
-        Once NeMo Gym notices a dead server it stops all the others (and our supervisor stops
-        what is left once ng_run exits), so a check may find several servers refusing
-        connections. The one named is the one NeMo Gym names in its "Process `x` finished
-        unexpectedly" line; before that line is written, the only refusing server whose log
-        shows no graceful shutdown. If neither tells (several died at once, or none shows how
-        it stopped), this waits up to _DIED_LINE_WAIT s for NeMo Gym's line or ng_run's exit,
-        then names the first refusing server that did not shut down gracefully, else the first
-        refusing one. The message also lists the other servers found down.
-        """
+        NeMo Gym stops all servers once one died, so several may refuse connections. The one
+        named is NeMo Gym's ("Process `x` finished unexpectedly"); before that line, the only
+        refusing server whose log shows no graceful shutdown; if neither tells, after waiting
+        up to _DIED_LINE_WAIT s for either, the first refusing server that did not shut down
+        gracefully, else the first refusing one. The message lists the others found down."""
         if self._proc is None or not self._started:
             raise StackError("the NeMo Gym stack is not running")
         if (code := self._proc.poll()) is not None:
@@ -560,7 +551,7 @@ class NeMoGymStack:
                 name
                 for name, url in self.servers.items()
                 # The policy is the proxy of our owner, not part of the stack.
-                if name != POLICY_INSTANCE and await self._refuses(session, url)
+                if name != POLICY_INSTANCE and await self._answers(session, url) is False
             ]
         if not refusing:
             return

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verifiers_nemogym.nemo.supervisor import die_with_parent, rss_bytes
+from verifiers_nemogym.nemo.supervisor import (
+    argv_of,
+    die_with_parent,
+    parent_of,
+    processes_with_env,
+    rss_bytes,
+)
 from verifiers_nemogym.nemo.venv import DEFAULT_NEMO_GYM_VERSION, NeMoGymVenv, ensure_venv
 
 ENV = "example_single_tool_call"
@@ -194,3 +200,32 @@ async def timed_vf_eval(cmd: list[str], outdir: Path, expected_ok: int) -> float
     if (ok := sum(1 for e in episodes if e["ok"])) != expected_ok:
         raise RuntimeError(f"vf-eval: {ok}/{expected_ok} rollouts ok")
     return elapsed
+
+
+STACK_PROGRAMS = ("ng_run", "gcs_server")
+"""The programs a NeMo Gym stack runs exactly one of: its orchestrator and Ray's GCS server."""
+
+
+def count_stack_programs(*entries: str) -> dict[str, int]:
+    """How many of each of `STACK_PROGRAMS` run among the live processes whose initial
+    environment holds any of `entries` (`NAME=value`, as in `processes_with_env`).
+
+    An `ng_run` counts once per orchestrator: a process whose parent runs `ng_run` too is not
+    counted, because a child ng_run forks (a server's shell) carries ng_run's argv until it
+    execs its own program. A `gcs_server` is a process whose argv[0] names it. A process that
+    exits during the scan counts as whatever it was last seen as, or not at all.
+    """
+    pids = {pid for entry in entries for pid in processes_with_env(entry)}
+    counts = dict.fromkeys(STACK_PROGRAMS, 0)
+    for pid in pids:
+        argv = argv_of(pid)
+        if _runs_ng_run(argv) and not _runs_ng_run(argv_of(parent_of(pid))):
+            counts["ng_run"] += 1
+        if argv and argv[0].endswith("gcs_server"):
+            counts["gcs_server"] += 1
+    return counts
+
+
+def _runs_ng_run(argv: list[str]) -> bool:
+    # argv[0] is ng_run's interpreter when it runs as a script, argv[1] the script.
+    return any(arg.endswith("/ng_run") for arg in argv[:2])

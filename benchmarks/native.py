@@ -126,7 +126,7 @@ async def collect_rollouts(
     """
     head = stack.head_url.removeprefix("http://")
     host, port = head.rsplit(":", 1)
-    if stack.gym_07:
+    if stack.features.gym_cli:
         what, command = "gym eval run", [str(runtime.bin("gym")), "eval", "run", "--no-serve"]
     else:
         what, command = "ng_collect_rollouts", [str(runtime.bin("ng_collect_rollouts"))]

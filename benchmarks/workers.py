@@ -47,11 +47,10 @@ from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
 
 from benchmarks import warm
-from benchmarks.common import ENV, rss_mb, spawn_policy, start_child
+from benchmarks.common import ENV, count_stack_programs, rss_mb, spawn_policy, start_child
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import (
     argv_of,
-    count_stack_programs,
     descendants,
     processes_with_env,
 )

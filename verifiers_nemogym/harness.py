@@ -36,13 +36,13 @@ logger = logging.getLogger(__name__)
 
 # Echoes of the request and the raw NeMo Gym response: the trajectory already holds them.
 _ECHOED = ("responses_create_params", "response")
-# NeMo Gym >= 0.7's own records of the trajectory (observability, token capture): large, and
+# NeMo Gym's own records of the trajectory (observability, token capture): large, and
 # what verifiers records itself. Its collector builds `ng_trajectory`; environment servers and
 # model servers may return the others in `/run` results.
 _NG_TRAJECTORY = ("ng_trajectory", "ng_agent_observations", "ng_model_call_capture")
 _RESPONSE_FOR_METRICS = ("usage", "incomplete_details")
-# NeMo Gym >= 0.5's failure tags on a 200 result (its collector routes such rows to a failures
-# file): the class of the failure, and a kill-shaped failure that is written nowhere.
+# NeMo Gym's failure tags on a 200 result (`Features.failure_class`; its collector routes such
+# rows to a failures file): the class of the failure, and a kill-shaped failure written nowhere.
 _FAILURE_CLASS = "_ng_failure_class"
 _NO_PERSIST = "_ng_no_persist"
 
@@ -207,7 +207,7 @@ def _finite_number(value: Any) -> bool:
 
 
 def _failed(where: str, result: dict[str, Any]) -> AgentRunError:
-    """NeMo Gym >= 0.5 returns some failures as a 200 result tagged `_ng_failure_class` (a failed
+    """NeMo Gym returns some failures as a 200 result tagged `_ng_failure_class` (a failed
     judge call: `judge_failed`, with `reward: 0.0`; agents' own classes) or `_ng_no_persist`
     (a killed rollout); its collector keeps such rows out of its results and metrics. An error
     naming the signal and its class, with NeMo Gym's `_ng_failure_*` details, never the reward."""
@@ -228,13 +228,13 @@ def _failed(where: str, result: dict[str, Any]) -> AgentRunError:
 
 
 def _masked(where: str, result: dict[str, Any]) -> AgentRunError:
-    """NeMo Gym >= 0.7 marks a result whose reward is no valid measurement (an infrastructure
-    failure inside the rollout) with `mask_sample: true`: an error, never its reward."""
+    """NeMo Gym (`Features.mask_sample`) marks a result whose reward is no valid measurement
+    (an infrastructure failure in the rollout) `mask_sample: true`: an error, never its reward."""
     kind, reason = result.get("failure_kind"), result.get("failure_reason")
     kind = None if kind is None else str(kind)
     # Cut before redacting: NeMo Gym's reason is unbounded (L4), the trace keeps 2000 chars.
     reason = None if reason is None else cut(str(reason), 2000)
-    # NeMo Gym 0.7's judge failsafe also tags the class: name every signal the result carries.
+    # NeMo Gym's judge failsafe (0.7) also tags the class: name every signal the result carries.
     also = f" [{_FAILURE_CLASS}: {result[_FAILURE_CLASS]}]" if result.get(_FAILURE_CLASS) else ""
     return AgentRunError(
         f"{where}: NeMo Gym masked the sample ({kind or 'no failure_kind'}){also}: "

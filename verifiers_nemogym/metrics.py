@@ -45,7 +45,7 @@ import zstandard
 
 from verifiers_nemogym.bridge.redact import cut
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.release import parse_version
+from verifiers_nemogym.nemo.release import features
 
 logger = logging.getLogger(__name__)
 
@@ -434,7 +434,7 @@ async def _compute_on_stack(
     import nemo_gym_env
 
     agents = list(rollouts.by_agent)
-    gym_07 = parse_version(version) >= parse_version("0.7")
+    fronted = features(version).environment_servers
     logger.info(
         "starting a private NeMo Gym %s stack with the configs of %s (the agents, their "
         "resources servers and NeMo Gym's placeholder policy model; no model is called): NeMo "
@@ -442,7 +442,7 @@ async def _compute_on_stack(
         "computes itself or forwards to its resources server, as its code says",
         version,
         ", ".join(agents),
-        " (through the environment server in front of it)" if gym_07 else "",
+        " (through the environment server in front of it)" if fronted else "",
     )
     with tempfile.TemporaryDirectory(prefix="vf-nemogym-metrics-") as tmp:
         # One recorded row per agent: the stack then starts exactly those agents' configs.

@@ -29,12 +29,7 @@ from verifiers_nemogym.nemo.catalog import AGENTS, Catalog, load_config, server_
 from verifiers_nemogym.nemo.judges import JudgeRef, active, judge_refs
 from verifiers_nemogym.nemo.ray_cluster import parse_ray_address
 from verifiers_nemogym.nemo.release import ReleaseFiles, check_release, release_files
-from verifiers_nemogym.nemo.venv import (
-    NeMoGymVenv,
-    check_interpreter,
-    default_version,
-    ensure_venv,
-)
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, check_interpreter, default_version, ensure_venv
 from verifiers_nemogym.shared.tls import parse_pin
 
 logger = logging.getLogger(__name__)

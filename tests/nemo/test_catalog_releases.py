@@ -14,8 +14,8 @@ from verifiers_nemogym.conformance.tables import NOT_OFFLINE, offline_status
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.nemo import venv as venv_module
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, RESOURCES_SERVERS, Catalog
+from verifiers_nemogym.nemo.release import RELEASES
 from verifiers_nemogym.nemo.venv import (
-    KNOWN_RELEASES,
     NeMoGymVenv,
     default_version,
     ensure_venv,
@@ -40,7 +40,7 @@ def test_default_release_is_the_newest_whose_floor_an_interpreter_meets() -> Non
     versions = interpreters_available()
     assert versions, "no CPython found at all"
     # Here no interpreter reaches 3.13.14, so 0.5-0.7 are out and 0.4.0 is the default.
-    assert not any(venv_module._satisfies(v, KNOWN_RELEASES["0.7.0"]) for v in versions)
+    assert not any(venv_module._satisfies(v, RELEASES["0.7.0"].python_floor) for v in versions)
     assert default_version() == "0.4.0"
     assert ensure_venv().nemo_gym_version == "0.4.0"
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from verifiers_nemogym.nemo import harnesses
-from verifiers_nemogym.nemo.catalog import load_config, resolver_error
+from verifiers_nemogym.nemo.catalog import load_config
 from verifiers_nemogym.nemo.release import release_files
+from verifiers_nemogym.nemo.resolver import resolver_error
 
 HARNESS_ENVS = {
     "opencode_math": ("opencode_agent", "1.17.11", True),

@@ -12,12 +12,22 @@ from verifiers_nemogym.nemo import release
 def test_a_pre_release_takes_the_floor_of_the_release_before_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    table = {"0.7.0": (3, 13, 14), "0.8.0": (3, 14)}
-    monkeypatch.setattr(release, "KNOWN_RELEASES", table)
+    table = {"0.7.0": release.Features((3, 13, 14)), "0.8.0": release.Features((3, 14))}
+    monkeypatch.setattr(release, "RELEASES", table)
     assert release.python_floor("0.8.0rc1") == (3, 13, 14)  # before 0.8.0
     assert release.python_floor("0.8.1rc1") == (3, 14)  # after 0.8.0 (was read as 0.8)
     assert release.python_floor("0.8.0.post1") == (3, 14)
     assert release.python_floor("0.10.0") == (3, 14)
+    assert release.python_floor("0.3.0") == release.MIN_PYTHON  # older than every row
+
+
+def test_an_unknown_release_has_what_the_release_before_it_has() -> None:
+    """A release the table does not know takes the row of the newest known one not newer than
+    it (PEP 440 order), one older than every row nothing new; no caller compares versions."""
+    assert release.features("0.7.1rc1") == release.RELEASES["0.7.0"]
+    assert release.features("0.7.0rc1") == release.RELEASES["0.6.0"]
+    assert release.features("0.3.0") == release.Features(release.MIN_PYTHON)
+    assert not release.features("0.3.0").gym_cli
 
 
 @pytest.mark.parametrize(

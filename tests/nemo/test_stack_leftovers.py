@@ -11,12 +11,13 @@ import tracemalloc
 from pathlib import Path
 
 from verifiers_nemogym.nemo.ng_log import NgRunLog
-from verifiers_nemogym.nemo.stack import (
+from verifiers_nemogym.nemo.venv import (
     STALE_WORKDIR_SECONDS,
+    WORKDIR_LOCK,
     WORKDIR_PREFIX,
+    prune_interrupted_builds,
     prune_stale_workdirs,
 )
-from verifiers_nemogym.nemo.venv import prune_interrupted_builds
 from verifiers_nemogym.util import try_flock
 
 DAY_AGO = time.time() - STALE_WORKDIR_SECONDS - 60
@@ -47,7 +48,7 @@ def test_prune_stale_workdirs_removes_only_old_unused_own_folders(tmp_path: Path
     target = _folder(tmp_path / "elsewhere")
     link = tmp_path / f"{WORKDIR_PREFIX}link"
     link.symlink_to(target)
-    lock = try_flock(in_use / ".in-use")  # what a running stack holds
+    lock = try_flock(in_use / WORKDIR_LOCK)  # what a running stack holds
     assert lock is not None
     sleeper = subprocess.Popen(["sleep", "60"], cwd=running / "responses_api_models")
     try:

@@ -31,11 +31,12 @@ from typing import Any
 import pytest
 from helpers import run_command, run_tag, script
 
+from benchmarks.common import count_stack_programs
 from benchmarks.netns import A, B, Hosts, handover
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.harness import LOST_RUN_HINT
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, count_stack_programs
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.shared import client, protocol, tls
 

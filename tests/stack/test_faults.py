@@ -49,11 +49,11 @@ from helpers import (
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
+from benchmarks.common import count_stack_programs
 from verifiers_nemogym.backends import PrivateStack
 from verifiers_nemogym.env import NeMoGymEnv
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
-    count_stack_programs,
     cwd_of,
     descendants,
     env_value,

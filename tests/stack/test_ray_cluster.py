@@ -33,6 +33,7 @@ import pytest
 from helpers import REPO, SESSION_VAR, gone, model_context, run_command, run_tag, script, until
 
 import nemo_gym_env
+from benchmarks.common import count_stack_programs
 from benchmarks.netns import A, B, Hosts
 from verifiers_nemogym.backends import SharedStack
 from verifiers_nemogym.errors import StackError
@@ -41,7 +42,6 @@ from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
-    count_stack_programs,
     processes_with_env,
     signal_with_env,
 )

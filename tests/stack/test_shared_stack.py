@@ -27,12 +27,10 @@ from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
 
+from benchmarks.common import count_stack_programs
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import (
-    MARKER_ENV_VAR,
-    count_stack_programs,
-)
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy

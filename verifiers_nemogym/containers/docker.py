@@ -13,10 +13,13 @@ Contract:
   rules go with it.
 - `sweep_dead_stacks()` removes the containers, networks and rules of stacks whose processes are
   all gone (a starter and its supervisor killed together): every stack start runs it.
+- `StackContainers.prepare` does all that for a stack with sandboxes, starts the door, and writes
+  the config that labels, isolates and routes its containers; `stop()` removes what it made.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -24,11 +27,24 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from verifiers_nemogym.containers.sandbox import STACK_LABEL, SandboxPlan
+import yaml
+
+from verifiers_nemogym.containers.door import ModelDoor
+from verifiers_nemogym.containers.sandbox import (
+    STACK_LABEL,
+    SandboxPlan,
+    check_providers,
+    sandbox_plan,
+    shadow_servers,
+    stack_config,
+)
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.supervisor import argv_of, pids, processes_with_marker
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 logger = logging.getLogger(__name__)
 
@@ -207,3 +223,75 @@ def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
         )
         swept.append(marker)
     return swept
+
+
+class StackContainers:
+    """What one stack (`marker`) makes for its sandboxes, whose model calls go to `policy_url`."""
+
+    def __init__(self, marker: str, policy_url: str, log: logging.Logger = logger) -> None:
+        self.marker = marker
+        self.policy_url = policy_url
+        self.log = log
+        self.label: str | None = None  # on every container and network, once it uses docker
+        self.door: ModelDoor | None = None
+
+    async def prepare(
+        self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path
+    ) -> Path | None:
+        """The config for the sandboxes of `merged` (the stack's merged configs), in `workdir`."""
+        plan = sandbox_plan(merged)
+        if plan is None:
+            return None
+        check_providers(plan)
+        self.log.info("servers starting sandboxes: %s", plan.describe())
+        if shadowed := shadow_servers(plan, venv.site_packages, workdir, venv.nemo_gym_version):
+            self.log.info(
+                "%s run from the stack's folder (%s): what they write stays there, and their "
+                "venvs get the sandbox provider's client",
+                ", ".join(shadowed),
+                workdir,
+            )
+        if plan.docker is None:
+            self.log.warning(
+                "sandbox provider(s) %s: nemo-gym-env does not isolate their containers; they "
+                "reach what the provider's network allows (docker stacks are isolated)",
+                ", ".join(plan.providers),
+            )
+            name, door = None, None
+        else:
+            host = await asyncio.to_thread(daemon)
+            check_requests(plan, host)
+            await asyncio.to_thread(sweep_dead_stacks, self.log)
+            self.label = f"{STACK_LABEL}={self.marker}"
+            network = await asyncio.to_thread(ContainerNetwork.create, self.marker)
+            self.door = ModelDoor(network.gateway, self.policy_url)
+            await self.door.start()
+            if await asyncio.to_thread(network.firewall, self.door.port):
+                reach = "the door only (firewall)"
+            else:
+                reach = "the door, and whatever the host serves on all its addresses (no root)"
+                self.log.warning(
+                    "cannot firewall docker network %s (not root or no iptables): its "
+                    "containers reach every host service listening on all addresses",
+                    network.name,
+                )
+            self.log.info(
+                "containers join docker network %s (internal, no traffic between containers); "
+                "on the host they reach %s: %s, rollout routes only",
+                network.name,
+                reach,
+                self.door.url,
+            )
+            name, door = network.name, (network.gateway, self.door.port)
+        config = stack_config(plan, label=self.label, network=name, door=door, workdir=workdir)
+        path = workdir / "vf_nemogym_containers.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    async def stop(self) -> None:
+        """Remove what `prepare` made; idempotent."""
+        if self.label is not None:
+            # The stack's supervisor removed them; this covers a start that failed before it ran.
+            await asyncio.to_thread(remove_objects, self.label)
+        if self.door is not None:
+            await self.door.stop()

@@ -1,19 +1,17 @@
 """What NeMo Gym environments a runtime ships, read from its files (no `nemo_gym` import).
 
 Contract: the only module that knows NeMo Gym's on-disk layout and reads its files. Two layouts
-of environments: `resources_servers/<env>/configs/*.yaml` (every release) and, since 0.7,
-top-level `environments/<name>/config.yaml` (or a `manifest.yaml` naming its config; a
-`.nemo_gym_tombstone` marks a "moved" stub naming the new name). Plus `data/*.jsonl`,
-`responses_api_models/<impl>/`, relative config paths and the server-config shape
-(`<instance>: {<server type>: {<impl>: {...}}}`). It reads NeMo Gym's config YAML
+of environments: `resources_servers/<env>/configs/*.yaml` (every release) and, where the release
+has it (`Features.environments_layout`), `environments/<name>/config.yaml` (or a `manifest.yaml`
+naming its config; a `.nemo_gym_tombstone` marks a "moved" stub naming the new name). Plus
+`data/*.jsonl`, `responses_api_models/<impl>/`, relative config paths and the server-config
+shape (`<instance>: {<server type>: {<impl>: {...}}}`). It reads NeMo Gym's config YAML
 (`load_config` for files, with `file:line:col` errors; `parse_config` for the running stack's
 merged config). Configs that include others (a top-level `config_paths:` list) or inherit
-(`_inherit_from:`) are merged by NeMo Gym itself (`gym env resolve`, run once per config file
+(`_inherit_from:`) are merged by NeMo Gym itself (`nemo.resolver`, run once per config file
 and cached on disk per runtime and file content); plain configs are read directly. Everything
-else asks a `Catalog` for an `EnvSpec` (absolute paths back), or for `entries()` (a cheap scan
-of both layouts for listing), reads server blocks through `server_blocks`, and registers the
-external policy model with `write_policy_placeholder`. From a running stack's merged config it
-derives server URLs (`server_urls`) and where each agent's `/run` goes (`run_targets`).
+else asks a `Catalog` for an `EnvSpec` (absolute paths back) or for `entries()` (a cheap scan of
+both layouts for listing), and reads server blocks, URLs and `/run` targets through here.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import difflib
 import hashlib
 import os
 import re
-import subprocess
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +30,7 @@ import yaml
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
 from verifiers_nemogym.nemo.release import ReleaseFiles
+from verifiers_nemogym.nemo.resolver import run_resolver
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.util import private_cache
 
@@ -41,13 +39,11 @@ ENVIRONMENTS = "environments"
 AGENTS = "responses_api_agents"
 MODELS = "responses_api_models"
 ENVIRONMENT_SERVERS = "environment_servers"
-"""NeMo Gym >= 0.7: servers fronting agents; its own rollout collection posts `/run` to them."""
+"""Servers fronting agents (`Features.environment_servers`): NeMo Gym posts `/run` to them."""
 LAYOUTS = (RESOURCES_SERVERS, ENVIRONMENTS)
 """The two places environments live; a name prefixed `<layout>/` picks one explicitly."""
 _TOMBSTONE = ".nemo_gym_tombstone"
 _MANIFEST = "manifest.yaml"
-RESOLVE_TIMEOUT = 300.0
-"""Seconds one `gym env resolve` may take (~10 s on a loaded 2-core machine)."""
 POLICY_INSTANCE = "policy_model"
 POLICY_KEYS = ("policy_base_url", "policy_api_key", "policy_model_name")
 """The global keys of NeMo Gym's env.yaml naming the policy; coding-agent harness configs read
@@ -250,8 +246,8 @@ def run_targets(merged: dict[str, Any]) -> dict[str, str]:
     stack's merged config (its head server's `/global_config_dict_yaml`).
 
     Contract: every agent with an address is a key. Its value is the environment server whose
-    `agent_server` names it when there is one (NeMo Gym >= 0.7, where that is where NeMo Gym's
-    own rollout collection posts `/run` and the environment server relays to the agent; if
+    `agent_server` names it when there is one (`Features.environment_servers`: NeMo Gym's
+    own rollout collection posts `/run` there and the environment server relays to the agent; if
     several name it, the last in the config), else the agent itself (older releases, or an
     agent no environment server fronts). The one place this is decided: a stack started here,
     the shared stack's host and a stack attached by URL all read it from here."""
@@ -379,7 +375,7 @@ class Catalog:
 
     def environment_names(self) -> list[str]:
         """Every folder of the top-level `environments/` layout (moved stubs included), sorted;
-        empty before NeMo Gym 0.4."""
+        empty where the release has none (`Features.environments_layout`)."""
         folder = self.root / ENVIRONMENTS
         if not folder.is_dir():
             return []
@@ -662,63 +658,12 @@ class Catalog:
             config_path = venv.site_packages / config_path.relative_to(self.root)
         work = folder / "work"
         placeholder = write_policy_placeholder(work, "127.0.0.1", 1)
-        try:
-            out = subprocess.run(
-                [str(venv.bin("gym")), "env", "resolve", "--config", str(config_path),
-                 "--config", str(placeholder)],
-                cwd=work,
-                # The placeholder is no model adapter a resources server's `allowed_model_types`
-                # may name, and NeMo Gym's resolver refuses such pairings; merging is about the
-                # config's structure. Whether a stack waives the check is the stack's decision
-                # (NeMoGymStack, with a warning).
-                env={**venv.env(), "NEMO_GYM_ALLOW_UNSUPPORTED_PAIRING": "1"},
-                capture_output=True,
-                text=True,
-                timeout=RESOLVE_TIMEOUT,
-                stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            raise ConfigError(
-                f"NeMo Gym could not merge {config_path} within {RESOLVE_TIMEOUT:.0f} s "
-                "(`gym env resolve`)"
-            ) from None
-        if out.returncode != 0:
-            # NeMo Gym prints some errors on stdout; the merged config never reached it here.
-            reason = resolver_error(f"{out.stderr}\n{out.stdout}", out.returncode)
-            raise ConfigError(f"NeMo Gym cannot merge {config_path}: {reason}")
-        merged = parse_config(out.stdout, f"`gym env resolve` of {config_path}")
+        text = run_resolver(venv, config_path, placeholder, work)
+        merged = parse_config(text, f"`gym env resolve` of {config_path}")
         tmp = folder / f".{key}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(out.stdout, encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, cached)
         return merged
-
-
-def resolver_error(text: str, status: int) -> str:
-    """The one-line reason of a failed `gym env resolve` (`text`: its stderr, then its stdout):
-    its `Error: ...` paragraph (NeMo Gym wraps it over lines, then adds advice or dumps the
-    config), with the servers that failed validation and why ("almost-servers", which NeMo
-    Gym describes in a framed block); else its last line with words in it."""
-    lines = [line.strip() for line in text.splitlines()]
-    almost = []
-    for i, line in enumerate(lines):
-        if found := re.match(r"Almost-Server Detected: '([^']+)'", line):
-            # Its first validation finding: "- ..." up to the next blank line.
-            first = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("- ")), None)
-            if first is not None:
-                end = next((j for j in range(first, len(lines)) if not lines[j]), len(lines))
-                finding = " ".join(lines[first:end]).removeprefix("- ")
-                almost.append(f"{found.group(1)}: {finding}")
-    for start, line in enumerate(lines):
-        if line.startswith("Error:"):
-            end = start + 1
-            while end < len(lines) and lines[end] and not lines[end].endswith(":"):
-                end += 1  # to a blank line, or the heading of what NeMo Gym prints next
-            reason = " ".join(lines[start:end]).removeprefix("Error:").strip()
-            if almost:
-                reason += f" ({'; '.join(almost)})"
-            return reason[:300]
-    worded = [line for line in lines if re.search(r"\w", line)]
-    return (worded[-1] if worded else f"exit {status}")[:300]
 
 
 def _needs_merge(raw: dict[str, Any]) -> bool:

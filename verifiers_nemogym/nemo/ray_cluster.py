@@ -3,7 +3,7 @@
 NeMo Gym runs its servers as Ray drivers: its head (`ng_run`) calls `ray.init()` and hands the
 cluster's address to every server through its `ray_head_node_address` config key (NeMo Gym
 0.4-0.7). Without an address it starts a Ray of its own; our stacks then give it a private,
-token-protected one (`venv.private_ray_auth`). With `ray_address` the stack passes the user's
+token-protected one (`private_ray_auth`). With `ray_address` the stack passes the user's
 address in that key instead, and NeMo Gym's processes join that cluster as drivers (the node
 this stack runs on must be a node of the cluster: Ray drivers talk to a raylet on their own
 machine). NeMo Gym only shuts down a Ray it started itself, so stopping the stack ends our
@@ -32,6 +32,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import secrets
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,3 +229,18 @@ async def check_cluster(
             f"(`ray start --address={cluster.address}`)"
         )
     raise StackError(f"{where} is not a reachable Ray cluster head ({detail})")
+
+
+RAY_TOKEN_FILE = "auth_token"
+
+
+def private_ray_auth(ray_tmpdir: Path) -> dict[str, str]:
+    """Environment entries that make a stack's Ray require a token of its own, written to
+    `ray_tmpdir/auth_token` (mode 0600; `ray_tmpdir` must be the stack's private 0700 folder),
+    never the world-readable `~/.ray/auth_token` (docs/reliability.md): every process of the
+    stack reads `RAY_AUTH_TOKEN_PATH`. Raises OSError if the file cannot be created (or exists)."""
+    path = ray_tmpdir / RAY_TOKEN_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32))  # Ray's own token format: 256 bits, hex
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}

@@ -1,6 +1,10 @@
-"""What a NeMo Gym release is: its declared Python floor, its extras, and its files.
+"""What a NeMo Gym release is: what it can do (`RELEASES`), its extras, and its files.
 
-Contract: `release_files(version)` returns a folder holding exactly what the `nemo-gym==<version>`
+Contract: `features(version)` is the one place a difference between releases is decided: its
+row of `RELEASES` (a `Features`: the declared Python floor and what the release has), or for an
+unknown release the row of the newest known one not newer than it (PEP 440 order), or for one
+older than all of them `Features(MIN_PYTHON)` (nothing new). Nothing else compares versions.
+`release_files(version)` returns a folder holding exactly what the `nemo-gym==<version>`
 wheel installs (the `resources_servers/`, `environments/`, `responses_api_agents/` trees with
 their configs and example data, and `nemo_gym-<version>.dist-info`), fetched once with
 `uv pip install --no-deps --target` into `cache_root()/releases/` (atomic: built beside, then
@@ -16,7 +20,7 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -30,15 +34,57 @@ DEFAULT_NEMO_GYM_VERSION = "0.4.0"
 """The fallback release: the newest one whose floor (3.12) needs no recent patch release."""
 # NeMo Gym >= 0.2 requires Python >= 3.12; older interpreters are never candidates.
 MIN_PYTHON = (3, 12)
-KNOWN_RELEASES: dict[str, tuple[int, ...]] = {
-    "0.4.0": (3, 12),
-    "0.5.0": (3, 13, 14),
-    "0.5.1": (3, 13, 14),
-    "0.6.0": (3, 13, 14),
-    "0.7.0": (3, 13, 14),
+
+
+@dataclass(frozen=True)
+class Features:
+    """One release as this package treats it: a field the library acts on is on from the release
+    it was verified on (tests/nemo/test_releases.py checks each row against the release's files).
+    Extras are read from each release's own metadata instead (`ReleaseFiles.extras`)."""
+
+    python_floor: tuple[int, ...]  # its `Requires-Python` (the metadata's, where installed)
+    gym_cli: bool = False  # `gym env start` (`ng_run` its deprecated shim; same overrides)
+    readyz: bool = False  # the head server's `/readyz` (else ng_run's ready line)
+    spinup_timeout: bool = False  # `+server_spinup_timeout_seconds`, its own start deadline
+    pairing_check: bool = False  # `allowed_model_types` holds (`+allow_unsupported_pairing` waives)
+    environment_servers: bool = False  # front agents, take their `/run` (`catalog.run_targets`)
+    rollout_correlation: bool = False  # agents call the model at `/ng-rollout/<_ng_rollout_id>/v1`
+    failure_class: bool = False  # 200 results tagged `_ng_failure_class` or `_ng_no_persist`
+    mask_sample: bool = False  # results `mask_sample: true` (`failure_kind`, `failure_reason`)
+    environments_layout: bool = False  # `environments/<name>/` beside `resources_servers/`
+    sandbox_providers: frozenset[str] = frozenset()  # `nemo_gym/sandbox/providers/<name>/`
+
+
+# Each row is the one before it with what the release changed.
+_0_4 = Features(
+    (3, 12), environments_layout=True, sandbox_providers=frozenset({"apptainer", "opensandbox"})
+)
+_0_5 = replace(
+    _0_4,
+    python_floor=(3, 13, 14),
+    failure_class=True,
+    rollout_correlation=True,
+    sandbox_providers=_0_4.sandbox_providers
+    | {"daytona", "docker", "ecs_fargate", "enroot", "openshell"},
+)
+_0_6 = replace(_0_5, mask_sample=True, sandbox_providers=_0_5.sandbox_providers | {"e2b"})
+RELEASES: dict[str, Features] = {
+    "0.4.0": _0_4,
+    "0.5.0": _0_5,
+    "0.5.1": _0_5,
+    "0.6.0": _0_6,
+    "0.7.0": replace(
+        _0_6,
+        gym_cli=True,
+        readyz=True,
+        spinup_timeout=True,
+        pairing_check=True,
+        environment_servers=True,
+        sandbox_providers=_0_6.sandbox_providers | {"local"},
+    ),
 }
-"""nemo-gym release -> its declared `Requires-Python` floor (from each release's metadata).
-The newest entry that an interpreter here satisfies is the default release."""
+"""nemo-gym release -> what it has. The newest entry that an interpreter here satisfies is the
+default release. A new release is a row here (and its tests)."""
 _RELEASE = re.compile(r"^\d+(\.\d+){1,2}(\.?(a|b|rc|dev|post)\d+)?$")
 _COMPLETE = ".vf-nemogym-complete"
 
@@ -72,20 +118,22 @@ def check_release(version: str) -> str:
     return version
 
 
+def features(version: str) -> Features:
+    """What nemo-gym `version` has (see the module contract)."""
+    if version in RELEASES:
+        return RELEASES[version]
+    older = [v for v in RELEASES if parse_version(v) <= parse_version(version)]
+    return RELEASES[max(older, key=parse_version)] if older else Features(MIN_PYTHON)
+
+
 def python_floor(version: str, venv: Path | None = None) -> tuple[int, ...]:
-    """The Python floor nemo-gym `version` declares: read from the installed package's metadata
-    when `venv` (a runtime venv or a `release_files` folder) holds it (cheap, exact), else
-    `KNOWN_RELEASES`; an unknown release gets the floor of the newest known release not newer
-    than it."""
+    """The Python floor nemo-gym `version` declares: its metadata's when `venv` (a runtime venv
+    or a `release_files` folder) holds it (cheap, exact), else its `features`."""
     if venv is not None:
         for meta in _metadata_files(venv, version):
             if floor := _metadata_floor(meta):
                 return floor
-    if version in KNOWN_RELEASES:
-        return KNOWN_RELEASES[version]
-    older = [v for v in KNOWN_RELEASES if parse_version(v) <= parse_version(version)]
-    older.sort(key=parse_version)
-    return KNOWN_RELEASES[older[-1]] if older else MIN_PYTHON
+    return features(version).python_floor
 
 
 def _metadata_files(folder: Path, version: str) -> list[Path]:

@@ -1,27 +1,24 @@
-"""One NeMo Gym server stack (`ng_run`, or `gym env start` on NeMo Gym >= 0.7, from the runtime
-venv) whose policy model is our proxy.
+"""One NeMo Gym server stack (`ng_run`, or `gym env start` where the release has it, from the
+runtime venv) whose policy model is our proxy.
 
 Contract: `await start()` returns once every server answers HTTP and NeMo Gym reported them ready
-(its ready line; on >= 0.7 the head server's `/readyz`), or raises StackError with nothing left
-running; `agents` then maps agent instance names to base URLs and `run_urls` maps them to the
-server a rollout's `POST /run` goes to (catalog.py's `run_targets` of the merged config: the
-environment server fronting the agent on >= 0.7, as NeMo Gym's own rollout collection does; else
-the agent). `await stop()` is idempotent and takes
-the whole process tree down; if the owning process dies instead, the supervisor (supervisor.py)
-does the same. Stacks share no state in this module.
+(its ready line, or the head server's `/readyz` where the release has it), or raises StackError
+with nothing left running; `agents` then maps agent instance names to base URLs and `run_urls`
+maps them to the server a rollout's `POST /run` goes to (catalog.py's `run_targets` of the
+merged config: the environment server fronting the agent where the release has them, as NeMo
+Gym's own rollout collection does; else the agent). `await stop()` is idempotent and takes the
+whole process tree down; if the owning process dies instead, the supervisor (supervisor.py) does
+the same. Stacks share no state in this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -34,20 +31,7 @@ from typing import IO, Any
 import aiohttp
 import yaml
 
-from verifiers_nemogym.containers.docker import (
-    ContainerNetwork,
-    check_requests,
-    daemon,
-    sweep_dead_stacks,
-)
-from verifiers_nemogym.containers.door import ModelDoor
-from verifiers_nemogym.containers.sandbox import (
-    STACK_LABEL,
-    check_providers,
-    sandbox_plan,
-    shadow_servers,
-    stack_config,
-)
+from verifiers_nemogym.containers.docker import StackContainers
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.judge.endpoint import Judge
@@ -73,19 +57,18 @@ from verifiers_nemogym.nemo.harnesses import (
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
 from verifiers_nemogym.nemo.ng_log import NgRunLog, also_down
-from verifiers_nemogym.nemo.ray_cluster import RayCluster, check_cluster
-from verifiers_nemogym.nemo.release import parse_version
-from verifiers_nemogym.nemo.supervisor import (
-    MARKER_ENV_VAR,
-    cwd_of,
-    pids,
-    processes_with_env,
-    remove_docker_objects,
-    signal_with_env,
+from verifiers_nemogym.nemo.ray_cluster import RayCluster, check_cluster, private_ray_auth
+from verifiers_nemogym.nemo.release import features
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
+from verifiers_nemogym.nemo.venv import (
+    WORKDIR_LOCK,
+    WORKDIR_PREFIX,
+    NeMoGymVenv,
+    WarmStart,
+    prune_stale_workdirs,
 )
-from verifiers_nemogym.nemo.venv import NeMoGymVenv, private_ray_auth
 from verifiers_nemogym.net import free_port
-from verifiers_nemogym.util import acquire_flock, poll_until, try_flock, uv_cache_dir
+from verifiers_nemogym.util import poll_until, try_flock, uv_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -95,17 +78,10 @@ _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 # tell yet (NeMo Gym notices a death at its next poll, and prints the line once it exits).
 _DIED_LINE_WAIT = 5.0
 _PROGRESS_EVERY = 5.0
-# A resources server may restrict which model-server types its agents may use (NeMo Gym 0.7).
-_ALLOWED_MODEL_TYPES = "allowed_model_types"
 CHECK_ALIVE_INTERVAL = 2.0
-"""Seconds between `check_alive` calls of whoever watches a running stack (its owner, or a
-shared stack's host)."""
+"""Seconds between the `check_alive` calls of a stack's owner (or a shared stack's host)."""
 # supervisor.py needs up to ~10 s graceful + 3 s SIGTERM + 5 s SIGKILL.
 _STOP_TIMEOUT = 30.0
-WORKDIR_PREFIX = "vf-nemogym-stack-"
-# Held (flock) by the stack that created the workdir from creation to stop.
-_WORKDIR_LOCK = ".in-use"
-STALE_WORKDIR_SECONDS = 24 * 3600.0
 
 
 def _hydra_quote(text: str) -> str:
@@ -116,51 +92,6 @@ def _hydra_quote(text: str) -> str:
 def _hydra_list(paths: list[Path]) -> str:
     """A hydra list literal; quoted so paths with commas or spaces stay one element."""
     return "[" + ",".join(_hydra_quote(str(p)) for p in paths) + "]"
-
-
-def prune_stale_workdirs(
-    parent: Path, older_than: float = STALE_WORKDIR_SECONDS, log: logging.Logger = logger
-) -> list[Path]:
-    """Delete the `vf-nemogym-stack-*` folders directly in `parent` (workdirs of stacks that
-    created their own: kept after a failed start for their log, or left by an owner killed
-    together with its supervisor) that are this user's real folders (not links), whose folder
-    and `ng_run.log` are both older than `older_than` seconds, that no process runs in (a
-    stack's supervisor and ng_run do, also those of releases without the lock), and whose lock
-    no stack holds (a stack holds it from creating its workdir to its stop). Returns the folders
-    deleted; never raises (what cannot be inspected is left alone)."""
-    removed: list[Path] = []
-    in_use: set[Path] | None = None
-    now = time.time()
-    try:
-        candidates = sorted(parent.glob(f"{WORKDIR_PREFIX}*"))
-    except OSError:
-        return removed
-    for path in candidates:
-        try:
-            info = path.lstat()
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-                continue
-            log_file = path / "ng_run.log"
-            touched = max(info.st_mtime, log_file.stat().st_mtime if log_file.exists() else 0)
-            if now - touched < older_than:
-                continue
-            if in_use is None:
-                in_use = {cwd for pid in pids() if (cwd := cwd_of(pid)) is not None}
-            real = path.resolve()  # /proc names cwds by their real path
-            if any(cwd == real or real in cwd.parents for cwd in in_use):
-                continue
-            handle = try_flock(path / _WORKDIR_LOCK)
-        except OSError:
-            continue
-        if handle is None:
-            continue  # a stack is using it
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-        finally:
-            handle.close()
-        log.info("removed a stale NeMo Gym stack folder: %s", path)
-        removed.append(path)
-    return removed
 
 
 RAY_NODE_TIMEOUT = "The current node timed out during startup"
@@ -180,11 +111,9 @@ def ray_node_timed_out(error: BaseException) -> bool:
 
 
 def retry_start(error: BaseException, attempt: int, remaining: float) -> bool:
-    """Whether a start that failed with `error`, the `attempt`-th (from 1) of one
-    `start_stack`, `remaining` seconds before its deadline, is tried again with a fresh stack:
-    only Ray's node timeout (`ray_node_timed_out`), before `START_ATTEMPTS` starts, and with
-    more than `RAY_NODE_WAIT` s left (an attempt with less could not outlast Ray's own wait
-    under the load that timed it out; it would only replace Ray's error by the deadline's)."""
+    """Whether the `attempt`-th (from 1) start of one `start_stack`, failed with `error`
+    `remaining` s before its deadline, is tried again: only on Ray's node timeout, before
+    `START_ATTEMPTS`, with more than `RAY_NODE_WAIT` s left (less could not outlast Ray's wait)."""
     return ray_node_timed_out(error) and attempt < START_ATTEMPTS and remaining > RAY_NODE_WAIT
 
 
@@ -192,12 +121,9 @@ async def start_stack(
     make: Callable[[float], NeMoGymStack], start_timeout: float, log: logging.Logger = logger
 ) -> NeMoGymStack:
     """A started stack from `make(seconds)` (a fresh `NeMoGymStack` whose `start_timeout` is
-    `seconds`), every start path's one way to start one. A start that fails only because Ray's
-    node timed out is tried again with a fresh stack while `retry_start` allows, all within
-    `start_timeout` seconds from now, with a warning each time; otherwise (and after the last
-    attempt) the error stands, as `NeMoGymStack.start` raised it. Nothing of a failed attempt
-    survives: its start already stopped it, and the folder it kept for its log is removed when
-    the start is tried again (the warning says why)."""
+    `seconds`), every start path's one way to start one: tried again with a fresh stack, with a
+    warning, while `retry_start` allows, all within `start_timeout` s; else the error stands.
+    Nothing of a failed attempt survives (the folder it kept for its log goes at the retry)."""
     deadline = time.monotonic() + start_timeout
     attempt = 1
     while True:
@@ -250,10 +176,8 @@ class NeMoGymStack:
         self.policy_port = policy_port
         self.start_timeout = start_timeout
         self.fast_start = fast_start
-        """Return once every server answers (not at NeMo Gym's next 3 s readiness poll), and
-        keep Ray from pre-starting idle workers NeMo Gym's servers never use (CPU a 2-core
-        machine needs for the servers' imports). False runs `ng_run` exactly as NeMo Gym does
-        alone (the benchmarks compare the two)."""
+        """Return once every server answers, and keep Ray from pre-starting idle workers
+        (docs/performance.md); False runs `ng_run` exactly as NeMo Gym does alone."""
         self.log = log
         self.ray = ray
         """The user's Ray cluster NeMo Gym's servers join (None: a private Ray)."""
@@ -268,17 +192,16 @@ class NeMoGymStack:
         self.agents: dict[str, str] = {}
         self.run_urls: dict[str, str] = {}
         """Agent instance name -> base URL of the server its rollouts' `POST /run` goes to
-        (`catalog.run_targets`): the environment server fronting it (NeMo Gym >= 0.7), else the
-        agent itself."""
+        (`catalog.run_targets`)."""
         self.head_url = ""
-        self.gym_07 = parse_version(venv.nemo_gym_version) >= parse_version("0.7")
-        """NeMo Gym >= 0.7: `gym env start`, `server_spinup_timeout_seconds`, head `/readyz`,
-        model-type pairing checks, environment servers (all verified on 0.7.0)."""
+        self.features = features(venv.nemo_gym_version)
         self.servers: dict[str, str] = {}
         """Every NeMo Gym server instance name -> base URL (including policy_model)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._ray_tmpdir: Path | None = None
-        self._build_lock: IO[str] | None = None
+        self.warm_start = WarmStart(
+            venv.server_venvs_dir, self.config_paths, judge.api if judge is not None else None
+        )
         self._workdir_lock: IO[str] | None = None
         self._warm = False
         self.ng_log = NgRunLog(self.workdir / "ng_run.log" if self.workdir else None)
@@ -286,10 +209,7 @@ class NeMoGymStack:
         self._started = False
         self._failed = False
         self._merged: list[dict[str, Any]] | None = None
-        self.door: ModelDoor | None = None
-        """The door containers reach their rollout's model route through (`containers.door`),
-        while started, when a server of the configs starts containers."""
-        self._docker_label: str | None = None
+        self.containers = StackContainers(self.marker, f"http://{policy_host}:{policy_port}", log)
 
     @property
     def log_path(self) -> Path:
@@ -310,11 +230,9 @@ class NeMoGymStack:
             # Ray's node timing out is ng_run's first step, before NeMo Gym touches any server
             # venv: the stamp stays, and a start tried again (`start_stack`) stays warm.
             if self._warm and isinstance(exc, Exception) and not ray_node_timed_out(exc):
-                # The stamp only says a start of this config set once succeeded; per-server
-                # venvs are shared with other sets, and a start of another set interrupted
-                # mid-install leaves one half-built, which a warm start never repairs. The next
-                # start is cold: NeMo Gym checks (and repairs) every venv again.
-                self._warm_stamp().unlink(missing_ok=True)
+                # Server venvs are shared between sets: one another set's interrupted start
+                # left half-built is repaired only by a cold start (docs/runtime.md).
+                self.warm_start.stamp.unlink(missing_ok=True)
                 self.log.info("NeMo Gym warm start failed; the next start re-checks server venvs")
             await self.stop()
             raise
@@ -341,7 +259,7 @@ class NeMoGymStack:
             await asyncio.to_thread(prune_stale_workdirs, Path(tempfile.gettempdir()))
             self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
             self.ng_log = NgRunLog(self.log_path)
-            self._workdir_lock = try_flock(self.workdir / _WORKDIR_LOCK)
+            self._workdir_lock = try_flock(self.workdir / WORKDIR_LOCK)
         self.workdir.mkdir(parents=True, exist_ok=True)
         policy_url = f"http://{self.policy_host}:{self.policy_port}/v1"
         policy_config = write_policy_placeholder(
@@ -355,13 +273,11 @@ class NeMoGymStack:
             extra.append(harness)
         if containers := await self._prepare_containers():
             extra.append(containers)
-        await self._acquire_build_lock_if_cold(deadline)
-        # Cold (no start of this config set succeeded yet): let NeMo Gym build or repair every
-        # per-server venv. With `skip_venv_if_present` it would start a server as soon as
-        # another server sharing its venv (several simple_agent instances) had created it,
-        # before the packages were in (`No module named fastapi`), and it would reuse venvs an
-        # interrupted start left half-installed.
-        warm = self._warm = self._warm_stamp().exists()
+        await self.warm_start.lock_if_cold(deadline, self.log)
+        # Cold: NeMo Gym builds or repairs every server venv. `skip_venv_if_present` would start
+        # a server once another sharing its venv had created it, before its packages were in
+        # (`No module named fastapi`), and reuse venvs an interrupted start left half-built.
+        warm = self._warm = self.warm_start.stamp.exists()
         placeholder_venv = placeholder_server_venv(self.venv)
         if not warm and placeholder_venv.is_symlink():
             placeholder_venv.unlink()  # older releases linked it to the runtime venv
@@ -373,7 +289,28 @@ class NeMoGymStack:
         command = await asyncio.to_thread(
             self.command, extra, head_port, warm=warm, deadline=deadline
         )
-        env = ray_env
+        self._spawn(command, ray_env, cli_folders, bool(harness))
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await self._wait_ready(session, started, deadline)
+        # The merged config as NeMo Gym resolved it (includes, inheritance, generated servers),
+        # read the way a stack attached by URL is read (remote.py).
+        config = await fetch_merged_config(self.head_url)
+        self.agents = server_urls(config, AGENTS)
+        self.run_urls = run_targets(config)
+        if not self.agents:
+            raise StackError(
+                f"NeMo Gym started but its config defines no agent server "
+                f"({', '.join(map(str, self.config_paths))})"
+            )
+        self.warm_start.mark_warm()
+
+    def _spawn(
+        self, command: list[str], env: dict[str, str], cli_folders: list[Path], harness: bool
+    ) -> None:
+        """Start `command` in the workdir under the supervisor, its output in the log, with `env`
+        (the runtime's, with the stack's Ray) less the judge's key, `cli_folders` first on PATH."""
+        assert self.workdir is not None and self._ray_tmpdir is not None
         if self.judge is not None:
             env = self.judge.scrubbed(env)  # the relay holds the key; NeMo Gym never does
         if cli_folders or harness:
@@ -395,7 +332,7 @@ class NeMoGymStack:
             [sys.executable, "-I", str(_SUPERVISOR), "--marker", self.marker,
              "--log", str(self.log_path), "--cwd", str(self.workdir),
              *(arg for folder in orphan_cleanup for arg in ("--remove-if-orphaned", folder)),
-             *(["--docker-label", self._docker_label] if self._docker_label else []),
+             *(["--docker-label", self.containers.label] if self.containers.label else []),
              "--", *command],
             cwd=self.workdir,
             env=env,
@@ -410,29 +347,13 @@ class NeMoGymStack:
             ", ".join(p.name for p in self.config_paths),
             self.venv.nemo_gym_version,
             self.venv.python_version,
-            " ".join([Path(command[0]).name, *command[1 : 3 if self.gym_07 else 1]]),
+            " ".join([Path(command[0]).name, *command[1 : 3 if self.features.gym_cli else 1]]),
             self.log_path,
         )
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            await self._wait_ready(session, started, deadline)
-        # The merged config as NeMo Gym resolved it (includes, inheritance, generated servers),
-        # read the way a stack attached by URL is read (remote.py).
-        config = await fetch_merged_config(self.head_url)
-        self.agents = server_urls(config, AGENTS)
-        self.run_urls = run_targets(config)
-        if not self.agents:
-            raise StackError(
-                f"NeMo Gym started but its config defines no agent server "
-                f"({', '.join(map(str, self.config_paths))})"
-            )
-        self._mark_warm()
-        self._release_build_lock()
 
     async def _prepare_harnesses(self, deadline: float) -> tuple[list[Path], Path | None]:
-        """For configs with coding-agent harnesses (`nemo.harnesses`): install their CLIs
-        (cached) and write the config routing their calls per rollout; the folders to put
-        first on PATH and that config (None without harnesses)."""
+        """Install the CLIs of coding-agent harnesses (`nemo.harnesses`; cached) and write the
+        config routing their calls per rollout: the CLIs' folders and that config, or None."""
         agents = harness_agents(await asyncio.to_thread(self._merged_configs))
         if not agents:
             return [], None
@@ -448,67 +369,10 @@ class NeMoGymStack:
         return folders, path
 
     async def _prepare_containers(self) -> Path | None:
-        """For configs whose servers start sandboxes (`containers.sandbox`): check the provider
-        (docker: its daemon, and resource requests it would refuse), sweep what dead stacks
-        left, make the stack's container network and start the door on it, and write the config
-        that labels, isolates and routes the containers; None without sandboxes."""
-        plan = sandbox_plan(await asyncio.to_thread(self._merged_configs))
-        if plan is None:
-            return None
+        """The config for servers that start sandboxes (`StackContainers`), None without."""
         assert self.workdir is not None
-        check_providers(plan)
-        self.log.info("servers starting sandboxes: %s", plan.describe())
-        shadowed = shadow_servers(
-            plan, self.venv.site_packages, self.workdir, self.venv.nemo_gym_version
-        )
-        if shadowed:
-            self.log.info(
-                "%s run from the stack's folder (%s): what they write stays there, and their "
-                "venvs get the sandbox provider's client",
-                ", ".join(shadowed),
-                self.workdir,
-            )
-        if plan.docker is None:
-            self.log.warning(
-                "sandbox provider(s) %s: nemo-gym-env does not isolate their containers; they "
-                "reach what the provider's network allows (docker stacks are isolated)",
-                ", ".join(plan.providers),
-            )
-            config = stack_config(plan, label=None, network=None, door=None, workdir=self.workdir)
-        else:
-            host = await asyncio.to_thread(daemon)
-            check_requests(plan, host)
-            await asyncio.to_thread(sweep_dead_stacks, self.log)
-            self._docker_label = f"{STACK_LABEL}={self.marker}"
-            network = await asyncio.to_thread(ContainerNetwork.create, self.marker)
-            self.door = ModelDoor(network.gateway, f"http://{self.policy_host}:{self.policy_port}")
-            await self.door.start()
-            if await asyncio.to_thread(network.firewall, self.door.port):
-                reach = "the door only (firewall)"
-            else:
-                reach = "the door, and whatever the host serves on all its addresses (no root)"
-                self.log.warning(
-                    "cannot firewall docker network %s (not root or no iptables): its "
-                    "containers reach every host service listening on all addresses",
-                    network.name,
-                )
-            self.log.info(
-                "containers join docker network %s (internal, no traffic between containers); "
-                "on the host they reach %s: %s, rollout routes only",
-                network.name,
-                reach,
-                self.door.url,
-            )
-            config = stack_config(
-                plan,
-                label=self._docker_label,
-                network=network.name,
-                door=(network.gateway, self.door.port),
-                workdir=self.workdir,
-            )
-        path = self.workdir / "vf_nemogym_containers.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
+        merged = await asyncio.to_thread(self._merged_configs)
+        return await self.containers.prepare(merged, self.venv, self.workdir)
 
     async def _start_judge(self) -> Path:
         """Start the judge relay, check the judge answers, and write the judge config."""
@@ -538,13 +402,12 @@ class NeMoGymStack:
     ) -> list[str]:
         """The NeMo Gym start command for this stack (`extra_configs`: ours, listed after the
         user's so they win; `deadline`: `time.monotonic()` value)."""
-        # `ng_run` is a deprecated shim for `gym env start` from 0.7 on (same overrides).
-        if self.gym_07:
-            start = [str(self.venv.bin("gym")), "env", "start"]
-        else:
-            start = [str(self.venv.bin("ng_run"))]
+        has = self.features
+        # `ng_run` became a deprecated shim for `gym env start` (same overrides).
+        start = ["gym", "env", "start"] if has.gym_cli else ["ng_run"]
         command = [
-            *start,
+            str(self.venv.bin(start[0])),
+            *start[1:],
             f"+config_paths={_hydra_list([*self.config_paths, *extra_configs])}",
             "+head_server.host=127.0.0.1",
             f"+head_server.port={head_port}",
@@ -557,17 +420,12 @@ class NeMoGymStack:
         if self.ray is not None:
             # NeMo Gym's head and every server then `ray.init` this address (0.4-0.7).
             command.append(f"+ray_head_node_address={_hydra_quote(self.ray.address)}")
-        if self.gym_07:
-            command.extend(self._gym_07_overrides(deadline))
-        return command
-
-    def _gym_07_overrides(self, deadline: float) -> list[str]:
-        """Overrides only NeMo Gym >= 0.7 knows."""
-        # NeMo Gym's own start deadline (default 600 s) would otherwise cut ours short, or
-        # outlive it: give it what is left of ours, so both end the start at the same time.
-        left = max(1, int(deadline - time.monotonic()) + 1)
-        overrides = [f"+server_spinup_timeout_seconds={left}"]
-        if restricted := self._model_type_restrictions():
+        if has.spinup_timeout:
+            # NeMo Gym's own start deadline (default 600 s) would otherwise cut ours short, or
+            # outlive it: give it what is left of ours, so both end the start at the same time.
+            left = max(1, int(deadline - time.monotonic()) + 1)
+            command.append(f"+server_spinup_timeout_seconds={left}")
+        if has.pairing_check and (restricted := self._model_type_restrictions()):
             # Our placeholder is no model adapter NeMo Gym knows (it only points agents at the
             # proxy), so NeMo Gym would refuse to start. The proxy relays Responses calls
             # unchanged to verifiers' model: whatever an allowed adapter would translate (e.g.
@@ -578,12 +436,11 @@ class NeMoGymStack:
                 "pairing check is waived (+allow_unsupported_pairing=true)",
                 "; ".join(f"{name}: {', '.join(types)}" for name, types in restricted.items()),
             )
-            overrides.append("+allow_unsupported_pairing=true")
-        return overrides
+            command.append("+allow_unsupported_pairing=true")
+        return command
 
     def _merged_configs(self) -> list[dict[str, Any]]:
-        """Each of our configs as NeMo Gym merges it (`Catalog.merged_config`), read once per
-        stack: the judge config and the pairing check both look at them."""
+        """Each of our configs as NeMo Gym merges it (`Catalog.merged_config`), read once."""
         if self._merged is None:
             catalog = Catalog(self.venv)
             self._merged = [catalog.merged_config(path) for path in self.config_paths]
@@ -591,53 +448,13 @@ class NeMoGymStack:
 
     def _model_type_restrictions(self) -> dict[str, list[str]]:
         """Resources servers of our configs that declare `allowed_model_types`, with them, as
-        NeMo Gym merges the configs (a declaration may come from an included config or an
-        inherited block)."""
+        NeMo Gym merges the configs (from an included config or an inherited block too)."""
         found: dict[str, list[str]] = {}
         for merged in self._merged_configs():
             for name, (_, settings) in server_blocks(merged, RESOURCES_SERVERS).items():
-                if allowed := settings.get(_ALLOWED_MODEL_TYPES):
+                if allowed := settings.get("allowed_model_types"):
                     found[name] = [allowed] if isinstance(allowed, str) else list(map(str, allowed))
         return dict(sorted(found.items()))
-
-    def _warm_stamp(self) -> Path:
-        # A judge adds a model server of its own (its adapter's venv), so it is a set of its own.
-        judge = [f"judge:{self.judge.api}"] if self.judge is not None else []
-        key = json.dumps(sorted(map(str, self.config_paths)) + judge).encode()
-        digest = hashlib.sha256(key).hexdigest()[:16]
-        return self.venv.server_venvs_dir / ".warm" / digest
-
-    async def _acquire_build_lock_if_cold(self, deadline: float) -> None:
-        """Serialise the first start of a config set: with `skip_venv_if_present`, a second
-        stack would otherwise use a per-server venv another stack is still installing."""
-        stamp = self._warm_stamp()
-        if stamp.exists():
-            return
-        path = self.venv.server_venvs_dir / ".build.lock"
-        try:
-            handle = await acquire_flock(
-                path,
-                deadline,
-                poll=0.5,
-                on_wait=lambda: self.log.info(
-                    "waiting for another stack to build NeMo Gym server venvs"
-                ),
-            )
-        except TimeoutError:
-            raise StackError(f"timed out waiting for {path}") from None
-        self._build_lock = handle
-        if stamp.exists():  # built by the stack we waited for
-            self._release_build_lock()
-
-    def _mark_warm(self) -> None:
-        stamp = self._warm_stamp()
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text("\n".join(map(str, self.config_paths)) + "\n")
-
-    def _release_build_lock(self) -> None:
-        if self._build_lock is not None:
-            self._build_lock.close()  # closing the fd drops the flock
-            self._build_lock = None
 
     async def _wait_ready(
         self, session: aiohttp.ClientSession, started: float, deadline: float
@@ -673,9 +490,9 @@ class NeMoGymStack:
             await asyncio.sleep(0.5)
 
     async def _head_ready(self, session: aiohttp.ClientSession) -> bool:
-        """Whether NeMo Gym itself found every server ready: the head server's `/readyz` on
-        >= 0.7, else its ready line in the log."""
-        if self.gym_07:
+        """Whether NeMo Gym itself found every server ready: the head server's `/readyz` where
+        the release has it, else its ready line in the log."""
+        if self.features.readyz:
             try:
                 async with session.get(f"{self.head_url}/readyz") as response:
                     await response.read()
@@ -700,41 +517,28 @@ class NeMoGymStack:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
-    async def _answers(self, session: aiohttp.ClientSession, url: str) -> bool:
-        """Any HTTP answer counts: NeMo Gym's own poll ignores the status too."""
+    async def _answers(self, session: aiohttp.ClientSession, url: str) -> bool | None:
+        """True on any HTTP answer (NeMo Gym's poll ignores the status too), False when nothing
+        listens at `url`, None when slow (no death: a busy server may outlast the timeout)."""
         try:
             async with session.get(url) as response:
                 await response.read()
                 return True
-        except (aiohttp.ClientError, TimeoutError):
-            return False
-
-    async def _refuses(self, session: aiohttp.ClientSession, url: str) -> bool:
-        """Whether nothing listens at `url` any more. A slow answer is not death: a server busy
-        with hundreds of rollouts may take longer than the check's timeout."""
-        try:
-            async with session.get(url) as response:
-                await response.read()
         except aiohttp.ClientConnectorError:
-            return True
+            return False
         except (aiohttp.ClientError, TimeoutError):
-            pass
-        return False
+            return None
 
     # ----------------------------------------------------------------------------- health
 
     async def check_alive(self) -> None:
         """Raise StackError naming the server that died first (or ng_run itself), if one did.
 
-        Once NeMo Gym notices a dead server it stops all the others (and our supervisor stops
-        what is left once ng_run exits), so a check may find several servers refusing
-        connections. The one named is the one NeMo Gym names in its "Process `x` finished
-        unexpectedly" line; before that line is written, the only refusing server whose log
-        shows no graceful shutdown. If neither tells (several died at once, or none shows how
-        it stopped), this waits up to _DIED_LINE_WAIT s for NeMo Gym's line or ng_run's exit,
-        then names the first refusing server that did not shut down gracefully, else the first
-        refusing one. The message also lists the other servers found down.
-        """
+        NeMo Gym stops all servers once one died, so several may refuse connections. The one
+        named is NeMo Gym's ("Process `x` finished unexpectedly"); before that line, the only
+        refusing server whose log shows no graceful shutdown; if neither tells, after waiting
+        up to _DIED_LINE_WAIT s for either, the first refusing server that did not shut down
+        gracefully, else the first refusing one. The message lists the others found down."""
         if self._proc is None or not self._started:
             raise StackError("the NeMo Gym stack is not running")
         if (code := self._proc.poll()) is not None:
@@ -747,7 +551,7 @@ class NeMoGymStack:
                 name
                 for name, url in self.servers.items()
                 # The policy is the proxy of our owner, not part of the stack.
-                if name != POLICY_INSTANCE and await self._refuses(session, url)
+                if name != POLICY_INSTANCE and await self._answers(session, url) is False
             ]
         if not refusing:
             return
@@ -814,14 +618,10 @@ class NeMoGymStack:
             if proc.stdin is not None:
                 proc.stdin.close()
         survivors = await self._sweep()
-        if self._docker_label is not None:
-            # The supervisor removed them; this covers a start that failed before it ran.
-            await asyncio.to_thread(remove_docker_objects, self._docker_label)
-        if self.door is not None:
-            await self.door.stop()
+        await self.containers.stop()
         if self.relay is not None:
             await self.relay.stop()
-        self._release_build_lock()
+        self.warm_start.release()
         if self._workdir_lock is not None:
             self._workdir_lock.close()  # a failed start's kept workdir may be pruned one day
             self._workdir_lock = None

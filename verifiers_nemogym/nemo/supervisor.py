@@ -26,8 +26,7 @@ of its own, run by file path with `python -I`, that must not import the package 
 outside the standard library). For that reason it also holds the package's process readers of
 /proc (the supervisor needs ones that import nothing), which the tests and benchmarks use too:
 `pids`, `environ_of`, `env_value`, `argv_of`, `parent_of`, `cwd_of`, `uid_of`, `alive`,
-`rss_bytes`, `processes_with_env` (the scan by an environment entry), `descendants`, and
-`count_stack_programs` (the count of a stack's programs among the processes of a scan). Its
+`rss_bytes`, `processes_with_env` (the scan by an environment entry) and `descendants`. Its
 `die_with_parent` (the parent-death signal of a child it starts) serves the package's and the
 benchmarks' other child processes too. Other /proc reads are one fact each, where it is needed:
 `metrics.py` (this process's open files), and in the tests and benchmarks a port's owner, open
@@ -216,35 +215,6 @@ def descendants(root: int) -> dict[int, int]:
                     found[pid] = parent
                 todo.append(pid)
     return found
-
-
-STACK_PROGRAMS = ("ng_run", "gcs_server")
-"""The programs a NeMo Gym stack runs exactly one of: its orchestrator and Ray's GCS server."""
-
-
-def count_stack_programs(*entries: str) -> dict[str, int]:
-    """How many of each of `STACK_PROGRAMS` run among the live processes whose initial
-    environment holds any of `entries` (`NAME=value`, as in `processes_with_env`).
-
-    An `ng_run` counts once per orchestrator: a process whose parent runs `ng_run` too is not
-    counted, because a child ng_run forks (a server's shell) carries ng_run's argv until it
-    execs its own program. A `gcs_server` is a process whose argv[0] names it. A process that
-    exits during the scan counts as whatever it was last seen as, or not at all.
-    """
-    pids = {pid for entry in entries for pid in processes_with_env(entry)}
-    counts = dict.fromkeys(STACK_PROGRAMS, 0)
-    for pid in pids:
-        argv = argv_of(pid)
-        if _runs_ng_run(argv) and not _runs_ng_run(argv_of(parent_of(pid))):
-            counts["ng_run"] += 1
-        if argv and argv[0].endswith("gcs_server"):
-            counts["gcs_server"] += 1
-    return counts
-
-
-def _runs_ng_run(argv: list[str]) -> bool:
-    # argv[0] is ng_run's interpreter when it runs as a script, argv[1] the script.
-    return any(arg.endswith("/ng_run") for arg in argv[:2])
 
 
 def argv_of(pid: int) -> list[str]:

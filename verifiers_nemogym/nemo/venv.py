@@ -3,44 +3,47 @@
 Contract: `ensure_venv()` returns a `NeMoGymVenv` whose venv has `nemo-gym==<version>` (with
 its `ray` extra where the release declares one) installed for a base CPython (never a virtual
 environment's interpreter, which NeMo Gym's per-server `uv venv` cannot use) that meets the
-release's declared Python floor (`python_floor`), or,
-only with the explicit opt-in `allow_python_below_floor` (or
-`$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1`), a CPython of the floor's minor version below its
-patch level (NeMo Gym 0.5-0.7 declare `>=3.13.14`, a CPython security-fix floor no code needs).
-It builds it once per (nemo-gym version, Python version, opt-in) under `cache_root()` and
-afterwards returns it without starting any subprocess. Without a version, `default_version()`
-picks the newest known release an interpreter on this machine satisfies. This process never
-imports `nemo_gym`.
+release's declared Python floor (`python_floor`), or, only with the explicit opt-in
+`allow_python_below_floor` (or `$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1`), a CPython of the
+floor's minor version below its patch level (NeMo Gym 0.5-0.7 declare `>=3.13.14`, a CPython
+security-fix floor no code needs). It builds it once per (nemo-gym version, Python version,
+opt-in) under `cache_root()` and afterwards returns it without starting any subprocess. Without
+a version, `default_version()` picks the newest known release an interpreter on this machine
+satisfies. This process never imports `nemo_gym`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import re
-import secrets
 import shutil
+import stat
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-from verifiers_nemogym.errors import VenvSetupError
+from verifiers_nemogym.errors import StackError, VenvSetupError
 from verifiers_nemogym.nemo.release import (
     DEFAULT_NEMO_GYM_VERSION,
-    KNOWN_RELEASES,
     MIN_PYTHON,
+    RELEASES,
     floor_text,
     floor_version,
     parse_version,
     python_floor,
     release_files,
 )
+from verifiers_nemogym.nemo.supervisor import cwd_of, pids
 from verifiers_nemogym.util import (
+    acquire_flock,
     cache_root,
     clean_env,
     file_lock,
@@ -276,7 +279,7 @@ def interpreters_available() -> list[str]:
 
 
 def default_version(python: str | None = None) -> str:
-    """The newest release of `KNOWN_RELEASES` whose declared floor an interpreter here meets
+    """The newest release of `RELEASES` whose declared floor an interpreter here meets
     (`python`, else $VF_NEMOGYM_PYTHON, else every interpreter `find_python_for` can see). The
     below-floor opt-in permits a release the user names; it never picks one. Falls back to
     `DEFAULT_NEMO_GYM_VERSION` when nothing fits (its own error then names the problem)."""
@@ -287,8 +290,8 @@ def default_version(python: str | None = None) -> str:
         versions = [found] if found else []
     else:
         versions = [v for v in interpreters_available() if python is None or _acceptable(v, python)]
-    for release in sorted(KNOWN_RELEASES, key=parse_version, reverse=True):
-        if any(_satisfies(v, KNOWN_RELEASES[release]) for v in versions):
+    for release in sorted(RELEASES, key=parse_version, reverse=True):
+        if any(_satisfies(v, RELEASES[release].python_floor) for v in versions):
             return release
     return DEFAULT_NEMO_GYM_VERSION
 
@@ -377,25 +380,89 @@ class NeMoGymVenv:
         return env
 
 
+class WarmStart:
+    """A config set's (paths, judge API) warm stamp (a start succeeded: NeMo Gym may skip its
+    server venvs) and the build lock serialising its cold starts across processes."""
+
+    def __init__(self, server_venvs: Path, config_paths: list[Path], judge_api: str | None):
+        judge = [f"judge:{judge_api}"] if judge_api is not None else []
+        key = json.dumps(sorted(map(str, config_paths)) + judge).encode()
+        self.stamp = server_venvs / ".warm" / hashlib.sha256(key).hexdigest()[:16]
+        self._config_paths = config_paths
+        self._lock_path = server_venvs / ".build.lock"
+        self._lock: IO[str] | None = None
+
+    async def lock_if_cold(self, deadline: float, log: logging.Logger = logger) -> None:
+        """Serialise cold starts: a second stack would use server venvs still being built."""
+        if self.stamp.exists():
+            return
+        waiting = "waiting for another stack to build NeMo Gym server venvs"
+        try:
+            self._lock = await acquire_flock(
+                self._lock_path, deadline, poll=0.5, on_wait=lambda: log.info(waiting)
+            )
+        except TimeoutError:
+            raise StackError(f"timed out waiting for {self._lock_path}") from None
+        if self.stamp.exists():  # built by the stack we waited for
+            self.release()
+
+    def mark_warm(self) -> None:
+        self.stamp.parent.mkdir(parents=True, exist_ok=True)
+        self.stamp.write_text("\n".join(map(str, self._config_paths)) + "\n")
+        self.release()
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the fd drops the flock
+            self._lock = None
+
+
 _RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-RAY_TOKEN_FILE = "auth_token"
+WORKDIR_PREFIX = "vf-nemogym-stack-"
+# Held (flock) by the stack that created the workdir from its creation to its stop.
+WORKDIR_LOCK = ".in-use"
+STALE_WORKDIR_SECONDS = 24 * 3600.0
 
 
-def private_ray_auth(ray_tmpdir: Path) -> dict[str, str]:
-    """Environment entries that make a stack's Ray require a token of its own, written to
-    `ray_tmpdir/auth_token` (mode 0600; `ray_tmpdir` must be the stack's private 0700 folder).
-
-    Without them Ray (>= 2.60 turns token auth on by default) reuses or creates
-    `~/.ray/auth_token`, which it writes world-readable: any local user who can read it can run
-    tasks on the stack's Ray, i.e. run code as this user. Ray reads `RAY_AUTH_TOKEN_PATH` in
-    every process of the stack (the GCS, raylets and NeMo Gym's servers as drivers), so none of
-    them looks in `~/.ray`. Raises OSError if the file cannot be created (or already exists).
-    """
-    path = ray_tmpdir / RAY_TOKEN_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secrets.token_hex(32))  # Ray's own token format: 256 bits, hex
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+def prune_stale_workdirs(
+    parent: Path, older_than: float = STALE_WORKDIR_SECONDS, log: logging.Logger = logger
+) -> list[Path]:
+    """Delete this user's `WORKDIR_PREFIX` folders (not links) in `parent` untouched (folder and
+    `ng_run.log`) for `older_than` s, that no process runs in and whose `WORKDIR_LOCK` no stack
+    holds (docs/runtime.md); returns those deleted, never raises."""
+    removed: list[Path] = []
+    in_use: set[Path] | None = None
+    now = time.time()
+    try:
+        candidates = sorted(parent.glob(f"{WORKDIR_PREFIX}*"))
+    except OSError:
+        return removed
+    for path in candidates:
+        try:
+            info = path.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            log_file = path / "ng_run.log"
+            touched = max(info.st_mtime, log_file.stat().st_mtime if log_file.exists() else 0)
+            if now - touched < older_than:
+                continue
+            if in_use is None:
+                in_use = {cwd for pid in pids() if (cwd := cwd_of(pid)) is not None}
+            real = path.resolve()  # /proc names cwds by their real path
+            if any(cwd == real or real in cwd.parents for cwd in in_use):
+                continue
+            handle = try_flock(path / WORKDIR_LOCK)
+        except OSError:
+            continue
+        if handle is None:
+            continue  # a stack is using it
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            handle.close()
+        log.info("removed a stale NeMo Gym stack folder: %s", path)
+        removed.append(path)
+    return removed
 
 
 _TMP_BUILD = re.compile(r"\.tmp-(nemo-gym-.+)-[0-9a-f]{8}")

@@ -310,7 +310,7 @@ async def test_failed_warm_start_drops_the_warm_stamp(
             venv, [config], policy_host="127.0.0.1", policy_port=9, start_timeout=60
         )
 
-    stamp = attempt()._warm_stamp()
+    stamp = attempt().warm_start.stamp
     stamp.parent.mkdir(parents=True)
     stamp.write_text(f"{config}\n")  # a start of this set once succeeded
     for _ in range(2):

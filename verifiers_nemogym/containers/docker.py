@@ -12,7 +12,9 @@ Contract:
   (`supervisor.remove_docker_objects`): whatever stops a stack, its containers, network and
   rules go with it.
 - `sweep_dead_stacks()` removes the containers, networks and rules of stacks whose processes are
-  all gone (a starter and its supervisor killed together): every stack start runs it.
+  all gone (a starter and its supervisor killed together): every stack start runs it. A stack
+  still starting (its network made, its supervisor not yet running) is alive through the
+  process that made the network (`OWNER_LABEL`), so two stacks starting at once keep theirs.
 - `StackContainers.prepare` does all that for a stack with sandboxes, starts the door, and writes
   the config that labels, isolates and routes its containers; `stop()` removes what it made.
 """
@@ -42,7 +44,7 @@ from verifiers_nemogym.containers.sandbox import (
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.supervisor import argv_of, pids, processes_with_marker
+from verifiers_nemogym.nemo.supervisor import alive, argv_of, pids, processes_with_marker
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
@@ -53,6 +55,9 @@ DOCKER_TIMEOUT = 60.0
 NETWORK_PREFIX = "vfng-"
 BRIDGE_PREFIX = "vfng"
 """Bridge interface names are at most 15 characters: the prefix and 11 of the marker."""
+OWNER_LABEL = "vf-nemogym.owner"
+"""On a stack's network: the pid of the process that made it. (A reused pid only keeps a dead
+stack's network until a later sweep.)"""
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ class ContainerNetwork:
         label = f"{STACK_LABEL}={marker}"
         run_docker(
             "network", "create", "--internal", "--label", label,
+            "--label", f"{OWNER_LABEL}={os.getpid()}",
             "--opt", f"com.docker.network.bridge.name={bridge}",
             "--opt", "com.docker.network.bridge.enable_icc=false",
             name,
@@ -203,10 +209,17 @@ def _stack_markers() -> set[str]:
 
 
 def _alive(marker: str) -> bool:
-    """A stack's supervisor (its marker on the command line) or a process of it still runs."""
+    """A stack's supervisor (its marker on the command line) or a process of it still runs, or
+    the process that made its network (the stack is starting: no process of it runs yet)."""
     if processes_with_marker(marker):
         return True
-    return any(marker in " ".join(argv_of(pid)) for pid in pids())
+    if any(marker in " ".join(argv_of(pid)) for pid in pids()):
+        return True
+    owners = run_docker(
+        "network", "ls", "--filter", f"label={STACK_LABEL}={marker}",
+        "--format", f'{{{{.Label "{OWNER_LABEL}"}}}}',
+    ).split()  # fmt: skip
+    return any(owner.isdigit() and alive(int(owner)) for owner in owners)
 
 
 def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -486,3 +487,29 @@ def test_a_start_sweeps_what_a_dead_stack_left(kit: TaskKit) -> None:
         keeper.wait()
         assert live in docker.sweep_dead_stacks()
     assert stack_containers(live) == []
+
+
+def test_a_sweep_keeps_the_network_of_a_stack_still_starting() -> None:
+    """Two stacks starting at once: the network one made before its processes run (its
+    supervisor comes after the network and the door) is not a dead stack's for the other's
+    sweep while the process that made it lives; once that process is gone it is."""
+    import subprocess
+    import uuid
+
+    starting, orphaned = uuid.uuid4().hex, uuid.uuid4().hex
+    docker.ContainerNetwork.create(starting)  # made by this process, which lives on
+    maker = (
+        "import sys; from verifiers_nemogym.containers import docker; "
+        "docker.ContainerNetwork.create(sys.argv[1])"
+    )
+    subprocess.run([sys.executable, "-c", maker, orphaned], check=True, timeout=120)
+    try:
+        swept = docker.sweep_dead_stacks()
+        assert starting not in swept and orphaned in swept
+        assert (
+            f"{docker.NETWORK_PREFIX}{starting[:12]}"
+            in docker.run_docker("network", "ls", "--format", "{{.Name}}").split()
+        )
+    finally:
+        docker.remove_objects(f"{STACK_LABEL}={starting}")
+        docker.remove_objects(f"{STACK_LABEL}={orphaned}")

@@ -211,12 +211,13 @@ config = json.loads(os.environ.get("OPENCODE_CONFIG_CONTENT", "{}"))
 base = config["provider"]["nemo_gym"]["options"]["baseURL"].rstrip("/")
 door, rollout = base.split("/ng-rollout/")[0], base.split("/ng-rollout/")[1].split("/")[0]
 route, credential = rollout.rsplit(".", 1)
+other = "1" if route[0] == "0" else "0"  # another route id: its first digit changed
 out = {
     "base": base,
     "stack_ports": {p: tcp(gateway, p) for p in ports},
     "loopback": {p: tcp("127.0.0.1", p) for p in ports},
     "wrong_credential": post(f"{door}/ng-rollout/{route}.{credential[::-1]}/v1/chat/completions"),
-    "other_route": post(f"{door}/ng-rollout/0{route[1:]}.{credential}/v1/chat/completions"),
+    "other_route": post(f"{door}/ng-rollout/{other}{route[1:]}.{credential}/v1/chat/completions"),
     "plain_path": post(f"{door}/v1/chat/completions"),
     "routes": open("/proc/net/route").read().split("\n")[1:],
 }

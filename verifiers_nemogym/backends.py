@@ -2,9 +2,8 @@
 
 `open_stack` picks the backend from the taskset config: `SharedStack` (default, a lease),
 `PrivateStack` (`shared_stack=False`), `AttachedStack` (`stack_url`) or `RemoteSharedStack`
-(`stack_url` with `stack_pin`, a lease over a stack host's TLS listener). `lost` is set, with its
-reason, once the stack is unusable; `close()` is idempotent. Each backend: docs/architecture.md,
-"Modules"; the shared and remote ones: docs/shared-stacks.md.
+(`stack_url` with `stack_pin`, a lease over a stack host's TLS listener). Each backend:
+docs/architecture.md, "Modules"; the shared and remote ones: docs/shared-stacks.md.
 """
 
 from __future__ import annotations
@@ -39,7 +38,12 @@ REMOTE_MISSES = 3
 
 
 class Stack(ABC):
-    """See the module contract."""
+    """A running NeMo Gym stack that rollouts POST `/run` to. `run_urls` maps each agent instance
+    to its `/run` target (`nemo.catalog.run_targets` of the stack's merged config, for every
+    backend); `marker` is its process marker (`VF_NEMOGYM_STACK=<marker>` in every NeMo Gym
+    process of it; None for a stack started elsewhere); `lost` is set, with its reason, once it is
+    unusable; `close()` (idempotent) stops what this process owns, releases a lease, or only stops
+    watching; `judge` is its judge's status when it has one."""
 
     marker: str | None = None
     judge: JudgeStatus | None = None
@@ -206,7 +210,7 @@ async def open_stack(
     judge: Judge | None = None,
     ray: RayCluster | None = None,
 ) -> Stack:
-    """The stack the taskset config asks for (see the module contract); `remote` is the
+    """The stack the taskset config asks for (the module names the four); `remote` is the
     `stack_url` stack (`describe_stack_url`), if one was named. The proxy must be serving
     already: the stack's `policy_model` is its address (or, shared, the host's front
     forwarder's). A `judge` (carrying its key, held by the process that runs the stack) serves

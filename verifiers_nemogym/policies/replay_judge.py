@@ -96,8 +96,10 @@ def _snippet(text: str, size: int = 120) -> str:
 
 
 def judge_entries(rec: Recording) -> list[JudgeEntry]:
-    """The judge calls `rec` recorded, in the fields the module contract lists (none if it
-    recorded no judge output)."""
+    """The judge calls `rec` recorded (none if it recorded no judge output), read from
+    `judge_evaluations` (whole requests and responses), `judge_responses_create_params` and
+    `judge_response` (one call), `rubric_evaluations` (`judge_prompt`, `judge_response` per
+    item), `judge_output` (the text only) or `judgement_gen_base` and `judgement_base_gen`."""
     row, entries = rec.row, []
     evaluations = row.get("judge_evaluations")
     calls = [(e.get("responses_create_params"), e.get("response")) for e in evaluations or []
@@ -142,7 +144,8 @@ class JudgeIndex:
 
     def match(self, prompt: str) -> tuple[JudgeEntry, bool] | None:
         """The entry that answers a call whose prompt is `prompt` and whether it matched
-        leniently (module contract); None if none does."""
+        leniently: each of its `needles` in the prompt, in order (lenient: its last alone),
+        most needle text first, then most `hints`; None if none does."""
         for lenient in (False, True):
             best: tuple[tuple[int, int], JudgeEntry] | None = None
             for entry in self.entries:

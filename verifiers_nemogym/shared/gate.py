@@ -140,7 +140,7 @@ class _Relay(AppServer):
 
 
 class StackGate(AppServer):
-    """See the module contract. `describe()` gives the stack's description; `on_users()` is
+    """The gate (module docstring). `describe()` gives the stack's description; `on_users()` is
     called whenever a remote user comes or goes."""
 
     shutdown_timeout: ClassVar[float] = 5.0

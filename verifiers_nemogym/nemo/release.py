@@ -1,16 +1,10 @@
 """What a NeMo Gym release is: what it can do (`RELEASES`), its extras, and its files.
 
-Contract: `features(version)` is the one place a difference between releases is decided: its
-row of `RELEASES` (a `Features`: the declared Python floor and what the release has), or for an
-unknown release the row of the newest known one not newer than it (PEP 440 order), or for one
-older than all of them `Features(MIN_PYTHON)` (nothing new). Nothing else compares versions.
-`release_files(version)` returns a folder holding exactly what the `nemo-gym==<version>`
-wheel installs (the `resources_servers/`, `environments/`, `responses_api_agents/` trees with
-their configs and example data, and `nemo_gym-<version>.dist-info`), fetched once with
-`uv pip install --no-deps --target` into `cache_root()/releases/` (atomic: built beside, then
-renamed; serialised between processes) and afterwards returned without starting any process.
-Reading environments, configs and rows needs nothing more; running them needs the runtime
-(`nemo.venv.ensure_venv`), which is built where rollouts run. Nothing here imports `nemo_gym`.
+`features(version)` is the one place a difference between releases is decided (an unknown
+release gets the row of the newest known one not newer than it, PEP 440 order); nothing else
+compares versions. `release_files(version)` is what the `nemo-gym==<version>` wheel installs,
+fetched once into `cache_root()/releases/`: enough to read environments, configs and rows
+without a runtime. Nothing here imports `nemo_gym` (docs/runtime.md).
 """
 
 from __future__ import annotations

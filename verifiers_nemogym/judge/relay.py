@@ -74,7 +74,10 @@ class JudgeStats:
 
 
 class JudgeRelay(AppServer):
-    """See the module contract. `on_failure` is told of every call that failed."""
+    """Answers `GET /` (readiness) and the judge's model list, and forwards `POST /v1/responses`
+    and `/v1/chat/completions`; a call without `token` is 401 before its body is read. `stats`
+    counts calls, failures and tokens; each failed call is kept in `status` and handed to
+    `on_failure`; `preflight()` checks at start that the judge answers and takes the key."""
 
     def __init__(
         self,

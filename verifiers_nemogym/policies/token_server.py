@@ -12,12 +12,8 @@ Triggers in the prompt's first user message: `[tokens:parallel]` (two calls in o
 `[fault:MODExN]`; answered faults are kept in `faults`. With `max_model_len` set, `GET /v1/models`
 reports it and a longer prompt gets vLLM's 400.
 
-It also answers the calls prime-rl 0.8.0's orchestrator makes on an inference server (its
-`utils/client.py`): `GET /health`, `GET /v1/models` (`model` and the loaded LoRA adapters),
-`POST /pause` and `/resume` (generation waits meanwhile, as vLLM's `mode=keep`),
-`POST /update_weights` (recorded; no weights change), `POST /load_lora_adapter` and
-`POST /v1/unload_lora_adapter`, each kept in `admin`; `/init_broadcaster` is not served (prime-rl
-skips NCCL set-up on its 404). Run alone: `nemo-gym-env serve tokens --port 8000`.
+It also answers the control calls prime-rl's orchestrator makes, each kept in `admin`
+(docs/training.md). Run alone: `nemo-gym-env serve tokens --port 8000`.
 """
 
 from __future__ import annotations

@@ -113,7 +113,8 @@ def check_release(version: str) -> str:
 
 
 def features(version: str) -> Features:
-    """What nemo-gym `version` has (see the module contract)."""
+    """What nemo-gym `version` has: its `RELEASES` row, else the newest known row not newer than
+    it (PEP 440 order), else (older than all) `Features(MIN_PYTHON)`, which has nothing new."""
     if version in RELEASES:
         return RELEASES[version]
     older = [v for v in RELEASES if parse_version(v) <= parse_version(version)]
@@ -186,7 +187,10 @@ class ReleaseFiles:
 
 
 def release_files(version: str, log: logging.Logger = logger) -> ReleaseFiles:
-    """The files of nemo-gym `version`, fetched on first use (see the module contract)."""
+    """A folder holding exactly what the `nemo-gym==<version>` wheel installs (its server and
+    environment trees with configs and example data, and its dist-info), fetched once with
+    `uv pip install --no-deps --target` (built beside, then renamed; serialised between
+    processes) and afterwards returned without starting any process."""
     check_release(version)
     # Checked before use: configs planted by another user would run in NeMo Gym as you.
     root = private_cache("releases")

@@ -183,9 +183,9 @@ def collect(episodes: Iterable[dict[str, Any]]) -> Rollouts:
 async def aggregate(
     run_urls: dict[str, str], http: aiohttp.ClientSession, rollouts: Rollouts
 ) -> list[dict[str, Any]]:
-    """NeMo Gym's aggregate metrics of `rollouts`, one entry per agent (as in NeMo Gym's
-    file, agents in name order); a
-    `StackError` naming the agent when its stack has no such agent or the endpoint fails."""
+    """NeMo Gym's aggregate metrics of `rollouts`, one entry per agent (as in NeMo Gym's file,
+    agents in name order); a `StackError` naming the agent when its stack has no such agent or
+    the endpoint fails."""
     entries = []
     for agent, results in rollouts.by_agent.items():
         url = run_urls.get(agent)
@@ -299,13 +299,10 @@ async def compute(
     python: str | None = None,
 ) -> list[dict[str, Any]]:
     """NeMo Gym's aggregate metrics of `rollouts` (`prepare`), on the release and Python they
-    ran on (unless `nemo_gym_version` / `python` say otherwise). An agent that keeps NeMo Gym's
-    default aggregate (`default_aggregates`: e.g. the coding-agent harness agents) is computed
-    by NeMo Gym's own code in the runtime, without a stack; for the others a private stack of
-    just their configs is started, asked and stopped. No model is called and no verifiers
-    rollout machinery (interception) is started. A judge environment's stack needs its `judge`
-    (as `--env.taskset.judge`), though no judge is called. ConfigError / StackError name what
-    is wrong."""
+    ran on (unless `nemo_gym_version` / `python` say otherwise): without a stack for agents
+    that keep NeMo Gym's default (`default_aggregates`), else on a private stack of just their
+    configs, started, asked and stopped (docs/metrics.md). A judge environment's stack needs its
+    `judge`, though no judge is called. ConfigError / StackError name what is wrong."""
     from verifiers_nemogym.nemo.venv import ensure_venv
 
     runtime = rollouts.runtime or {}
@@ -337,12 +334,10 @@ _PROBE = Path(__file__).with_name("nemo") / "aggregate_probe.py"
 
 async def default_aggregates(venv: Any, rollouts: Rollouts) -> dict[str, dict[str, Any]]:
     """The entries (as `aggregate` gives them) of the agents of `rollouts` whose
-    `/aggregate_metrics` answer is NeMo Gym's default, computed by the runtime's own code
-    (`nemo/aggregate_probe.py`) without starting anything. Read from NeMo Gym's source: the
-    answer is the agent's own (on 0.7 through a `legacy_agent` environment server, which
-    forwards it unchanged); an agent whose class overrides none of the aggregate hooks and whose
-    config does not skip verification answers with the default. Every other agent is left out
-    (and said why in the log), for a stack to answer."""
+    `/aggregate_metrics` answer is NeMo Gym's default (its class overrides no aggregate hook, its
+    config does not skip verification), computed by the runtime's own code
+    (`nemo/aggregate_probe.py`) without starting anything; the others are left out, said why in
+    the log, for a stack to answer."""
     from verifiers_nemogym.nemo.catalog import Catalog, load_config, server_blocks
 
     catalog = Catalog(venv)

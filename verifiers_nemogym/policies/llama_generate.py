@@ -2,15 +2,11 @@
 
 `GenerateAdapter` translates verifiers' train-client calls into llama.cpp's native
 `POST /completion` (a token-id prompt, `return_tokens`, `n_probs: 1`), so the local CPU model
-records real token ids and logprobs, answered in vLLM's shape (`choices[0].token_ids`,
-`logprobs.content[i] = {"token": "token_id:<id>", "logprob": x}`, `finish_reason`); `GET /v1/models`
-reports `max_model_len`, and a longer prompt gets vLLM's 400 wording.
-
-Sampling: the request's `temperature` (1.0 when absent, as vLLM), `top_p`, `top_k`, `max_tokens`
-and `seed` apply; llama.cpp's truncating samplers are off unless the request sets them, so the
-logprobs are those of the distribution sampled from (llama.cpp reports them before temperature,
-which agrees at 1.0). Generation ends at the end-of-generation token, included with its logprob as
-vLLM does; other `stop_token_ids` are not applied (llama.cpp has no such option).
+records real token ids and logprobs, answered in vLLM's shape; `GET /v1/models` reports
+`max_model_len`, and a longer prompt gets vLLM's 400 wording. llama.cpp's truncating samplers are
+off unless the request sets them, so the logprobs are those of the distribution sampled from
+(docs/training.md, "Real-model tier"); `stop_token_ids` other than end-of-generation are not
+applied (llama.cpp has no such option).
 """
 
 from __future__ import annotations

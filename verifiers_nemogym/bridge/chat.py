@@ -392,11 +392,8 @@ stopped by its length."""
 
 
 def overlong_response(request: JSON) -> JSON:
-    """The Responses reply to a prompt refused as too long, as NeMo Gym's `vllm_model` builds it.
-
-    NeMo Gym turns vLLM's context-length 400 into an empty completion with `finish_reason:
-    "length"`; its agents then stop (`incomplete`) and the rollout is still verified.
-    """
+    """The Responses reply to a prompt refused as too long (`OVERLONG_REPLY` converted): its
+    agents then stop (`incomplete`) and the rollout is still verified."""
     return chat_to_responses(OVERLONG_REPLY, request)
 
 

@@ -315,11 +315,9 @@ def _shared() -> _Shared:
 
 
 def shared_budgets() -> tuple[ByteBudget, ByteBudget]:
-    """The budgets all listeners on the running event loop share for bodies read before their
-    caller is admitted: memory (`UNAUTHENTICATED_BUDGET` but the `CONNECTIONS_SHARE`) and
-    temporary files (`SPOOLED_BUDGET`). A process serves its listeners (the stack host: the
-    front and the judge relay) on one loop, so callers without a credential hold that much of
-    it at most, all listeners together."""
+    """The budgets all listeners on the running event loop (one per process) share for bodies
+    read before their caller is admitted: memory (`UNAUTHENTICATED_BUDGET` but the
+    `CONNECTIONS_SHARE`) and temporary files (`SPOOLED_BUDGET`)."""
     shared = _shared()
     return shared.bodies, shared.spooled
 

@@ -50,12 +50,8 @@ _INSTALL_HINT = (
     "or `pip install 'verifiers-nemogym[local]'`"
 )
 
-# Qwen2.5's ChatML template with tool calls as fenced ```json blocks. The model's own template
-# asks for <tool_call> tags, but this 1.5B model answers with a ```json block anyway, so
-# llama.cpp (which derives its tool-call parser from how the template renders calls) finds no call.
-# Asking for fenced JSON (tools instruction) and rendering past calls the same way (assistant
-# turns) makes what the model writes and what the parser expects agree. The added sentence on
-# tool results is needed too: without it the model, at temperature 0, repeats its call forever.
+# Qwen2.5's ChatML template with tool calls as fenced ```json blocks: why, docs/local-model.md
+# ("Chat template").
 FENCED_JSON_TEMPLATE = Path(__file__).with_name("chat_templates") / "qwen2.5-fenced-json.jinja"
 
 ChatTemplate = Literal["fenced-json", "model"]

@@ -162,7 +162,7 @@ class RayCluster:
 async def check_cluster(
     python: Path, cluster: RayCluster, base_env: dict[str, str], folder: Path
 ) -> None:
-    """None, or within `CHECK_TIMEOUT` s a one-line StackError when nothing answers at the
+    """Within `CHECK_TIMEOUT` s: None, or a one-line StackError when nothing answers at the
     address, the cluster refuses our token, or this machine is no live node of it; it starts no
     driver and no job. `python` runs Ray (the NeMo Gym runtime venv's `bin/python`);
     `base_env` and `folder` are as for `RayCluster.env`, so the check authenticates exactly as

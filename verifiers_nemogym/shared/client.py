@@ -1,5 +1,5 @@
 """The client side of the shared stack: an env process's lease (`Lease`, `attach_or_start`), the
-stack key (`stack_key`: runtime, config files and contents, judge identity) and the
+stack key (`stack_key`: runtime, config files and contents, judge, Ray) and the
 `stack up/status/down` commands. Concurrent starts bring up exactly one host; a host that holds
 `host.lock` but does not answer yet is waited for, never replaced. The protocol is
 `shared/protocol.py`; the design docs/shared-stacks.md.

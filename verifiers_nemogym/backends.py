@@ -1,28 +1,9 @@
-"""The NeMo Gym stack an env process's rollouts use: one contract, four backends.
+"""The NeMo Gym stack an env process's rollouts use: one contract (`Stack`), four backends.
 
-Contract (`Stack`): a running NeMo Gym stack that rollouts POST `/run` to. `run_urls` maps each
-agent instance to where its rollouts' `/run` goes (computed by `nemo.catalog.run_targets` from the
-stack's merged config, for every backend); `marker` is the stack's process marker
-(`VF_NEMOGYM_STACK=<marker>` in every NeMo Gym process of it; None for a stack started elsewhere);
-`lost` (a `util.Latch`) is set, with its reason, once the stack is unusable (a server died, the
-shared host went away, a remote head server stopped answering); `close()` gives it up (idempotent):
-stops what this process owns, releases a lease, or only stops watching. `judge` is the stack's judge
-(`judge.blame.JudgeStatus`: who it is, its recent failures) when it has one, and `judge_summary()`
-its calls, failures and tokens so far. `client_session()` is the HTTP client rollouts post `/run`
-with (the gate's pinned TLS and token for `RemoteSharedStack`).
-
-Backends, chosen by `open_stack` from the taskset config:
-- `SharedStack` (default, `shared_stack=True`): a lease on the machine's one stack for the
-  config set (`shared/client.py`), started for everyone if none runs;
-- `PrivateStack` (`shared_stack=False`): a stack this process starts and stops
-  (`nemo/stack.py`), checked every `CHECK_ALIVE_INTERVAL`;
-- `AttachedStack` (`stack_url`): a stack started elsewhere (`nemo/remote.py`, described by
-  `describe_stack_url` before the proxy starts, since it names the proxy's port), its head
-  server checked every `REMOTE_WATCH_INTERVAL`;
-- `RemoteSharedStack` (`stack_url` with `stack_pin`): a lease on a shared stack host on another
-  host, over its TLS listener (`shared/gate.py`, client `shared/link.py`'s `GateLink`), whose
-  model calls ride back on the lease; lost only when the host goes down or stops listening (a
-  lost link fails the rollouts in flight, and the lease comes back with the link).
+`open_stack` picks the backend from the taskset config: `SharedStack` (default, a lease),
+`PrivateStack` (`shared_stack=False`), `AttachedStack` (`stack_url`) or `RemoteSharedStack`
+(`stack_url` with `stack_pin`, a lease over a stack host's TLS listener). Each backend:
+docs/architecture.md, "Modules"; the shared and remote ones: docs/shared-stacks.md.
 """
 
 from __future__ import annotations
@@ -57,7 +38,12 @@ REMOTE_MISSES = 3
 
 
 class Stack(ABC):
-    """See the module contract."""
+    """A running NeMo Gym stack that rollouts POST `/run` to. `run_urls` maps each agent instance
+    to its `/run` target (`nemo.catalog.run_targets` of the stack's merged config, for every
+    backend); `marker` is its process marker (`VF_NEMOGYM_STACK=<marker>` in every NeMo Gym
+    process of it; None for a stack started elsewhere); `lost` is set, with its reason, once it is
+    unusable; `close()` (idempotent) stops what this process owns, releases a lease, or only stops
+    watching; `judge` is its judge's status when it has one."""
 
     marker: str | None = None
     judge: JudgeStatus | None = None
@@ -224,7 +210,7 @@ async def open_stack(
     judge: Judge | None = None,
     ray: RayCluster | None = None,
 ) -> Stack:
-    """The stack the taskset config asks for (see the module contract); `remote` is the
+    """The stack the taskset config asks for (the module names the four); `remote` is the
     `stack_url` stack (`describe_stack_url`), if one was named. The proxy must be serving
     already: the stack's `policy_model` is its address (or, shared, the host's front
     forwarder's). A `judge` (carrying its key, held by the process that runs the stack) serves

@@ -26,9 +26,7 @@ class RolloutContext:
 
     proxy: NeMoGymModelProxy
     run_urls: dict[str, str]
-    """Agent instance name -> base URL its rollouts' `POST /run` goes to (`catalog.run_targets` of
-    the stack's merged config: the environment server fronting it on NeMo Gym >= 0.7, else the
-    agent), whichever way the stack was started or attached."""
+    """Agent instance name -> base URL its rollouts' `POST /run` goes to (`catalog.run_targets`)."""
     http: aiohttp.ClientSession
     run_timeout: float
     """Seconds one `/run` may take (`--env.taskset.task.run-timeout`)."""

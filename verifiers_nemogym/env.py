@@ -1,11 +1,8 @@
 """NeMoGymEnv: gets a NeMo Gym stack for its env process and hands it to every rollout.
 
-`start()` brings up the model proxy (NeMo Gym's `policy_model`, or what the shared stack's front
-forwards to), then opens the `Stack` the taskset config asks for (`backends.open_stack`: the
-machine's shared stack by default, a private one, or one started elsewhere) and hands its
-`/run` targets to the rollouts. A start that fails does not raise (see `start`). `stop()` gives
-the stack up and stops the proxy (also after a failed or partial start). It runs each task
-with verifiers' single agent seat (`run`).
+`start()` brings up the model proxy, then opens the `Stack` the taskset config asks for
+(`backends.open_stack`) and hands its `/run` targets to the rollouts; a start that fails does not
+raise (see `start`). `stop()` gives the stack up and stops the proxy, also after a failed start.
 """
 
 from __future__ import annotations

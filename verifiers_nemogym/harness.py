@@ -1,13 +1,9 @@
 """NeMoGymHarness: one rollout = one `POST /run` on the row's NeMo Gym agent.
 
-The agent's model calls reach this rollout's verifiers endpoint through the model proxy (a route
-that lives until `/run` has returned), so verifiers records the trajectory. NeMo Gym's reward,
-numeric verify fields and the rest of its result land on the trace. A failed `/run` raises: the
-rollout is an error, never reward 0. So does a provider error on any of the rollout's model calls
-(recorded on its route), without waiting for what the agent makes of it. Only verifiers stopping
-the rollout (turn limit, `@vf.stop`) lets `/run` end normally and keep NeMo Gym's reward.
-With verifiers' train client (`--client.type train`) the route is a train route: the agent's
-Responses calls reach verifiers as Chat Completions, so every call records token ids.
+The agent's model calls reach this rollout's verifiers endpoint through its proxy route (a train
+route under verifiers' train client), and NeMo Gym's reward and result land on the trace. A failed
+`/run`, or a provider error on any model call of the rollout, makes the rollout an error, never
+reward 0; only verifiers stopping the rollout keeps NeMo Gym's reward (docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Where this package's log records go when a command runs it: the one place that decides.
 
-Two kinds of process run the package's code:
-- verifiers' own CLIs (`vf-eval`, `vf-serve`...) and trainers that load the env module (prime-rl's
-  env servers). verifiers' CLIs set up their handlers on the `verifiers.v1` logger
-  (`verifiers.v1.utils.logging.setup_logging`: loguru to the console and to the run's
-  `eval.log`) only AFTER they have imported the env module: `vf-eval` imports it while parsing
-  its arguments (`narrow_config` -> `vf.env_config_type` -> `_import_plugin`) and calls
-  `setup_logging` after that. A copy of verifiers' handlers taken at import time would therefore
-  copy nothing. `follow_verifiers_logging()`, called by the env package when it is imported,
-  makes `verifiers.v1` the parent logger of `verifiers_nemogym` instead, so every record of ours
-  goes through whatever handlers and level `verifiers.v1` has when the record is logged.
-- our own CLI (`nemo-gym-env ...`), which configures logging with
-  `cli.logs.configure_cli_logging()`.
-
-Library modules only create loggers (`logging.getLogger(__name__)`); nothing else in the
-package touches handlers.
+Under verifiers' CLIs and trainers that load the env module, `follow_verifiers_logging()` makes
+`verifiers.v1` this package's parent logger (why, rather than copying verifiers' handlers:
+docs/architecture.md, "Logging"); our own CLI calls `cli.logs.configure_cli_logging()`. Library
+modules only create loggers; nothing else in the package touches handlers.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """NeMo Gym's aggregate metrics of recorded rollouts, computed by NeMo Gym itself.
 
-NeMo Gym's own eval (`ng_collect_rollouts` on 0.4-0.6, `gym eval run` on 0.7) POSTs each agent's
-results to `/aggregate_metrics` once the rollouts are done (on 0.7 to the environment server that
-fronts the agent: the same URL rollouts `/run` on here) and writes the answers to
-`<output>_aggregate_metrics.json`: `mean/reward` and the rest of its reward profile, plus each
-benchmark's own `compute_metrics` / `get_key_metrics` (pass@k, majority@k, per-category scores,
-no-answer rates...). This module sends the same request, built from the traces, to the same
-endpoint of a running stack: the numbers are NeMo Gym's code's, not a reimplementation.
-
-Contract:
-- `runs(path)`: the runs a path holds, read without importing verifiers or starting anything:
-  itself when it is one run (a vf-eval run folder, its `traces.jsonl`, prime-rl's trace folder
-  `monitors/file/traces/stream/` or an output folder holding one), else each run folder under it
-  (vf-eval's `-o` folder: `<run>/traces.jsonl`; several prime-rl stream folders). No traces at
-  all is a `ConfigError`.
-- `read_episodes(path)`: the episodes of one run (prime-rl's chunks: `*.jsonl` and sealed
-  `*.jsonl.zst`, in name order). Bad input is a `ConfigError` naming the file and line.
-- `collect(episodes)`: the rollouts NeMo Gym would aggregate, per agent, as its collector strips
-  them (the `/run` result without the request and response echoes, the response's `usage` and
-  `incomplete_details` kept), each with `_ng_task_index` (the task's rank in the run, tasks in
-  environment-and-line order, as NeMo Gym numbers its input rows) and `_ng_rollout_index` (the
-  rollout's rank among its task's rollouts, in file order). Failed rollouts (an episode that is not
-  ok, or a trace without NeMo Gym's result) are left out, as NeMo Gym leaves its failures out
-  of its results file and of the aggregate (0.5+); their count is returned.
-- `aggregate(run_urls, http, rollouts)`: one `/aggregate_metrics` POST per agent; the entries of
-  NeMo Gym's file (`agent_ref`, then the endpoint's answer: `agent_metrics`, `key_metrics`,
-  `group_level_metrics`, and on 0.7 `repeat_level_metrics`...), agents in name order.
+This module sends the request NeMo Gym's own eval sends once its rollouts are done (each agent's
+results POSTed to `/aggregate_metrics`), built from the traces, to the same endpoint of a running
+stack, or computes the default aggregate without one: the numbers are NeMo Gym's code's, not a
+reimplementation. Which runs a path holds, which rollouts are aggregated and with what indices:
+docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -101,7 +80,8 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def runs(path: Path) -> list[Path]:
-    """The runs `path` holds (module contract), each a path `read_episodes` reads."""
+    """The runs `path` holds (itself if it is one run, else each run folder under it), each a path
+    `read_episodes` reads; a `ConfigError` if there are no traces at all."""
     path = path.expanduser()
     try:
         trace_files(path)
@@ -155,7 +135,8 @@ def _task_order(name: str) -> tuple[str, int, str]:
 
 
 def collect(episodes: Iterable[dict[str, Any]]) -> Rollouts:
-    """The rollouts of `episodes` NeMo Gym would aggregate (see the module contract)."""
+    """The rollouts of `episodes` NeMo Gym would aggregate, as its collector strips them, with
+    their task and rollout indices; failed rollouts are left out and counted."""
     found = Rollouts()
     kept: list[tuple[str, str, dict[str, Any]]] = []  # (task name, agent, stripped result)
     runtimes: set[str] = set()
@@ -202,8 +183,9 @@ def collect(episodes: Iterable[dict[str, Any]]) -> Rollouts:
 async def aggregate(
     run_urls: dict[str, str], http: aiohttp.ClientSession, rollouts: Rollouts
 ) -> list[dict[str, Any]]:
-    """NeMo Gym's aggregate metrics of `rollouts`, one entry per agent (module contract); a
-    `StackError` naming the agent when its stack has no such agent or the endpoint fails."""
+    """NeMo Gym's aggregate metrics of `rollouts`, one entry per agent (as in NeMo Gym's file,
+    agents in name order); a `StackError` naming the agent when its stack has no such agent or
+    the endpoint fails."""
     entries = []
     for agent, results in rollouts.by_agent.items():
         url = run_urls.get(agent)
@@ -317,13 +299,10 @@ async def compute(
     python: str | None = None,
 ) -> list[dict[str, Any]]:
     """NeMo Gym's aggregate metrics of `rollouts` (`prepare`), on the release and Python they
-    ran on (unless `nemo_gym_version` / `python` say otherwise). An agent that keeps NeMo Gym's
-    default aggregate (`default_aggregates`: e.g. the coding-agent harness agents) is computed
-    by NeMo Gym's own code in the runtime, without a stack; for the others a private stack of
-    just their configs is started, asked and stopped. No model is called and no verifiers
-    rollout machinery (interception) is started. A judge environment's stack needs its `judge`
-    (as `--env.taskset.judge`), though no judge is called. ConfigError / StackError name what
-    is wrong."""
+    ran on (unless `nemo_gym_version` / `python` say otherwise): without a stack for agents
+    that keep NeMo Gym's default (`default_aggregates`), else on a private stack of just their
+    configs, started, asked and stopped (docs/metrics.md). A judge environment's stack needs its
+    `judge`, though no judge is called. ConfigError / StackError name what is wrong."""
     from verifiers_nemogym.nemo.venv import ensure_venv
 
     runtime = rollouts.runtime or {}
@@ -355,12 +334,10 @@ _PROBE = Path(__file__).with_name("nemo") / "aggregate_probe.py"
 
 async def default_aggregates(venv: Any, rollouts: Rollouts) -> dict[str, dict[str, Any]]:
     """The entries (as `aggregate` gives them) of the agents of `rollouts` whose
-    `/aggregate_metrics` answer is NeMo Gym's default, computed by the runtime's own code
-    (`nemo/aggregate_probe.py`) without starting anything. Read from NeMo Gym's source: the
-    answer is the agent's own (on 0.7 through a `legacy_agent` environment server, which
-    forwards it unchanged); an agent whose class overrides none of the aggregate hooks and whose
-    config does not skip verification answers with the default. Every other agent is left out
-    (and said why in the log), for a stack to answer."""
+    `/aggregate_metrics` answer is NeMo Gym's default (its class overrides no aggregate hook, its
+    config does not skip verification), computed by the runtime's own code
+    (`nemo/aggregate_probe.py`) without starting anything; the others are left out, said why in
+    the log, for a stack to answer."""
     from verifiers_nemogym.nemo.catalog import Catalog, load_config, server_blocks
 
     catalog = Catalog(venv)

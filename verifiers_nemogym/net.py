@@ -1,12 +1,9 @@
 """Loopback ports and servers: the one way the package binds its own HTTP servers.
 
-`free_port()` is for ports another program must be told before it binds them (NeMo Gym's head
-server). Our own aiohttp servers (model proxy, scripted and replay policies, the benchmarks'
-reference servers) bind through `serve_app`, which binds port 0 itself when asked for a free
-port, so no other process can take the port between choosing and binding it. `AppServer` is
-the lifecycle those servers share (runner, bound port, `start`/`stop`, `async with`).
-`forward` is how a server of the package passes a call on to an upstream and reads its answer,
-with a `forwarding_session`.
+Our aiohttp servers bind through `serve_app` (port 0 bound by itself, so no other process takes
+it between choosing and binding), sharing the `AppServer` lifecycle; `free_port()` is only for a
+port another program must be told before it binds (NeMo Gym's head server). `forward` passes a
+call on to an upstream, with a `forwarding_session`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The `--env.taskset.*` option table, generated from the config classes' attribute docstrings.
 
-`docs/options.md` is `options_markdown()` (`nemo-gym-env options --markdown > docs/options.md`),
-and `tests/test_docs.py` fails when the two disagree, so the table is written once: in the
-docstrings under each field of `NeMoGymTasksetConfig` and `NeMoGymTaskConfig`. pydantic does not
-turn those docstrings into field descriptions here (the configs do not set
-`use_attribute_docstrings`), so they are read from the classes' source with `ast`; fields the
-configs inherit from verifiers are read the same way from verifiers' source.
+`docs/options.md` is `options_markdown()` (`nemo-gym-env options --markdown > docs/options.md`;
+`tests/test_docs.py` checks they agree). The docstrings are read from the classes' source with
+`ast` (the configs do not set pydantic's `use_attribute_docstrings`), verifiers' own fields from
+verifiers' source.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""Train mode for Anthropic Messages calls (claude_code's CLI): lossless Messages <-> Chat
-Completions conversion, pure functions.
+"""Train mode for Anthropic Messages calls (claude_code's CLI): Messages <-> Chat Completions,
+pure functions.
 
-verifiers' train client renders Chat Completions only, so a train route carries a `/v1/messages`
-call as a Chat Completions call and turns the chat reply back into a Messages object (or its
-stream events). What has a chat form is carried exactly: the system prompt, text, tool uses and
-tool results (by id), tools and tool choice, sampling fields, thinking text as
-`reasoning_content`. What has none is refused with `ChatConversionError` naming the field
-(images and documents, signed or redacted thinking, server tools): the rollout is then an error
-saying why, never a turn recorded without token ids. `cache_control` marks are dropped (a caching
-hint, no content).
+What has a chat form is carried exactly (system prompt, text, tool uses and results by id, tools
+and tool choice, sampling fields, thinking as `reasoning_content`); what has none (images and
+documents, signed or redacted thinking, server tools) raises `ChatConversionError` naming the
+field, never a turn recorded without token ids; `cache_control` marks are dropped
+(docs/harnesses.md).
 """
 
 from __future__ import annotations

@@ -1,45 +1,9 @@
-"""Responses <-> Chat Completions, lossless for what verifiers records, as pure functions.
+"""Responses <-> Chat Completions for train mode, as pure functions.
 
-In train mode the proxy sends the rollout's verifiers endpoint a Chat Completions request (the
-only dialect verifiers' train client accepts) built by `responses_to_chat` from NeMo Gym's
-Responses request, and turns the chat reply back into a Responses object with
-`chat_to_responses`. Verifiers recognises the previous turn by `message_hash` (role, content with
-`None` == `""`, `reasoning_content` when not `None`, tool calls by type, id, name and canonical
-arguments); a rollout stays one training branch only if every assistant message it produced comes
-back in the next prompt hashing the same. So the round trip keeps, exactly:
-
-- content and `reasoning_content` (`None` stays absent, `""` stays `""`: a `""` becomes a
-  reasoning item with one empty summary part, and back; note that verifiers' own chat parser
-  then reads `""` as `None`, though the train client's renderer never produces `""`);
-- tool-call ids (`call_id`) and arguments (the string as sent, never re-serialised);
-- one assistant message per turn: consecutive assistant-side items (`reasoning`, assistant
-  `message`, `function_call`) fold into one message, as NeMo Gym's converter and verifiers'
-  own Responses parser fold them, so parallel calls stay together;
-- `developer` messages become `system` (verifiers' chat parser reads any role it does not know,
-  `developer` included, as `user`), `instructions` a leading system message;
-- echoed training fields (`prompt_token_ids`, `generation_token_ids`, `generation_log_probs`)
-  are dropped: verifiers holds the tokens itself.
-
-Deliberate differences from NeMo Gym's own converter (`nemo_gym/responses_converter.py`, used by
-its `vllm_model` server), all checked by `tests/bridge/test_chat.py`:
-
-- reasoning travels as `reasoning_content` (what verifiers' chat parser and the train client's
-  renderer read), not as `<think>...</think>` text prepended to the content; several reasoning
-  parts join with a newline, as verifiers' Responses parser joins them;
-- `developer` becomes `system` (NeMo Gym 0.4.0 keeps `developer`);
-- `instructions` becomes a leading system message (NeMo Gym 0.4.0 drops it; 0.7.0 does the same
-  as here);
-- an assistant message's content is a plain string, and is absent (`None`) when the turn had tool
-  calls and no text (NeMo Gym: `None` too); a turn with neither gets `""`, which verifiers hashes
-  as `None` (NeMo Gym drops such a turn; here it stays, since verifiers recorded it);
-- request fields without a chat meaning (`store`, `include`, `truncation`, `background`...) are
-  left out rather than passed on, and so is `metadata` (it carries the proxy's route and secret).
-
-How the proxy's train mode uses these (one agent call): `responses_to_chat(request)` -> POST it
-to the rollout's verifiers endpoint (`.../chat/completions`) -> on 200,
-`chat_to_responses(reply, request)`; on a 400 for which `is_overlong_prompt(status, body)` holds,
-`overlong_response(request)` (what NeMo Gym's own `vllm_model` answers then: an empty `length`
-completion, so the agent stops and NeMo Gym still verifies); any other error stays an error.
+The proxy's train route sends verifiers a `responses_to_chat` request and turns the reply back with
+`chat_to_responses` (or `overlong_response` where `is_overlong_prompt` holds). The round trip
+keeps exactly what verifiers' `message_hash` reads, so a rollout stays one training branch; what it
+keeps, and where it differs from NeMo Gym's own converter: docs/training.md, "The chat conversion".
 """
 
 from __future__ import annotations
@@ -428,11 +392,8 @@ stopped by its length."""
 
 
 def overlong_response(request: JSON) -> JSON:
-    """The Responses reply to a prompt refused as too long, as NeMo Gym's `vllm_model` builds it.
-
-    NeMo Gym turns vLLM's context-length 400 into an empty completion with `finish_reason:
-    "length"`; its agents then stop (`incomplete`) and the rollout is still verified.
-    """
+    """The Responses reply to a prompt refused as too long (`OVERLONG_REPLY` converted): its
+    agents then stop (`incomplete`) and the rollout is still verified."""
     return chat_to_responses(OVERLONG_REPLY, request)
 
 

@@ -1,14 +1,9 @@
 """The front forwarder: NeMo Gym's `policy_model` for a shared stack.
 
-A shared stack (`shared/host.py`) serves the env processes of many owners; each owner runs its
-own model proxy (`bridge.proxy`). The front passes every model call on, bytes unchanged, to the
-registered proxy whose secret the call carries, or, on a rollout's `/ng-rollout/<id>/` path,
-whose secret made the id's credential (checked before the body is read; `bridge.wire` defines
-both). Contract: an unknown or missing secret or credential is 401; a registered proxy that
-stopped answering is 410
-(never a status NeMo Gym's client retries forever); nothing else is read from the body. Bodies
-are read by `wire.BodyReader`: until a call's secret is found, it holds at most the process's
-unauthenticated budget (16 MiB, all such callers together).
+It passes every model call on, bytes unchanged, to the registered proxy whose secret the call
+carries (or, on an `/ng-rollout/<id>/` path, whose secret made the id's credential, checked before
+the body is read; `bridge.wire`): no or an unknown secret is 401, a proxy that stopped answering
+410, and nothing else is read from the body (docs/shared-stacks.md).
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
 """NeMoGymModelProxy: the `policy_model` NeMo Gym sees, routing every call to its rollout.
 
-Each call names its route and proves it may: by its `/ng-rollout/<rollout id>/` path (the
-route's `rollout_id`, checked before the body is read; all a coding-agent CLI carries), or by
-the proxy's secret and a route id inside the body's `metadata` (which NeMo Gym forwards on every
-turn) or as headers (`bridge.wire`); until it has, its body is read within the process's
-unauthenticated budget (`wire.BodyReader`) and never parsed. Any dialect (Responses, Chat
-Completions, Anthropic Messages), streamed or not, is forwarded to that route's upstream
-endpoint with that route's bearer secret, and always answered with an HTTP status: NeMo Gym's
-client retries dropped connections forever. The proxy knows no NeMo Gym or verifiers internals
-beyond the two wire disagreements it bridges (see `_reply_ok`, `_reply_error`).
-
-A route (`Route`, from `route()`) records the first provider error its calls got, so the rollout
-can fail with the provider's own status instead of whatever NeMo Gym's agent makes of it. Only
-verifiers refusing a call of a rollout it stopped becomes an `incomplete` reply, decided by the
-rollout's stop condition (`Route.stop_condition`), not by the answer's status.
-
-A route opened with `train=True` (the rollout uses verifiers' train client, which accepts only
-Chat Completions) carries each Responses or Anthropic Messages call as a Chat Completions call to
-`<endpoint>/chat/completions` and turns the reply back into the caller's dialect (`bridge.chat`,
-`bridge.anthropic`; a streamed call gets the reply's events). There, besides a stop, a prompt
-refused as too long becomes the empty, length-stopped reply NeMo Gym's own `vllm_model` gives (so
-the agent stops and NeMo Gym verifies); every other error stays an error, as in eval mode. Eval
-routes forward the body unchanged.
-
-Transient failures of a call are retried here, the way the OpenAI SDK of any verifiers harness
-retries them against verifiers' interception (verifiers' own clients never retry: they relay the
-provider's status so that the harness's SDK can): a 408, 429 or 5xx answer, or a connection that
-failed or broke, is tried again as `ProxyLimits.retry` (a `retry.RetryPolicy`, the SDK's curve
-and `Retry-After` handling) says. Every retry carries `x-stainless-retry-count`, the SDK's own
-marker, so verifiers' interception replays a turn it already committed instead of committing it
-twice; a failed attempt commits nothing there. Only the last attempt's outcome reaches the agent
-and the route: a retried call that succeeds leaves no failure. Any other 4xx is never retried.
+A call is authenticated (path credential, or secret and route id, `bridge.wire`) before its body
+is parsed, forwarded in any dialect to its route's upstream with the route's bearer secret, and
+always answered with an HTTP status (NeMo Gym's client retries dropped connections forever).
+Transient failures are retried here as `ProxyLimits.retry` says, in place of the SDK retries
+NeMo Gym's agent lacks; a `Route` keeps the first provider error and the rollout's stop
+condition. The proxy knows no NeMo Gym or verifiers internals beyond the two wire disagreements
+it bridges (`_reply_ok`, `_reply_error`). Contract: docs/architecture.md, "The model proxy";
+retries and stops: docs/reliability.md; train routes: docs/training.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """The one redaction of secrets in outside texts this package quotes.
 
-NeMo Gym's agents echo request bodies in their error answers, and those bodies carry the model
-proxy's secret (in the routing metadata); a provider or a server may quote anything it received.
-Every text from outside that this package puts into an error, a trace or a log goes through
-`redact` first. Secrets are registered by value while they are live: the proxy registers its own
-secret from `start()` to `stop()`, and each route's bearer secret (verifiers' per-rollout secret)
-while the route is open. Registering the same value twice needs two `forget` calls. Secrets in
-their wire form are redacted by pattern too, live or not, ours or another process's (a shared
-stack's death notice can quote any user's row): the proxy-secret metadata entry and any
-`Bearer` token. `cut` shortens a text without ever keeping part of a secret it cut through.
-
-Cost (security review L4): one pass per live secret (CPython's substring search, about 1 ms per
-MB each), so an unbounded text at many open routes is slow (0.2 s for 10 MB at 256 secrets;
-`benchmarks/redaction.py`). Every caller quoting an outside text of unbounded length therefore
-calls `cut`, which redacts only the part it keeps plus a margin. One regular expression of all
-secrets, the obvious alternative, is 10 to 15 times slower in CPython's `re` (it has no
-multi-string search), measured in the same benchmark.
+Every text from outside that goes into an error, a trace or a log goes through `redact`: live
+secrets registered by value (`protect`/`forget`, counted: two registrations need two `forget`s)
+and, live or not, secrets in their wire form (the proxy-secret metadata entry, any `Bearer`
+token). It costs one substring search per live secret, so a text of unbounded length goes through
+`cut`, which redacts only what it keeps plus a margin (docs/reliability.md, "Secrets").
 """
 
 from __future__ import annotations

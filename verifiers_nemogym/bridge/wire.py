@@ -1,22 +1,13 @@
-"""The model-call wire NeMo Gym's agents speak to `policy_model`, defined once.
+"""The model-call wire NeMo Gym's agents speak to `policy_model`, defined once for both servers
+that stand as it (`bridge.proxy`, `bridge.front`).
 
-Both servers that stand as `policy_model` use it: the per-process model proxy
-(`bridge.proxy`) and the shared stack's front forwarder (`bridge.front`), which passes each call
-on to the proxy owning it. A route NeMo Gym adds, a key or a limit changes here, for both.
-
-Contract: a model call is either
-- `POST /ng-rollout/<rollout id>/v1/<tail>` (NeMo Gym >= 0.7 with rollout correlation on, which
-  is how its coding-agent CLIs call the policy): the rollout id is `rollout_id(route, secret)`,
-  which routes and authenticates the call by its path alone, before the body is read; or
-- `POST /v1/<tail>` whose JSON body's `metadata` carries `SECRET_KEY` and `ROUTE_KEY` (NeMo Gym
-  forwards a row's metadata on every turn; agents cannot set headers), or the same as
-  `Authorization: Bearer` and `ROUTE_HEADER` headers.
-`<tail>` is `responses`, `chat/completions` or `messages` (Anthropic), streaming or not.
-`GET /` answers NeMo Gym's readiness poll without credentials. Every refusal is a JSON error body
-with a status NeMo Gym does not retry forever. Every listener of ours (these two, the judge
-relay) is served through a `ConnectionGate` and reads a body through a `BodyReader`: callers
-without a credential hold at most `UNAUTHENTICATED_BUDGET` bytes of a process's memory, all
-listeners and callers together; admitted ones get `MAX_BODY_BYTES` per body.
+A model call is `POST /ng-rollout/<rollout id>/v1/<tail>` (the id is `rollout_id(route, secret)`,
+authenticating the call by its path before the body is read), or `POST /v1/<tail>` carrying
+`SECRET_KEY` and `ROUTE_KEY` in its body's `metadata` (or as `Authorization: Bearer` and
+`ROUTE_HEADER`); `<tail>` is `responses`, `chat/completions` or `messages`. `GET /` answers
+readiness without credentials. Every listener of ours reads connections through a
+`ConnectionGate` and bodies through a `BodyReader`, in bounded memory until its caller is
+authenticated (docs/reliability.md, "Memory a caller without a credential can take").
 """
 
 from __future__ import annotations
@@ -134,14 +125,11 @@ the connections being read (`ConnectionGate`), the rest for the bodies read (`Bo
 CONNECTIONS_SHARE = 8 * 1024 * 1024
 """The part of `UNAUTHENTICATED_BUDGET` for connections whose caller is not yet admitted."""
 CONNECTION_ALLOWANCE = 1024 * 1024
-"""Bytes one connection not yet admitted may make aiohttp hold, counted whole from the
-`CONNECTIONS_SHARE` while it is read: a request head (`HEAD_LIMITS`: 256 KiB of header lines,
-about 0.65 MB with aiohttp's copies), the payload buffer (up to twice `read_bufsize`, 128 KiB)
-and one socket read (256 KiB). So 8 such connections are read at once."""
+"""Bytes one connection not yet admitted may make aiohttp hold (request head, about 0.65 MB
+with aiohttp's copies; payload buffer, 128 KiB; one socket read, 256 KiB)."""
 HEAD_LIMITS = {"max_line_size": 8190, "max_field_size": 4096, "max_headers": 64}
-"""aiohttp's request-head limits for our listeners (aiohttp answers 400 beyond), which bound a
-head to 64 header lines of 4 KiB (aiohttp's defaults: 128 of 8 KiB, 1 MiB); the agents' SDKs
-send under 30 lines of well under 1 KiB each."""
+"""aiohttp's request-head limits for our listeners (400 beyond); the agents' SDKs send under 30
+lines of well under 1 KiB each."""
 READ_CHUNK = 64 * 1024
 """Bytes read from a body at a time (what one reader takes from the budget per read)."""
 KEPT_IN_MEMORY = 1024 * 1024
@@ -205,20 +193,11 @@ class ByteBudget:
 
 class ConnectionGate:
     """Reads a listener's connections whose caller is not yet admitted only while they hold a
-    `CONNECTION_ALLOWANCE` from `budget`: what aiohttp buffers for them (request head, payload
-    buffer, socket reads) is then at most `budget.limit`, whatever their number.
-
-    Each accepted connection takes its allowance before its first byte is read; when `budget`
-    is spent, its transport stops reading (the kernel holds what the sender sent, TCP makes it
-    wait) until an allowance is free, first come first served. `admitted(request)` (the caller's
-    credential was accepted, `BodyReader`) gives it back: an admitted connection is read as
-    before, at full speed, for the rest of its life. A connection answered without being
-    admitted (a refusal, `GET /`) is closed after that answer (`on_response_prepare`), and its
-    allowance comes back when it is gone. aiohttp closes a connection that has not sent a
-    whole request head `UNAUTHENTICATED_READ_TIMEOUT` s after it was accepted, waiting for an
-    allowance included (`handler_args`, its keep-alive timeout), so nobody holds one for long
-    without sending. Serve through it with `net.serve_app(..., gate=...)`.
-    """
+    `CONNECTION_ALLOWANCE` from `budget` (taken before the first byte is read; when it is spent
+    the transport pauses, first come first served), so what aiohttp buffers for them is at most
+    `budget.limit`. `admitted(request)` gives the allowance back; a connection answered without
+    being admitted is closed after the answer. Serve through it with
+    `net.serve_app(..., gate=...)`."""
 
     def __init__(self, budget: ByteBudget, allowance: int = CONNECTION_ALLOWANCE) -> None:
         self.budget = budget
@@ -336,11 +315,9 @@ def _shared() -> _Shared:
 
 
 def shared_budgets() -> tuple[ByteBudget, ByteBudget]:
-    """The budgets all listeners on the running event loop share for bodies read before their
-    caller is admitted: memory (`UNAUTHENTICATED_BUDGET` but the `CONNECTIONS_SHARE`) and
-    temporary files (`SPOOLED_BUDGET`). A process serves its listeners (the stack host: the
-    front and the judge relay) on one loop, so callers without a credential hold that much of
-    it at most, all listeners together."""
+    """The budgets all listeners on the running event loop (one per process) share for bodies
+    read before their caller is admitted: memory (`UNAUTHENTICATED_BUDGET` but the
+    `CONNECTIONS_SHARE`) and temporary files (`SPOOLED_BUDGET`)."""
     shared = _shared()
     return shared.bodies, shared.spooled
 
@@ -400,25 +377,13 @@ class _Scan:
 
 class BodyReader:
     """Reads the request bodies of one listener, admitting only callers with a credential, in
-    bounded memory: what callers not yet authenticated hold in memory, all together, is at most
-    `budget.limit` bytes (by default the process's, `shared_budgets()`, 8 MiB); admitted callers
-    get up to `max_bytes` per body. An admitted call's connection leaves `gate` (by default the
-    process's, `shared_gate()`), which bounds what aiohttp buffers before the reader's reads.
-
-    The credential is looked for where the wire puts it, cheapest first: the path (the caller
-    checks it, `accepts=None`), the bearer header, then the body's secret entries
-    (`"vf_nemogym_secret": "<token>"`, the form NeMo Gym forwards a row's metadata in; its
-    bodies put `metadata` after `input`, so the entry comes last). Until one is accepted, each
-    read of `READ_CHUNK` bytes takes them from the budget first: when it is spent the reader
-    stops reading (aiohttp then stops reading the socket, and TCP makes the sender wait). A body
-    past `KEPT_IN_MEMORY` bytes goes on to an unlinked temporary file, so a large body with its
-    secret at the end is admitted without holding memory before it is; a reader that must wait
-    for the budget first moves what it holds there (nobody waits while holding budget). Those
-    files hold at most `spooled.limit` bytes at once (by default the process's, 4 GiB; a caller
-    beyond is answered 503), and go when the body is admitted or refused. Once admitted, the
-    rest is read as it comes, up to `max_bytes`. Secrets this package makes are URL-safe
-    tokens, so a body is never parsed to find one.
-    """
+    bounded memory: callers not yet authenticated hold at most `budget.limit` bytes together
+    (default `shared_budgets()`), admitted ones up to `max_bytes` per body; an admitted call's
+    connection leaves `gate` (default `shared_gate()`). The credential is looked for cheapest
+    first: the path (checked by the caller, `accepts=None`), the bearer header, then the body's
+    secret entries, found without parsing (our secrets are URL-safe tokens). A body past
+    `KEPT_IN_MEMORY` goes on to an unlinked temporary file (at most `spooled.limit` bytes, 503
+    beyond); a reader that must wait for the budget moves what it holds there first."""
 
     def __init__(
         self,

@@ -21,11 +21,8 @@ nemo-gym-env make-tasks OUT [--opencode V]                the hand-made containe
 nemo-gym-env options [--markdown]                         the --env.taskset.* options explained
 
 Every command takes the global options first: [--nemo-gym-version V] [--python P]
-[--allow-python-below-floor]. Each command is a module of this package with `add_parser`
-(its arguments, `set_defaults(func=run)`) and `run(args) -> exit status`; `main` only parses
-and dispatches. The commands' printing, logging set-up (`logs.py`) and exit statuses live in
-this package; the library below never prints, parses arguments or exits, except the two
-programs it starts as processes of their own (`shared/host.py`, `nemo/supervisor.py`).
+[--allow-python-below-floor]. Each command is a module with `add_parser` and `run(args) -> exit
+status`; `main` only parses and dispatches (docs/architecture.md, "Modules").
 """
 
 from __future__ import annotations

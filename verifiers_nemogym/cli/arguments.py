@@ -1,11 +1,7 @@
-"""What more than one command takes: the `--judge.*` options (`stack up|down`, `metrics`),
-and `UsageError`, a command's complaint about its arguments.
-
-The `--judge.*` options are generated from `NeMoGymJudgeConfig`: one per field that class
-declares itself (the fields this package documents: `base_url`, `model`, `api_key_var`, `api`,
-`enable_optional`), each named, typed and explained as `--env.taskset.judge.*` is in
-docs/options.md (the field's attribute docstring, read by `options.declared`), so a field added
-there is a flag here with no second copy."""
+"""What more than one command takes: the `--judge.*` options (`stack up|down`, `metrics`), one
+per field `NeMoGymJudgeConfig` declares itself, explained by its attribute docstring (so a field
+added there is a flag here with no second copy), and `UsageError`, a command's complaint about
+its arguments."""
 
 from __future__ import annotations
 
@@ -39,7 +35,7 @@ def _judge_fields() -> list[tuple[str, ast.expr, str]]:
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--judge.<field>` (dest `judge_<field>`) for each judge field (module doc): a `bool` field
+    """`--judge.<field>` (dest `judge_<field>`) for each judge field: a `bool` field
     is a switch, a `Literal[...]` one takes its choices; unset, each is None (False for a
     switch)."""
     group = parser.add_argument_group(

@@ -1,15 +1,10 @@
 """`nemo-gym-env eval-local`: a real `vf-eval nemo-gym-env` run against the local CPU model.
 
-Contract: `add_parser`/`run` are the command. `run_local_eval(options)` starts a
-`LocalModelServer`, runs `vf-eval nemo-gym-env` as a child process pointed at it (no API key,
-nothing pushed), stops the server when vf-eval ends (or fails, or Ctrl-C), and returns vf-eval's
-exit status. vf-eval prints its own progress and summary; arguments after `--` go to vf-eval
-unchanged (and win over the defaults set here).
-
-With `train`, vf-eval runs with verifiers' train client (`--client.type train`): the server is
-reached through `GenerateAdapter` (vLLM's `/inference/v1/generate` on llama.cpp's `/completion`),
-prompts are rendered with the tokenizer built offline from the same GGUF, and every model call
-records real token ids and logprobs; `token_counts` reads back how many did.
+`run_local_eval(options)` starts a `LocalModelServer`, runs vf-eval as a child pointed at it (no
+API key, nothing pushed; arguments after `--` go to vf-eval and win over the defaults here),
+stops the server when vf-eval ends, fails or is interrupted, and returns vf-eval's exit status.
+With `train` it goes through `GenerateAdapter` and verifiers' train client, and `token_counts`
+reads back how many calls recorded token ids (docs/local-model.md, docs/training.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """`nemo-gym-env serve scripted|replay|tokens|answers|fixer`: one of the package's model
 servers, until Ctrl-C.
 
-Contract: `add_parser`/`run` are the command. `serve(policy)` starts `policy` (a
-`ScriptedPolicy`, `ReplayPolicy`, `AnswerKeyPolicy`, `FixerPolicy` or `TokenServer`), writes one
-line naming its base URL to stdout, and serves until SIGINT or SIGTERM; then it stops the server
-and returns. `replay_index(...)` loads the recordings a replay server answers from;
-`answer_key_policy(...)` builds an answer-key server from rows; `fixer_policy(...)` builds a
-fixer server from task tables.
+`serve(policy)` starts `policy`, writes one line naming its base URL to stdout, serves until
+SIGINT or SIGTERM, then stops it; `replay_index`, `answer_key_policy` and `fixer_policy` build
+what the replay, answer-key and fixer servers answer from.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Comparisons of a replay with its recordings: why a reward differs (`explain`), and the
-aggregate metrics (`compare_metrics`, figure by figure: `compare_answers`).
-
-The aggregate metrics are compared while the stack runs: for each agent, NeMo Gym's
-`/aggregate_metrics` answer on the recorded rows (what NeMo Gym's eval writes for them: failed
-rows left out, results stripped as its collector strips them) next to its answer on the replayed
-traces as `verifiers_nemogym.metrics` reads them (what `nemo-gym-env metrics` gives a user). Both
-carry the recording's task and rollout indices, so the two differ only where the rollouts do
-(`MetricsComparison`)."""
+"""Comparisons of a replay with its recordings: why a reward differs (`explain`), and NeMo Gym's
+aggregate metrics of the recorded rows next to those of the replayed traces (`compare_metrics`,
+figure by figure: `compare_answers`; docs/conformance.md, "Aggregate metrics")."""
 
 from __future__ import annotations
 

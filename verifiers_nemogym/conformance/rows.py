@@ -1,16 +1,7 @@
-"""A recording's row (`replay_row`): the recorded `/run` result minus what `/run` added: when the
-environment's `example.jsonl` has a row with the same input (for the gymnasium agent: without
-the reset observation it appends to the input), exactly that row's keys are kept (values from
-the recording; among example rows sharing one input, the recording's `_ng_task_index` or its
-task fields pick the row); otherwise `response`, `reward`, gymnasium's `terminated`,
-`truncated`, `info`, NeMo Gym's `_ng_*` bookkeeping and any field no example row has (what
-`/verify` added) are dropped, and a recording that lacks task fields every example row has is
-reported as a gap in the recording. Rows name their agent (`agent_ref`, else the environment's
-default agent) and carry their recording id in `responses_create_params.metadata[REPLAY_KEY]`,
-which the replay policy uses only to tell apart recordings of the same prompt.
-
-`plan_rows` makes the `Plan` of a run: every row, recording and result slot of the environments
-one stack replays."""
+"""A recording's row (`replay_row`: the recorded `/run` result minus what `/run` added, with its
+agent and recording id; docs/conformance.md, "How rows and replies are matched") and the `Plan`
+of a run (`plan_rows`: every row, recording and result slot of the environments one stack
+replays)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Running conformance: every recording of some environments replayed on one stack
-(`run_conformance`), and long lists on successive stacks (`run_in_stacks`).
-
-Judge environments replay their judge too: when an environment of the stack grades with an
-LLM judge (`nemo.judges`), the stack's judge is `ReplayJudge`, which answers each judge call
-with the judge output recorded for that rollout (`policies.replay_judge`); judges NeMo Gym ships
-switched off (math_with_judge, polymath) stay off unless `enable_optional_judges`. A rollout
-whose recording keeps no judge output and that loses parity is reported as a judge replay gap."""
+(`run_conformance`), and long lists on successive stacks (`run_in_stacks`). A stack whose
+environments grade with an LLM judge gets `ReplayJudge` as its judge (docs/conformance.md,
+"Judge environments")."""
 
 from __future__ import annotations
 
@@ -55,7 +51,7 @@ async def run_conformance(
     """Replay every recorded rollout of `envs` on one stack; one report per environment.
     `load_env(**taskset_fields)` builds the env (the CLI passes the env package's
     `load_environment`; the library does not import the plug-in). A stack with judge
-    environments grades with `ReplayJudge` (module contract; `enable_optional_judges` turns on
+    environments grades with `ReplayJudge` (`enable_optional_judges` turns on
     the judges NeMo Gym ships off). A stack that does not start raises StackError with its
     reason (see `run_in_stacks`)."""
     import verifiers.v1 as vf

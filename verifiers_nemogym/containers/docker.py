@@ -1,22 +1,10 @@
 """The docker daemon, as NeMo Gym's `docker` sandbox provider uses it on a stack of ours.
 
-Contract:
-- `daemon()` is the daemon's CPUs and memory, or a one-line StackError (no `docker` command, no
-  daemon answering); `check_requests(plan, host)` refuses, in one line naming the config key, a
-  sandbox resource request docker would refuse on this host (`--cpus` above its CPUs, memory
-  above its total); `missing_images(images)` are the images the daemon does not have.
-- `ContainerNetwork.create(marker)` makes the stack's internal network (no route off the
-  machine, no traffic between containers), labelled with the stack's marker; `firewall(port)`
-  then drops everything a container sends to the host but the door's port (root and iptables;
-  False where it cannot, which the caller says). Removal is the stack supervisor's
-  (`supervisor.remove_docker_objects`): whatever stops a stack, its containers, network and
-  rules go with it.
-- `sweep_dead_stacks()` removes the containers, networks and rules of stacks whose processes are
-  all gone (a starter and its supervisor killed together): every stack start runs it. A stack
-  still starting (its network made, its supervisor not yet running) is alive through the
-  process that made the network (`OWNER_LABEL`), so two stacks starting at once keep theirs.
-- `StackContainers.prepare` does all that for a stack with sandboxes, starts the door, and writes
-  the config that labels, isolates and routes its containers; `stop()` removes what it made.
+Checks before a stack starts (`daemon`, `check_requests`, `missing_images`), the stack's internal
+network and its firewall (`ContainerNetwork`), the sweep of what dead stacks left
+(`sweep_dead_stacks`, run by every stack start) and `StackContainers`, all of that for one stack.
+Removal at a stack's stop is its supervisor's (`supervisor.remove_docker_objects`), whatever
+stops it (docs/containers.md).
 """
 
 from __future__ import annotations
@@ -93,7 +81,7 @@ def run_docker(*args: str, timeout: float = DOCKER_TIMEOUT) -> str:
 
 
 def daemon() -> DockerHost:
-    """See the module contract."""
+    """The daemon's CPUs and memory; a one-line StackError if there is no daemon answering."""
     try:
         info = json.loads(run_docker("info", "--format", "{{json .}}"))
     except StackError as e:
@@ -149,7 +137,9 @@ def missing_images(images: Iterable[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class ContainerNetwork:
-    """A stack's internal docker network (module contract)."""
+    """A stack's internal docker network (no route off the machine, no traffic between
+    containers), labelled with the stack's marker; `firewall(port)` then drops everything a
+    container sends to the host but the door's port (False where it cannot: no root or iptables)."""
 
     name: str
     bridge: str
@@ -223,7 +213,10 @@ def _alive(marker: str) -> bool:
 
 
 def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
-    """See the module contract; the markers swept."""
+    """Remove the containers, networks and rules of stacks whose processes are all gone (a
+    starter and its supervisor killed together); the markers swept. A stack still starting
+    (its network made, no process of it yet) lives through the network's maker
+    (`OWNER_LABEL`), so two stacks starting at once keep theirs."""
     swept = []
     for marker in sorted(_stack_markers()):
         if _alive(marker):
@@ -239,7 +232,9 @@ def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
 
 
 class StackContainers:
-    """What one stack (`marker`) makes for its sandboxes, whose model calls go to `policy_url`."""
+    """What one stack (`marker`) makes for its sandboxes, whose model calls go to `policy_url`:
+    `prepare` checks, sweeps, makes the network, starts the door and writes the config that
+    labels, isolates and routes its containers; `stop()` removes what it made."""
 
     def __init__(self, marker: str, policy_url: str, log: logging.Logger = logger) -> None:
         self.marker = marker

@@ -1,15 +1,10 @@
 """The door: the one service of the host that a stack's containers reach.
 
-It listens on the host's address on the stack's container network (the network's gateway;
-`docker.ContainerNetwork`, whose firewall drops everything else a container sends the host) and
-passes model calls on to the stack's `policy_model` (the model proxy, or a shared stack's front)
-on loopback, bytes unchanged both ways, streaming as they come. Contract: a caller in a
-container may only `POST /ng-rollout/<rollout id>/v1/...`, its rollout's route, which the proxy
-or front behind routes and authenticates by the id's credential (`bridge.wire`): a wrong or
-missing credential is their 401, another rollout's route needs that rollout's credential. Any
-other path from a container is 404 here, before anything is read or forwarded. The host itself
-(NeMo Gym's servers: the source address is then the gateway) may also use the plain routes and
-the readiness poll, as on `policy_model`.
+On the stack network's gateway address, it passes a container's `POST /ng-rollout/<rollout
+id>/v1/...` on to the stack's `policy_model` (which authenticates it by the id's credential),
+bytes unchanged both ways; any other path from a container is 404 before anything is read. The
+host itself (source address the gateway) may also use the plain routes and the readiness poll
+(docs/containers.md).
 """
 
 from __future__ import annotations

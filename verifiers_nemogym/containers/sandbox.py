@@ -1,21 +1,9 @@
 """What merged NeMo Gym configs (0.7+) ask of sandboxes, and the config a stack adds for them.
 
-NeMo Gym's container servers name a sandbox provider (`sandbox_provider: sandbox`, a reference
-to a top-level block that a provider config such as
-`nemo_gym/sandbox/providers/docker/configs/docker.yaml` defines, or an inline
-`{<provider>: {...}}`). Contract:
-- `sandbox_plan(configs)` reads merged configs (later ones winning, as NeMo Gym layers config
-  paths) and returns a `SandboxPlan` (None when no server uses a sandbox): the servers that do,
-  the provider each resolves to, their resource requests, and the agents that call the model
-  from inside a container (they have a `model_server`). A reference no config defines is a
-  ConfigError naming the server and the provider configs that would define it.
-- `row_image(row, agent, merged)`: the image a row's rollout runs in, for the resources servers
-  whose image comes from the row (`ROW_IMAGES`), else None.
-- `stack_config(plan, ...)` is what a stack adds after the user's configs: for the docker
-  provider the stack's network and label on every container; for every agent calling the model
-  from a container, a `model_server` at the door (`door.py`, the only host address the container
-  reaches) and an `artifacts_dir` in the stack's folder; NeMo Gym's rollout correlation on, so
-  the URL a container is given is its rollout's (`/ng-rollout/<rollout id>/v1`).
+A container server names a sandbox provider (`sandbox_provider: sandbox`, a reference to a
+top-level block a provider config defines, or an inline `{<provider>: {...}}`). `sandbox_plan`
+reads what they ask, `row_image` the image a row runs in, and `stack_config` is what a stack adds
+after the user's configs so containers are labelled, isolated and routed (docs/containers.md).
 """
 
 from __future__ import annotations
@@ -130,7 +118,8 @@ class SandboxedServer:
 
 @dataclass(frozen=True)
 class SandboxPlan:
-    """What the configs ask of sandboxes (see the module contract)."""
+    """What the configs ask of sandboxes: the servers that use one, the provider each resolves
+    to, their resource requests, and the agents that call the model from inside a container."""
 
     servers: list[SandboxedServer]
     providers: dict[str, dict[str, Any]]
@@ -153,7 +142,8 @@ class SandboxPlan:
 
 
 def sandbox_plan(configs: Iterable[dict[str, Any]]) -> SandboxPlan | None:
-    """See the module contract."""
+    """The plan of merged `configs` (later ones win), None when no server uses a sandbox; a
+    reference no config defines is a ConfigError naming the server and the provider configs."""
     merged = merge_configs(configs)
     servers: list[SandboxedServer] = []
     providers: dict[str, dict[str, Any]] = {}
@@ -190,7 +180,7 @@ def _resolve(instance: str, ref: Any, merged: dict[str, Any]) -> tuple[str, dict
 
 def row_image(row: dict[str, Any], agent: str, merged: dict[str, Any]) -> str | None:
     """The image `row` (run by agent instance `agent`) runs in, or None if its resources server
-    takes no image from the row (module contract)."""
+    takes no image from the row (`ROW_IMAGES`)."""
     agents = server_blocks(merged, AGENTS)
     if agent not in agents:
         return None
@@ -212,7 +202,10 @@ def stack_config(
     door: tuple[str, int] | None,
     workdir: Path,
 ) -> dict[str, Any]:
-    """The config entries a stack adds for `plan` (module contract). `label`: `key=value` for
+    """The config entries a stack adds for `plan`: for the docker provider the stack's network and
+    label on every container; for every agent calling the model from a container a
+    `model_server` at the door and an `artifacts_dir` in `workdir`; rollout correlation on, so a
+    container's URL is its rollout's (`/ng-rollout/<rollout id>/v1`). `label`: `key=value` for
     every docker container; `network`: the docker network they join (None: the provider's
     own setting stands); `door`: its host and port (None: agents keep their model server);
     `workdir`: the stack's folder."""

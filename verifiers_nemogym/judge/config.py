@@ -22,8 +22,7 @@ class NeMoGymJudgeConfig(vf.JudgeConfig):
     verifiers' judge endpoint (`base_url`, `model`, `api_key_var`, `headers`, `timeout`) plus
     which NeMo Gym adapter calls it. The key is read from `api_key_var` by the process that
     runs the stack and never reaches NeMo Gym (a relay holds it). Each field declared here is
-    also a `--judge.*` flag of `nemo-gym-env stack up|down` and `metrics`, read from this source
-    (`cli/arguments.py`: a `bool` is a switch, a `Literal` its choices, anything else a string)."""
+    also a `--judge.*` flag (`cli/arguments.py`)."""
 
     base_url: str = vf.JudgeConfig.model_fields["base_url"].default
     """The judge's OpenAI-compatible base URL (verifiers' judge default unless set)."""

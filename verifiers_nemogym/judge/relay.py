@@ -1,16 +1,10 @@
 """The judge relay: the one door NeMo Gym's judge calls go through to the judge a user named.
 
-Contract: `JudgeRelay(judge)` is a loopback aiohttp server with a random per-stack bearer
-`token`. It answers NeMo Gym's readiness poll (`GET /`), lists the judge's model and forwards
-`POST /v1/responses` and `/v1/chat/completions` to the judge with its key (`Judge.key`), which
-so never enters NeMo Gym's config, command lines or environment. A call without the token is 401
-before its body is read (`wire.BodyReader`; a body over `wire.MAX_BODY_BYTES` is 413). Transient
-failures (no answer, a status `JUDGE_RETRY` retries, a 200 that is not JSON) are retried as
-`JUDGE_RETRY` says; a judge that still fails, or any other 4xx, is answered 424 with the judge's
-(redacted) message: NeMo Gym's client does not retry it (it retries 429 and 5xx without end), so
-the rollout whose `/verify` asked becomes an error in bounded time. `stats` counts calls,
-failures and tokens per stack; each failed call becomes a `JudgeFailure`, kept in `status` and
-handed to `on_failure`; `preflight()` checks at start that the judge answers and takes the key.
+`JudgeRelay(judge)` is a loopback server with a per-stack bearer `token` that forwards NeMo Gym's
+judge calls with the judge's key, which so never enters NeMo Gym's config, command lines or
+environment; it retries as `JUDGE_RETRY` says and answers a lasting failure 424, which NeMo Gym
+does not retry, so the rollout becomes an error in bounded time. Failed calls become
+`JudgeFailure`s (docs/judges.md).
 """
 
 from __future__ import annotations
@@ -80,7 +74,10 @@ class JudgeStats:
 
 
 class JudgeRelay(AppServer):
-    """See the module contract. `on_failure` is told of every call that failed."""
+    """Answers `GET /` (readiness) and the judge's model list, and forwards `POST /v1/responses`
+    and `/v1/chat/completions`; a call without `token` is 401 before its body is read. `stats`
+    counts calls, failures and tokens; each failed call is kept in `status` and handed to
+    `on_failure`; `preflight()` checks at start that the judge answers and takes the key."""
 
     def __init__(
         self,

@@ -1,17 +1,10 @@
 """NeMo Gym's aggregate metrics of agents that keep NeMo Gym's default, computed without a stack.
 
-Run by `metrics.compute` as `<NeMo Gym runtime python> -I aggregate_probe.py` (in the runtime
-venv; imports nothing of verifiers_nemogym). Reads one JSON object on stdin, `{"agents": {name:
-{"impl": <responses_api_agents folder>, "verify_responses": [...]}}}`, and prints one JSON line:
-`{"computed": {name: <the /aggregate_metrics answer>}, "not_default": {name: <why>}}`.
-
-An agent keeps the default when its class (`responses_api_agents.<impl>.app`, the subclass of
-NeMo Gym's `SimpleResponsesAPIAgent` defined there) overrides none of `aggregate_metrics`,
-`compute_metrics`, `get_key_metrics`, `compute_repeat_metrics`: its server's answer is then NeMo
-Gym's base `aggregate_metrics` with the default hooks, which this program runs, behind a FastAPI
-route declared as the agent server declares it (same request validation, same response model and
-serialisation), called in process (`TestClient`: no port, no server). Anything else (an
-override, a module that does not import here) is `not_default`, for the caller to ask a stack.
+Run by `metrics.compute` as `<NeMo Gym runtime python> -I aggregate_probe.py` (imports nothing
+of verifiers_nemogym). Reads one JSON object on stdin, `{"agents": {name: {"impl": <folder>,
+"verify_responses": [...]}}}`, and prints one JSON line: `{"computed": {name: <the
+/aggregate_metrics answer>}, "not_default": {name: <why>}}`. What keeps the default, and how it
+is run in process: docs/metrics.md.
 """
 
 from __future__ import annotations

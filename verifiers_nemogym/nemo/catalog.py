@@ -1,17 +1,12 @@
 """What NeMo Gym environments a runtime ships, read from its files (no `nemo_gym` import).
 
-Contract: the only module that knows NeMo Gym's on-disk layout and reads its files. Two layouts
-of environments: `resources_servers/<env>/configs/*.yaml` (every release) and, where the release
-has it (`Features.environments_layout`), `environments/<name>/config.yaml` (or a `manifest.yaml`
-naming its config; a `.nemo_gym_tombstone` marks a "moved" stub naming the new name). Plus
-`data/*.jsonl`, `responses_api_models/<impl>/`, relative config paths and the server-config
-shape (`<instance>: {<server type>: {<impl>: {...}}}`). It reads NeMo Gym's config YAML
-(`load_config` for files, with `file:line:col` errors; `parse_config` for the running stack's
-merged config). Configs that include others (a top-level `config_paths:` list) or inherit
-(`_inherit_from:`) are merged by NeMo Gym itself (`nemo.resolver`, run once per config file
-and cached on disk per runtime and file content); plain configs are read directly. Everything
-else asks a `Catalog` for an `EnvSpec` (absolute paths back) or for `entries()` (a cheap scan of
-both layouts for listing), and reads server blocks, URLs and `/run` targets through here.
+The only module that knows NeMo Gym's on-disk layout (both environment layouts, `data/*.jsonl`,
+model-server folders, the server-config shape `<instance>: {<server type>: {<impl>: {...}}}`) and
+reads its config YAML (`load_config` with `file:line:col` errors; `parse_config` for a running
+stack's merged config). Configs that include or inherit are merged by NeMo Gym itself
+(`nemo.resolver`, cached per runtime and file content). Everything else asks a `Catalog` for an
+`EnvSpec` or `entries()`, and reads server blocks, URLs and `/run` targets through here
+(docs/runtime.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """A running NeMo Gym stack's head server: its merged config.
 
-Contract: `await fetch_merged_config(head_url)` returns the merged config the head server at
-`head_url` serves (`GET /global_config_dict_yaml`, the same for a stack started here and one
-started elsewhere), parsed by nemo/catalog.py's `parse_config`. Every failure raises a one-line
-StackError naming the head server: unreachable or too slow, a status other than 200, no config,
-a config that is not YAML. The config holds secrets in clear text (API keys of other servers):
-it is parsed, never logged, and errors never quote it.
+`await fetch_merged_config(head_url)` returns the config `GET /global_config_dict_yaml` serves,
+parsed by `catalog.parse_config`; every failure is a one-line StackError naming the head server.
+The config holds other servers' secrets in clear: it is parsed, never logged or quoted.
 """
 
 from __future__ import annotations

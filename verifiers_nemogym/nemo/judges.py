@@ -1,23 +1,9 @@
 """Which NeMo Gym servers grade with an LLM judge, and the config that gives them the user's.
 
-Contract: `judge_refs(config)` lists the judge references of a NeMo Gym config (a file or a
-merged config): every resources server whose `judge_model_server` names a model server, and
-those that call a judge URL themselves (`judge_base_url`, verifif). A reference is *optional*
-when its server ships with `should_use_judge: false` (math_with_judge, polymath): it stays off
-unless the judge's `enable_optional` is set. `write_judge_config` writes the YAML that, listed
-after the environment's configs (later files win, NeMo Gym's own override idiom), points every
-active reference at one judge block served by the relay (`judge/relay.py`):
-
-- a reference to `policy_model` (NeMo Gym's default: the policy judges itself) is redirected to
-  `JUDGE_INSTANCE`, which the file defines;
-- a reference to any other name gets that name defined as the judge block, replacing whatever
-  implementation the config gave it (`_delete_key`, resolved before interpolation: a block
-  reading `${judge_base_url}`, an environment variable or a GPU-only server never resolves);
-- verifif-style servers get their judge URL, key and model fields set;
-- `judge_base_url`, `judge_api_key` and `judge_model_name` are set at the top level, the names
-  NeMo Gym's judge configs read, so a block the user includes resolves to the same judge.
-
-The file holds the relay's address and per-stack token, never the judge's key.
+`judge_refs` finds a config's judge references; `write_judge_config` writes the YAML that, listed
+after the environment's configs (later files win), points every active reference at one judge
+block served by the relay (`judge/relay.py`). The file holds the relay's address and per-stack
+token, never the judge's key. What the file changes: docs/judges.md, "How it works".
 """
 
 from __future__ import annotations
@@ -50,7 +36,9 @@ class JudgeRef:
 
 
 def judge_refs(config: dict[str, Any]) -> list[JudgeRef]:
-    """The judge references of `config` (see the module contract)."""
+    """The judge references of `config` (a file or a merged config): every resources server
+    whose `judge_model_server` names a model server, and those that call a judge URL themselves
+    (`judge_base_url`, verifif). One whose server ships `should_use_judge: false` is optional."""
     refs: list[JudgeRef] = []
     for name, (impl, settings) in server_blocks(config, RESOURCES_SERVERS).items():
         optional = settings.get(_OPTIONAL_FLAG) is False

@@ -1,28 +1,10 @@
 """Joining a Ray cluster the user runs (`ray_address`) instead of a stack's private Ray.
 
-NeMo Gym runs its servers as Ray drivers: its head (`ng_run`) calls `ray.init()` and hands the
-cluster's address to every server through its `ray_head_node_address` config key (NeMo Gym
-0.4-0.7). Without an address it starts a Ray of its own; our stacks then give it a private,
-token-protected one (`private_ray_auth`). With `ray_address` the stack passes the user's
-address in that key instead, and NeMo Gym's processes join that cluster as drivers (the node
-this stack runs on must be a node of the cluster: Ray drivers talk to a raylet on their own
-machine). NeMo Gym only shuts down a Ray it started itself, so stopping the stack ends our
-drivers (and with them their tasks and non-detached actors) and never the cluster.
-
-Contract:
-- `parse_ray_address(text)` returns `host:port` or raises a one-line ConfigError.
-- `RayCluster.from_environ(address)` reads the cluster's credentials the way Ray does:
-  `RAY_AUTH_TOKEN` (a value), else `RAY_AUTH_TOKEN_PATH` (a file), else Ray's default file
-  `~/.ray/auth_token` if it exists; `RAY_AUTH_MODE` as the user set it. A named token file
-  that cannot be read is a ConfigError.
-- `RayCluster.env(base, folder)` is the environment of NeMo Gym's processes joining it: a token
-  given as a value is written to `folder/auth_token` (0600; `folder` must be the stack's
-  private 0700 folder) and handed over as `RAY_AUTH_TOKEN_PATH`, so the token itself is in no
-  process's environment, command line, log or NeMo Gym config. `to_dict()` never holds it
-  (`secrets()` does, for the stack host's stdin).
-- `await check_cluster(python, cluster, base_env, folder)` answers within `CHECK_TIMEOUT` s:
-  None, or a one-line StackError when nothing answers at the address, the cluster refuses our
-  token, or this machine is no live node of it. It starts nothing (no driver, no job).
+With `ray_address` the stack passes the user's address in NeMo Gym's `ray_head_node_address` key
+and NeMo Gym's processes join that cluster as drivers (this machine must be a node of it: Ray
+drivers talk to a raylet on their own machine); NeMo Gym only shuts down a Ray it started, so
+stopping the stack never stops the cluster. The token is read as Ray reads it and reaches no
+environment, command line, log or NeMo Gym config: docs/runtime.md, "Using your Ray cluster".
 """
 
 from __future__ import annotations
@@ -112,7 +94,9 @@ class RayCluster:
 
     @classmethod
     def from_environ(cls, address: str, environ: dict[str, str] | None = None) -> RayCluster:
-        """The cluster at `address` with the credentials Ray would use here (module doc)."""
+        """The cluster at `address` with the credentials Ray would use here: `RAY_AUTH_TOKEN` (a
+        value), else `RAY_AUTH_TOKEN_PATH` (a file; ConfigError if it cannot be read), else
+        `~/.ray/auth_token` if it exists; `RAY_AUTH_MODE` as the user set it."""
         environ = dict(os.environ if environ is None else environ)
         mode = environ.get(AUTH_MODE_VAR) or None
         token = environ.get(TOKEN_VAR) or None
@@ -144,7 +128,9 @@ class RayCluster:
 
     def env(self, base: dict[str, str], folder: Path) -> dict[str, str]:
         """`base` (`NeMoGymVenv.env`: private-Ray settings and no Ray credentials) made into
-        the environment of processes joining this cluster (module doc)."""
+        the environment of processes joining this cluster: a token given as a value is written to
+        `folder/auth_token` (0600; `folder` is the stack's private 0700 folder) and handed over
+        as `RAY_AUTH_TOKEN_PATH`. `to_dict()` never holds the token (`secrets()` does)."""
         env = dict(base)
         if not is_loopback(self.host):
             # Ray then finds this node's address as the cluster sees it; "0" would make our
@@ -176,7 +162,9 @@ class RayCluster:
 async def check_cluster(
     python: Path, cluster: RayCluster, base_env: dict[str, str], folder: Path
 ) -> None:
-    """See the module contract. `python` runs Ray (the NeMo Gym runtime venv's `bin/python`);
+    """Within `CHECK_TIMEOUT` s: None, or a one-line StackError when nothing answers at the
+    address, the cluster refuses our token, or this machine is no live node of it; it starts no
+    driver and no job. `python` runs Ray (the NeMo Gym runtime venv's `bin/python`);
     `base_env` and `folder` are as for `RayCluster.env`, so the check authenticates exactly as
     NeMo Gym's processes will."""
     where = f"the Ray cluster at {cluster.address}"

@@ -1,16 +1,10 @@
 """What a NeMo Gym release is: what it can do (`RELEASES`), its extras, and its files.
 
-Contract: `features(version)` is the one place a difference between releases is decided: its
-row of `RELEASES` (a `Features`: the declared Python floor and what the release has), or for an
-unknown release the row of the newest known one not newer than it (PEP 440 order), or for one
-older than all of them `Features(MIN_PYTHON)` (nothing new). Nothing else compares versions.
-`release_files(version)` returns a folder holding exactly what the `nemo-gym==<version>`
-wheel installs (the `resources_servers/`, `environments/`, `responses_api_agents/` trees with
-their configs and example data, and `nemo_gym-<version>.dist-info`), fetched once with
-`uv pip install --no-deps --target` into `cache_root()/releases/` (atomic: built beside, then
-renamed; serialised between processes) and afterwards returned without starting any process.
-Reading environments, configs and rows needs nothing more; running them needs the runtime
-(`nemo.venv.ensure_venv`), which is built where rollouts run. Nothing here imports `nemo_gym`.
+`features(version)` is the one place a difference between releases is decided (an unknown
+release gets the row of the newest known one not newer than it, PEP 440 order); nothing else
+compares versions. `release_files(version)` is what the `nemo-gym==<version>` wheel installs,
+fetched once into `cache_root()/releases/`: enough to read environments, configs and rows
+without a runtime. Nothing here imports `nemo_gym` (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -119,7 +113,8 @@ def check_release(version: str) -> str:
 
 
 def features(version: str) -> Features:
-    """What nemo-gym `version` has (see the module contract)."""
+    """What nemo-gym `version` has: its `RELEASES` row, else the newest known row not newer than
+    it (PEP 440 order), else (older than all) `Features(MIN_PYTHON)`, which has nothing new."""
     if version in RELEASES:
         return RELEASES[version]
     older = [v for v in RELEASES if parse_version(v) <= parse_version(version)]
@@ -192,7 +187,10 @@ class ReleaseFiles:
 
 
 def release_files(version: str, log: logging.Logger = logger) -> ReleaseFiles:
-    """The files of nemo-gym `version`, fetched on first use (see the module contract)."""
+    """A folder holding exactly what the `nemo-gym==<version>` wheel installs (its server and
+    environment trees with configs and example data, and its dist-info), fetched once with
+    `uv pip install --no-deps --target` (built beside, then renamed; serialised between
+    processes) and afterwards returned without starting any process."""
     check_release(version)
     # Checked before use: configs planted by another user would run in NeMo Gym as you.
     root = private_cache("releases")

@@ -1,21 +1,8 @@
-"""Attach to a NeMo Gym stack started elsewhere (`--env.taskset.stack-url`) by its head
-server URL (`describe_remote`). (A shared stack host's TLS listener, `stack_url` with
-`--env.taskset.stack-pin`, is `shared/link.py`'s.)
+"""Attach to a NeMo Gym stack started elsewhere (`--env.taskset.stack-url`) by its head server URL.
 
-Contract: `await describe_remote(url, proxy_host, proxy_port)` reads the running stack's merged
-config (head.py's `fetch_merged_config`, as a stack started here is read) and returns its agents'
-base URLs and, per agent, where a rollout's `POST /run` goes (catalog.py's `run_targets`: the
-environment server fronting the agent on NeMo Gym >= 0.7, else the agent). It raises StackError
-when the head server cannot be reached or returns no usable config, and ConfigError when the
-stack does not match this env process: its `policy_model` must be an address this process's
-model proxy listens on (the proxy IS the stack's policy model), and a `/run` target bound to
-loopback cannot be used from another host. An agent or environment server bound to a wildcard
-address (`+default_host=0.0.0.0` or `::`) is reached at the head server's host (the only address
-of that machine known here), never at the wildcard, which would mean this machine. Every port the
-config names must be an integer in 1..65535, else a one-line ConfigError. A `url` carrying
-credentials (`user:password@`) is refused with a ConfigError: NeMo Gym's head server takes none,
-and they would be echoed in errors and logs; no error or log quotes them. Nothing is started or
-stopped here: the stack belongs to whoever started it.
+(A shared stack host's TLS listener, `stack_url` with `--env.taskset.stack-pin`, is
+`shared/link.py`'s.) Nothing is started or stopped here: the stack belongs to whoever started
+it. What is checked: docs/shared-stacks.md, "A stack started elsewhere".
 """
 
 from __future__ import annotations
@@ -78,7 +65,12 @@ def _reachable(url: str, what: str, head_host: str, head_url: str) -> str:
 
 
 async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteStack:
-    """See the module contract. `proxy_port` 0 means "the port the stack's policy_model names"."""
+    """The running stack's agents and `/run` targets (`run_targets` of the merged config its head
+    server serves). StackError if the head server cannot be reached or serves no usable config;
+    ConfigError (one line) if `url` carries credentials, a port is not in 1..65535, the stack's
+    `policy_model` is no address this process's proxy listens on, or a `/run` target is bound to
+    loopback on another host. A wildcard-bound server is reached at the head server's host.
+    `proxy_port` 0 means "the port the stack's policy_model names"."""
     head_url = url.rstrip("/")
     parts = urlsplit(head_url)
     if parts.username is not None or parts.password is not None:

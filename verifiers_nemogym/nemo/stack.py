@@ -1,14 +1,10 @@
 """One NeMo Gym server stack (`ng_run`, or `gym env start` where the release has it, from the
 runtime venv) whose policy model is our proxy.
 
-Contract: `await start()` returns once every server answers HTTP and NeMo Gym reported them ready
-(its ready line, or the head server's `/readyz` where the release has it), or raises StackError
-with nothing left running; `agents` then maps agent instance names to base URLs and `run_urls`
-maps them to the server a rollout's `POST /run` goes to (catalog.py's `run_targets` of the
-merged config: the environment server fronting the agent where the release has them, as NeMo
-Gym's own rollout collection does; else the agent). `await stop()` is idempotent and takes the
-whole process tree down; if the owning process dies instead, the supervisor (supervisor.py) does
-the same. Stacks share no state in this module.
+`await start()` returns once every server answers and NeMo Gym reported them ready, or raises
+StackError with nothing left running; `agents` and `run_urls` (`catalog.run_targets`) then say
+where rollouts go. `await stop()` is idempotent and takes the whole process tree down; if the
+owner dies instead, the supervisor does. Stacks share no state in this module.
 """
 
 from __future__ import annotations

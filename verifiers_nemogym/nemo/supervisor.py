@@ -1,36 +1,14 @@
 """Keeps one `ng_run` process tree from outliving the Python process that started it.
 
-Contract: run as a script (stdlib only, so the owner starts it with its own `sys.executable` by
-file path without importing this package):
+A program of its own, stdlib only (run by file path with `python -I`, never importing the package):
 
     python supervisor.py --marker ID --log FILE --cwd DIR [--remove-if-orphaned DIR]
         [--docker-label KEY=VALUE] -- ng_run ...
 
-It starts the command in its own session with `VF_NEMOGYM_STACK=ID` in its environment, appends
-its output to FILE, and reads its own stdin until EOF. EOF (the owner closed the pipe or died),
-SIGTERM/SIGINT, the owner disappearing (re-parenting), or the command exiting all lead to the same
-teardown: SIGINT to the command's process group (NeMo Gym's own graceful shutdown), then SIGTERM
-and SIGKILL to every process whose environment carries the marker, whatever session it moved to,
-and to every descendant of the supervisor (it is a subreaper, so a descendant that cleared its
-environment and left the session is still one). Processes are signalled through pidfds opened
-and re-checked after the scan, so a PID reused meanwhile is never hit. If the supervisor itself
-dies (SIGKILL), the command gets SIGINT from the kernel (PR_SET_PDEATHSIG), so that ng_run still
-runs its own shutdown of its servers.
-With `--docker-label`, the teardown then removes every docker container and network carrying
-that label and every iptables rule commented with it (`remove_docker_objects`): the containers a
-stack's sandbox provider started, whatever stopped the stack.
-Exit status: the command's exit status, or 0 if it was stopped by the teardown.
-
-Its argument parsing and exit stay here rather than in `verifiers_nemogym.cli`: it is a program
-of its own, run by file path with `python -I`, that must not import the package (or anything
-outside the standard library). For that reason it also holds the package's process readers of
-/proc (the supervisor needs ones that import nothing), which the tests and benchmarks use too:
-`pids`, `environ_of`, `env_value`, `argv_of`, `parent_of`, `cwd_of`, `uid_of`, `alive`,
-`rss_bytes`, `processes_with_env` (the scan by an environment entry) and `descendants`. Its
-`die_with_parent` (the parent-death signal of a child it starts) serves the package's and the
-benchmarks' other child processes too. Other /proc reads are one fact each, where it is needed:
-`metrics.py` (this process's open files), and in the tests and benchmarks a port's owner, open
-file descriptors, memory, CPU time and a process's name or environment.
+It runs the command in its own session with `VF_NEMOGYM_STACK=ID`, appends its output to FILE,
+and tears the tree down when its stdin closes, on SIGTERM/SIGINT, when re-parented or when the
+command exits; exit status: the command's, or 0 if the teardown stopped it. The teardown, and why
+the package's /proc readers live here: docs/architecture.md, "Processes".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The NeMo Gym runtime: a cached uv venv holding `nemo-gym`, used only through subprocesses.
 
-Contract: `ensure_venv()` returns a `NeMoGymVenv` whose venv has `nemo-gym==<version>` (with
-its `ray` extra where the release declares one) installed for a base CPython (never a virtual
-environment's interpreter, which NeMo Gym's per-server `uv venv` cannot use) that meets the
-release's declared Python floor (`python_floor`), or, only with the explicit opt-in
-`allow_python_below_floor` (or `$VF_NEMOGYM_ALLOW_PYTHON_BELOW_FLOOR=1`), a CPython of the
-floor's minor version below its patch level (NeMo Gym 0.5-0.7 declare `>=3.13.14`, a CPython
-security-fix floor no code needs). It builds it once per (nemo-gym version, Python version,
-opt-in) under `cache_root()` and afterwards returns it without starting any subprocess. Without
-a version, `default_version()` picks the newest known release an interpreter on this machine
-satisfies. This process never imports `nemo_gym`.
+`ensure_venv()` builds it once per (nemo-gym version, Python version, below-floor opt-in) under
+`cache_root()` for a base CPython (never a venv's interpreter, which NeMo Gym's per-server
+`uv venv` cannot use) meeting the release's Python floor, and afterwards returns it without
+starting a subprocess; `default_version()` picks the newest release an interpreter here meets.
+This process never imports `nemo_gym` (docs/runtime.md).
 """
 
 from __future__ import annotations

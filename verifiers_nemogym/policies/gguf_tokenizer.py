@@ -1,13 +1,10 @@
 """A Hugging Face tokenizer folder built from a GGUF file's metadata: no hub, no `gguf` package.
 
-verifiers' train client renders prompts with a tokenizer loaded by `AutoTokenizer` from a model
-name or a folder; the only model this project can reach offline is the packaged GGUF. A GGUF
-file carries its tokenizer in its key/value header (`tokenizer.ggml.*`, `tokenizer.chat_template`),
-so `tokenizer_dir()` reads that header (a few MB; the weights are never read) and writes a
-`tokenizer.json` + `tokenizer_config.json` folder once into the cache, then reuses it.
-
-Supported: GPT-2 style byte-level BPE (`tokenizer.ggml.model == "gpt2"`) with the Qwen2
-pre-tokenizer, which covers the packaged Qwen2.5 model. Anything else raises `TokenizerBuildError`.
+`tokenizer_dir()` reads the GGUF's key/value header (`tokenizer.ggml.*`,
+`tokenizer.chat_template`; never the weights) and writes a `tokenizer.json` +
+`tokenizer_config.json` folder once into the cache, for verifiers' train client to render with
+offline. Only GPT-2 style byte-level BPE with the Qwen2 pre-tokenizer (the packaged Qwen2.5 model)
+is supported; anything else raises `TokenizerBuildError`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """vLLM's token-in/token-out `POST /inference/v1/generate` in front of a llama.cpp server.
 
-verifiers' train client (`--client.type train`) renders prompts to token ids itself and posts
-them to `<base>/inference/v1/generate`, which llama.cpp does not serve. Its native
-`POST /completion` has what is needed: a token-id prompt in, and per generated token its id and
-its logprob (`n_probs: 1`, `return_tokens`). `GenerateAdapter` translates one into the other,
-so the local CPU model records real token ids and real logprobs.
-
-Contract: `GenerateAdapter(upstream, model, max_model_len)` serves on 127.0.0.1 (`base_url` ends
-in `/v1`): `POST /inference/v1/generate` answers vLLM's shape (`choices[0].token_ids`,
-`choices[0].logprobs.content[i] = {"token": "token_id:<id>", "logprob": x}`, `finish_reason`
-`stop` or `length`); `GET /v1/models` reports `max_model_len`, so verifiers' renderer refuses an
-overlong prompt before sending it (a longer one that arrives gets vLLM's 400 wording).
-
-Sampling: the request's `temperature` (vLLM's default 1.0 when absent), `top_p`, `top_k`,
-`max_tokens`, `seed` are applied; llama.cpp's own truncating samplers (`top_k` 40, `min_p` 0.05,
-`top_p` 0.95 by default) are switched off unless the request sets them, so the reported logprobs
-are those of the distribution sampled from, as a trainer assumes. llama.cpp reports the logprob
-of each token before temperature is applied: at temperature 1.0 (the default here) the two
-agree. Generation ends at the model's end-of-generation token (included, with its logprob, as
-vLLM includes it); other `stop_token_ids` are not applied (llama.cpp has no such option).
+`GenerateAdapter` translates verifiers' train-client calls into llama.cpp's native
+`POST /completion` (a token-id prompt, `return_tokens`, `n_probs: 1`), so the local CPU model
+records real token ids and logprobs, answered in vLLM's shape; `GET /v1/models` reports
+`max_model_len`, and a longer prompt gets vLLM's 400 wording. llama.cpp's truncating samplers are
+off unless the request sets them, so the logprobs are those of the distribution sampled from
+(docs/training.md, "Real-model tier"); `stop_token_ids` other than end-of-generation are not
+applied (llama.cpp has no such option).
 """
 
 from __future__ import annotations
@@ -39,7 +27,7 @@ the end of the context, which a small model looping on a tool call can do)."""
 
 
 class GenerateAdapter(AppServer):
-    """`/inference/v1/generate` -> llama.cpp `/completion` (see module doc). `async with`, or
+    """`/inference/v1/generate` -> llama.cpp `/completion` (module docstring). `async with`, or
     `start()`/`stop()`."""
 
     def __init__(

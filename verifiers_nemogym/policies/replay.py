@@ -1,35 +1,10 @@
 """A replay policy: an OpenAI Responses model server that answers from recorded rollouts.
 
-NeMo Gym ships, for most environments, `data/example_rollouts.jsonl`: rollouts recorded with a
-real model, each line the agent's `/run` result (`responses_create_params`, `response` whose
-`output` holds the items of all turns in order, `reward`, ...). `ReplayPolicy` loads one or more
-such files and, for every `POST /v1/responses`, finds the recording whose conversation the
-request continues and answers with the model-generated items of the next turn exactly as recorded
-(messages, function calls with their call ids, reasoning). Replayed through an unchanged
-environment, every rollout then takes the recorded path and should earn the recorded reward.
-
-Matching contract (robust to what sits between the agent and this server, e.g. verifiers'
-interception rewriting `model` and dropping sampling fields):
-- Only the request's `input` items count. Each is reduced to a key: messages by role (`developer`
-  counts as `system`) and text, function calls by name and arguments (parsed JSON), tool results
-  by output, reasoning items by position only (a request into which no reasoning is echoed is
-  compared without it); ids, statuses, call ids and token-id fields are ignored.
-- The last turn of a recording whose response was cut short (`incomplete_details`, e.g.
-  max_output_tokens) is answered as `incomplete` with those details, as the agent saw it.
-- A recording offers a turn at every point where the model spoke: the keys of its initial input
-  plus the output items before that turn. A request matches when its keys equal them exactly.
-- If nothing matches exactly, a lenient pass compares the environment's items (tool results, user
-  turns) by kind only, so an environment whose tool output drifted (timestamps, random ids) still
-  replays; the model's own items must always match exactly.
-- Several matching recordings (the same prompt recorded twice) are told apart by
-  `metadata[REPLAY_KEY]` = a recording id (`<label>:<line>`) if the request carries one; otherwise
-  the first in load order answers.
-- No match answers HTTP 404 with a JSON error (`code: "no_matching_recording"`) that says why
-  (closest recording and the first differing item). The recording used is named in the response
-  header `X-Replay-Recording`.
-
-Run it alone with `nemo-gym-env serve replay --env example_multi_step --port 8000` (environment
-names resolve through the NeMo Gym runtime) or `--rollouts FILE.jsonl ...`.
+`ReplayPolicy` loads NeMo Gym's recorded rollouts (`data/example_rollouts.jsonl`) and answers each
+`POST /v1/responses` with the model items of the next turn of the recording whose conversation
+the request continues, exactly as recorded, so a replayed rollout takes the recorded path. How
+requests are matched: docs/conformance.md, "How rows and replies are matched". Run alone:
+`nemo-gym-env serve replay --env example_multi_step --port 8000` or `--rollouts FILE.jsonl ...`.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """A replay judge: a judge model server that answers each judge call with the judge output
-NeMo Gym recorded for that rollout.
+NeMo Gym recorded for that rollout (`judge_entries` reads the recordings' judge fields).
 
-NeMo Gym's judge environments keep the judge's output in their recorded rollouts
-(`data/example_rollouts.jsonl`, the same files `ReplayPolicy` replays the policy from), in one
-of these fields (`judge_entries` reads them; docs/judges.md lists the environments):
-
-- `judge_evaluations`: a list of `{responses_create_params: {input}, response: {output}}`, the
-  judge's whole request and response (equivalence_llm_judge, text_to_sql, math_with_judge, ...);
-- `judge_responses_create_params` and `judge_response` (aalcr): the same, one call;
-- `rubric_evaluations`: `{judge_prompt, judge_response}` per rubric item (inverse_if);
-- `judge_output`: the judge's text only (simpleqa, abstention, omniscience, ...);
-- `judgement_gen_base` and `judgement_base_gen`: the two side-swapped calls' texts (arena_judge).
-
-Matching contract. A call's prompt is the texts of its messages joined by newlines
-(`judge.relay.prompt_text`), identical for a Responses call and the Chat Completions call
-NeMo Gym's `inference_provider` converts it into, so the judge may be named with either API.
-An entry matches when each of its `needles` (stripped) occurs in the prompt, in order: for a
-recorded request, its messages' texts; for a recorded text only, the rollout's question
-(`question`, else `problem`), and for arena_judge the question, then the two answers in the
-order of that call. Among matching entries the one with the most needle text wins, then the one
-with most `hints` (the rollout's extracted answer) in the prompt; so rollouts of one question
-are told apart by the answer being judged. If no entry matches, a lenient pass lets an entry of
-several needles (a recorded request with a system message) match by its last needle alone (the
-user message, which holds what is judged): the judge's instructions may have been reworded since
-the recording (text_to_sql's); such answers are kept in `lenient`. The reply is the recorded text,
-on both
-`/v1/responses` and `/v1/chat/completions`; no match answers HTTP 404
-(`code: "no_recorded_judgement"`) and is kept in `misses`. The entry used is kept in `used`.
+A call is matched on its prompt text (`judge.relay.prompt_text`, the same for a Responses call
+and NeMo Gym's Chat Completions conversion of it) and answered on both `/v1/responses` and
+`/v1/chat/completions`; no match is HTTP 404 (`no_recorded_judgement`). The fields read and the
+matching: docs/conformance.md, "Judge environments".
 """
 
 from __future__ import annotations
@@ -118,8 +96,10 @@ def _snippet(text: str, size: int = 120) -> str:
 
 
 def judge_entries(rec: Recording) -> list[JudgeEntry]:
-    """The judge calls `rec` recorded, in the fields the module contract lists (none if it
-    recorded no judge output)."""
+    """The judge calls `rec` recorded (none if it recorded no judge output), read from
+    `judge_evaluations` (whole requests and responses), `judge_responses_create_params` and
+    `judge_response` (one call), `rubric_evaluations` (`judge_prompt`, `judge_response` per
+    item), `judge_output` (the text only) or `judgement_gen_base` and `judgement_base_gen`."""
     row, entries = rec.row, []
     evaluations = row.get("judge_evaluations")
     calls = [(e.get("responses_create_params"), e.get("response")) for e in evaluations or []
@@ -164,7 +144,8 @@ class JudgeIndex:
 
     def match(self, prompt: str) -> tuple[JudgeEntry, bool] | None:
         """The entry that answers a call whose prompt is `prompt` and whether it matched
-        leniently (module contract); None if none does."""
+        leniently: each of its `needles` in the prompt, in order (lenient: its last alone),
+        most needle text first, then most `hints`; None if none does."""
         for lenient in (False, True):
             best: tuple[tuple[int, int], JudgeEntry] | None = None
             for entry in self.entries:

@@ -1,36 +1,19 @@
 """A deterministic token-in/token-out model server: vLLM's `POST /inference/v1/generate`, scripted.
 
-The training counterpart of `policies.scripted`: verifiers' train client (`--client.type train`)
-renders the prompt to token ids itself and posts them here; this server decodes them with a real
-tokenizer, decides what to say the way the scripted policy does (call the first tool of the
-prompt with schema-derived arguments, then, once a tool result is in the prompt, answer), and
-encodes that answer with the same tokenizer in the model's own tool-call format (Qwen2.5/Hermes:
-`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), so verifiers' renderer parses it back.
-Token ids are real; **logprobs are synthetic**: every sampled token gets `SYNTHETIC_LOGPROB`
-(-0.5), a finite stand-in, not a model's probability.
+The training counterpart of `policies.scripted`: it decodes the prompt's token ids with an
+injected tokenizer (`packaged_tokenizer()`: the one built from the packaged GGUF), decides what to
+say as the scripted policy does, and encodes the answer in the model's own tool-call format
+(Qwen2.5/Hermes `<tool_call>`). Token ids are real; **logprobs are synthetic**
+(`SYNTHETIC_LOGPROB` for every token).
 
-Behaviour triggers, anywhere in the prompt's first user message:
-`[tokens:parallel]` two calls of the first tool in one turn; `[tokens:reasoning]` a
-`<think>...</think>` block before what it says; `[tokens:length]` `max_tokens` filler tokens with
-`finish_reason: "length"`; `[fault:STATUS]` (400 to 599, e.g. `[fault:429]`) that HTTP error;
-`[fault:garbage]` a 200 whose body is not JSON; `[fault:MODExN]` that fault for the first N calls
-carrying it only (as in `policies.scripted`). Every fault answered is recorded in `faults`.
-With `max_model_len` set, `GET /v1/models` reports it (verifiers' renderer then refuses an
-overlong prompt before sending it, a 400 to the harness), and a longer prompt that still
-arrives gets vLLM's 400.
+Triggers in the prompt's first user message: `[tokens:parallel]` (two calls in one turn),
+`[tokens:reasoning]` (a `<think>` block first), `[tokens:length]` (`max_tokens` filler,
+`finish_reason: "length"`), and `policies.scripted`'s `[fault:STATUS]`, `[fault:garbage]` and
+`[fault:MODExN]`; answered faults are kept in `faults`. With `max_model_len` set, `GET /v1/models`
+reports it and a longer prompt gets vLLM's 400.
 
-It also answers every call prime-rl 0.8.0's orchestrator makes on an inference server (read in its
-`utils/client.py`), so prime-rl's RL loop runs against it on a CPU: `GET /health`; `GET /v1/models`
-listing `model` (the orchestrator's `model.name`; its check fails otherwise) and every loaded LoRA
-adapter; `POST /pause` (generation waits until `POST /resume`, as vLLM's `mode=keep` keeps
-requests queued); `POST /update_weights` (`{"weight_dir"}`: recorded, no weights change, the
-policy is scripted); `POST /load_lora_adapter` (`{"lora_name", "lora_path"}`) and
-`POST /v1/unload_lora_adapter`. Each is recorded in `admin`. `/init_broadcaster` is not served:
-prime-rl skips NCCL broadcast set-up on its 404.
-
-The tokenizer is injected (any Hugging Face tokenizer); `packaged_tokenizer()` loads the one built
-from the packaged GGUF without hub access. Run alone:
-`nemo-gym-env serve tokens --port 8000`.
+It also answers the control calls prime-rl's orchestrator makes, each kept in `admin`
+(docs/training.md). Run alone: `nemo-gym-env serve tokens --port 8000`.
 """
 
 from __future__ import annotations

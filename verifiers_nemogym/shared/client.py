@@ -1,18 +1,8 @@
-"""One NeMo Gym stack per machine for every env process that asks for the same one: the
-client side (an env process's lease, and the `stack up/status/down` commands). The protocol
-both ends speak is `shared/protocol.py`; the design is docs/shared-stacks.md.
-
-- A stack is identified by its *key* (`stack_key`): runtime, config files and their contents,
-  and its judge's identity (two judges or two keys never share a stack).
-- The *stack host* (`shared/host.py`, a detached process) owns the `NeMoGymStack` and the *front*
-  forwarder NeMo Gym calls as `policy_model`; it never runs rollouts. Each env process (*user*)
-  keeps its own model proxy and holds a *lease* (`Lease`): one open connection to the host's
-  socket, on which it registered its proxy's URL and secret. The kernel closes a lease when its
-  process dies; with no lease left the host waits its idle timeout, then stops.
-- `attach_or_start` takes the stack's flock, leases a live host or starts one and waits for it:
-  concurrent starts bring up exactly one host. A host that holds `host.lock` but does not
-  answer yet is waited for, never replaced; one nobody leases within `UNCLAIMED_GRACE` s of
-  being ready (its starter was cancelled or killed) stops by itself.
+"""The client side of the shared stack: an env process's lease (`Lease`, `attach_or_start`), the
+stack key (`stack_key`: runtime, config files and contents, judge, Ray) and the
+`stack up/status/down` commands. Concurrent starts bring up exactly one host; a host that holds
+`host.lock` but does not answer yet is waited for, never replaced. The protocol is
+`shared/protocol.py`; the design docs/shared-stacks.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """The gate: a shared stack host's TLS listener for env processes on other hosts.
 
-`nemo-gym-env stack up ENV --listen HOST:PORT` makes the stack host (`shared/host.py`) serve, on
-HOST:PORT only, HTTPS with a self-signed certificate it made at start (`shared/tls.py`: clients pin
-it) and an access token (a 0600 file in the stack folder). Everything else of the stack stays
-on the host's loopback. The wire (`GateLink` in `shared/link.py` is the client):
-
-- Every request carries `Authorization: Bearer <token>`; one without it, or with another, is
-  answered 401 before its body is read (a middleware, ahead of every handler), and learns
-  nothing else (no route, no agent name, no version). Until then its connection is read within
-  the host's `wire.ConnectionGate`, as the front's and the judge relay's are.
-- `GET /stack`: the stack's description (`describe`: agents, NeMo Gym release, judge).
-- `POST /agents/<agent>/<tail>`: forwarded to `<the agent's /run target>/<tail>` on the host
-  (rollouts' `/run`, NeMo Gym's `/aggregate_metrics`); an unknown agent is 404.
-- `GET /lease` (a WebSocket): the remote user's lease, as the unix-socket lease is a local
-  user's (`shared/protocol.py`): a text hello `{"op": "lease", "pid", "secret"}` answered by the
-  description, then held. While it is open the front forwarder (`bridge/front.py`) knows the
-  user by its secret's digest, as any user, at a loopback URL of the gate's relay; each model
-  call the front passes there rides this WebSocket to the env process (a binary `frame`:
-  `{"id", "path", "headers"}` + body) and its answer rides back (`{"id", "status",
-  "content_type"}` + body). So the env process needs no listener of its own, and the lease and
-  its model calls live and die together: a link that stops acknowledging ends within
-  `tls.LINK_TIMEOUT` s at both ends (TCP keepalive), one whose peer process stops answering
-  pings for `HEARTBEAT` s and a half ends too; its calls are then answered 410 (as the front
-  answers for a gone user), and the env process connects again. Lease events (`lease.down_event`,
-  `lease.judge_failed_event`) go to remote users as text messages.
-
-Why a channel the env process opens rather than a listener on each env host: one port and one
-certificate for the operator to open and pin, env hosts behind NAT or a firewall work, and a lost
-link ends the lease and its model calls at once.
+`stack up ENV --listen HOST:PORT` makes the stack host serve, on HOST:PORT only, HTTPS with a
+pinned self-signed certificate (`shared/tls.py`) and an access token checked before any body is
+read; `GateLink` (`shared/link.py`) is the client. It forwards `/run` to the agents and carries a
+remote user's lease, and that user's model calls, over one WebSocket. The wire and why it is a
+channel the env process opens: docs/shared-stacks.md, "Across hosts".
 """
 
 from __future__ import annotations
@@ -163,7 +140,7 @@ class _Relay(AppServer):
 
 
 class StackGate(AppServer):
-    """See the module contract. `describe()` gives the stack's description; `on_users()` is
+    """The gate (module docstring). `describe()` gives the stack's description; `on_users()` is
     called whenever a remote user comes or goes."""
 
     shutdown_timeout: ClassVar[float] = 5.0

@@ -1,15 +1,10 @@
 """The shared-stack host program: owns one shared NeMo Gym stack for every env process of it.
 
-Started detached by `shared/client.py` (`spawn_host`, as `python -m <this module> --dir D --spec
-J`; never by hand; the protocol is `shared/protocol.py`). `StackHost` runs the stack for the stack
-folder D with the `HostSpec` J, the front forwarder NeMo Gym calls as `policy_model`
-(`bridge/front.py`), the lease socket and, once `stack up --listen` asks for it, the TLS
-listener for env processes on other hosts (`shared/gate.py`), until the stack is idle past its
-timeout, told down, dead, or the process gets SIGTERM/SIGINT; the stack is stopped in every case
-(and if this process is SIGKILLed, the stack's supervisor tears it down). Logs go to stderr (the
-folder's host.log). Exit status: 0 after a normal stop, 1 if the stack failed, 2 for bad
-arguments. It is a program: unlike the library, it parses its arguments and returns an exit
-status (`main`), as the supervisor does.
+Started detached by `shared/client.py` (`spawn_host`), never by hand. `StackHost` runs the stack,
+the front forwarder, the lease socket and, if asked, the TLS gate, until the stack is idle past
+its timeout, told down, dead, or the process gets SIGTERM/SIGINT; the stack is stopped in every
+case. Logs go to stderr (host.log). Exit status: 0 after a normal stop, 1 if the stack failed,
+2 for bad arguments.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The shared-stack lease protocol: what a stack host (`shared/host.py`) and its clients
 (`shared/client.py`: env processes and the `stack` commands) both know, and nothing else.
 
-- The stack folder (`<cache>/stacks/<key>/`, mode 0700): `lock` (a flock serialising attach,
-  start and stop decisions), `host.lock` (flocked by the live host for its whole life),
-  `host.sock` (the host's unix socket; both ends check the other's uid), `host.log` (the host's
-  output; the previous host's is kept as `host.log.1`).
+- The stack folder (`<cache>/stacks/<key>/`, mode 0700) and its files (`LOCK`, `HOST_LOCK`,
+  `SOCKET`, `LOG`, `PREVIOUS_LOG`; their roles: docs/shared-stacks.md).
 - The host program: `python -m HOST_MODULE --dir D --spec J [--lock-fd N]`, with `HostSpec` J
   and the judge's secrets as one JSON line on its stdin (`host_secrets`), `HOST_ENV_VAR` in
   its environment.
@@ -52,9 +50,10 @@ OP_DOWN = "down"
 EVENT_JUDGE_FAILED = "judge_failed"
 EVENT_DOWN = "down"
 
-# The stack folder's files (see the module doc).
 LOCK = "lock"
+"""A flock serialising attach, start and stop decisions."""
 HOST_LOCK = "host.lock"
+"""Flocked by the live host for its whole life."""
 SOCKET = "host.sock"
 LOG = "host.log"
 PREVIOUS_LOG = "host.log.1"

@@ -1,27 +1,10 @@
 """TLS and the access token of a shared stack used across hosts (`stack up --listen`).
 
-The trust model is SSH's, not a CA's: the stack host makes a fresh self-signed certificate when
-it starts listening, prints its pin, and a client trusts exactly that certificate (the pin is
-the SHA-256 of its DER bytes). An access token, a file only the stack's owner reads, then
-proves the client to the host. Contracts:
-
-- `parse_listen(text)`: `HOST:PORT` (an IP address, `[v6]:PORT` for IPv6; port 1..65535) or a
-  one-line ConfigError; `check_bindable` binds it once (ConfigError naming it if it cannot).
-- `make_certificate(directory, host)`: a new P-256 key and a certificate for `host` (its SAN),
-  written as `CERT_FILE` (0644) and `KEY_FILE` (0600) in `directory`, never through a
-  symlink; returns the certificate's pin. `server_context(directory)` serves them (TLS >= 1.2).
-- Pins are written `sha256:<64 hex digits>` (`format_pin`); `parse_pin` reads one (ConfigError
-  otherwise); `client_ssl(pin)` is aiohttp's `Fingerprint`, which aiohttp checks right after
-  the handshake, before a byte of the request is sent (so a token never reaches an impostor).
-  Neither chain nor host name is checked: the pin is the whole trust.
-- `write_token(path)` writes a fresh random token readable by its owner alone (0600) and returns
-  it; `read_token(file)` reads the token from `file` (which no other user may read or write),
-  else from `TOKEN_ENV_VAR`, else a one-line ConfigError. The token is never an argument of
-  any command line, and callers register it with `redact.protect`, so no log, error or trace
-  quotes it.
-- `keepalive_socket`: an aiohttp `socket_factory` whose connections fail within `LINK_TIMEOUT`
-  s once the peer stops acknowledging (TCP keepalive + `TCP_USER_TIMEOUT`), however long the
-  answer they wait for legitimately takes (a rollout's `/run`).
+The trust model is SSH's, not a CA's: the host makes a fresh self-signed certificate when it
+starts listening and a client trusts exactly the one its pin (`sha256:<hex>` of the DER bytes)
+names, checked before a byte of the request is sent; neither chain nor host name is checked. An
+access token, a 0600 file, then proves the client; it is never on a command line, and callers
+register it with `redact.protect`. docs/shared-stacks.md, "Across hosts".
 """
 
 from __future__ import annotations
@@ -121,7 +104,8 @@ def _write_private(path: Path, data: bytes, mode: int) -> None:
 
 
 def make_certificate(directory: Path, host: str) -> str:
-    """See the module contract; returns the new certificate's pin."""
+    """A new P-256 key and a certificate for `host` (its SAN), written as `CERT_FILE` (0644) and
+    `KEY_FILE` (0600) in `directory`, never through a symlink; returns the certificate's pin."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -163,7 +147,7 @@ def server_context(directory: Path) -> ssl.SSLContext:
 
 
 def write_token(path: Path) -> str:
-    """A fresh access token, written to `path` (0600); see the module contract."""
+    """A fresh random access token, written to `path` (0600, readable by its owner alone)."""
     token = secrets.token_urlsafe(32)
     _write_private(path, token.encode() + b"\n", 0o600)
     return token

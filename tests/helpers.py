@@ -186,6 +186,44 @@ def script(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
+def vf_eval_command(
+    model: str, base_url: str, key_var: str | None, n: int, r: int, c: int, out: Path, *flags: str
+) -> list[str]:
+    """The `vf-eval nemo-gym-env` command line of the test venv: model `model` served at
+    `base_url`, its key read from the variable `key_var` (None: no `--client.api-key-var`),
+    `-n n -r r -c c`, nothing pushed, results under `out` (`read_episodes(out)`), then `flags`
+    (`--env.*`, further `--client.*`) as given."""
+    key = [] if key_var is None else ["--client.api-key-var", key_var]
+    return [
+        script("vf-eval"), "nemo-gym-env", "-m", model, "--client.base-url", base_url, *key,
+        "-n", str(n), "-r", str(r), "-c", str(c), "--no-push", "-o", str(out), *flags,
+    ]  # fmt: skip
+
+
+async def eval_traces(
+    cmd: list[str], env: dict[str, str], out: Path, count: int, timeout: float = 900
+) -> list[dict[str, Any]]:
+    """Run the vf-eval command line `cmd` (results under `out`) with `env` and check what it
+    did: it exits 0 (else its log's tail), wrote `count` traces in all, and every episode is ok
+    (else their errors). The traces, in file order."""
+    code, log = await run_command(cmd, env, timeout)
+    assert code == 0, log[-5000:]
+    episodes = read_episodes(out)
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == count
+    assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
+    return traces
+
+
+def stack_host_log(out: Path) -> str:
+    """The text of the shared stack host's log named (`log: ...host.log`) in the eval log of
+    the vf-eval run under `out`."""
+    eval_log = next(out.glob("*/logs/latest/eval.log")).read_text()
+    host_log = re.search(r"log: (\S+host\.log)", eval_log)
+    assert host_log is not None, eval_log[-2000:]
+    return Path(host_log.group(1)).read_text()
+
+
 def read_episodes(outdir: Path) -> list[dict[str, Any]]:
     """The episodes of the one run `vf-eval -o outdir` wrote (`<run>/traces.jsonl`)."""
     (traces_file,) = outdir.glob("*/traces.jsonl")
@@ -247,6 +285,28 @@ def train_context(base_url: str) -> vf.ModelContext:
         renderer_model_name=str(tokenizer_dir(packaged_model_path())),
     )
     return vf.ModelContext(model="token-server", client=client)
+
+
+async def check_train_episodes(env: Any, held: HeldStack) -> None:
+    """Run every task of `env` (not yet serving) once with verifiers' train client against the
+    token server (the packaged tokenizer) and check: `env` attached to the held stack `held`
+    and left it afterwards; every episode ok, with NeMo Gym's reward; every call of it with
+    token ids, and logprobs for each token its mask keeps."""
+    from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+
+    async with TokenServer(packaged_tokenizer()) as tokens, env.serving():
+        assert held.owns(env)
+        ctx = train_context(tokens.base_url)
+        episodes = await asyncio.gather(*(env.run_episode(t, ctx) for t in env.taskset))
+    await held.released()
+    for episode in episodes:
+        assert episode.ok, [t.errors for t in episode.traces]
+        for trace in episode.traces:
+            assert trace.calls and "nemo_gym" in trace.rewards
+            for call in trace.calls:
+                assert call.node is not None, call.error
+                node = trace.nodes[call.node]
+                assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
 
 
 SINGLE_TOOL_ENV = "example_single_tool_call"

@@ -9,7 +9,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from helpers import gone, model_context, read_episodes, run_command, run_tag, script
+from helpers import (
+    gone,
+    model_context,
+    read_episodes,
+    run_command,
+    run_tag,
+    vf_eval_command,
+)
 
 from verifiers_nemogym.backends import PrivateStack, SharedStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
@@ -42,12 +49,8 @@ async def test_vf_eval_runs_rollouts_on_a_real_stack(
     policy: ScriptedPolicy, tmp_path: Path, any_nemo_venv: NeMoGymVenv
 ):
     flags = runtime_flags(any_nemo_venv)
-    cmd = [
-        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
-        "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
-        "-n", "5", "-r", "3", "-c", "8", "--no-push", "-o", str(tmp_path / "out"),
-        "--env.taskset.nemo-env", ENV, *flags,
-    ]  # fmt: skip
+    cmd = vf_eval_command("scripted", policy.base_url, "SCRIPTED_KEY", 5, 3, 8, tmp_path / "out",
+                          "--env.taskset.nemo-env", ENV, *flags)  # fmt: skip
     tag, env = run_tag(SCRIPTED_KEY="unused")  # inherited by all the eval's descendants
     code, log = await run_command(cmd, env)
     assert code == 0, log[-5000:]

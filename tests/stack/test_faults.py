@@ -40,10 +40,10 @@ from helpers import (
     run_command,
     run_tag,
     run_timed,
-    script,
     server_pid,
     train_context,
     until,
+    vf_eval_command,
     write_rows,
 )
 from verifiers.v1.types import content_text
@@ -420,12 +420,10 @@ async def test_signal_to_vf_eval_mid_run_leaves_nothing(
 ):
     rows = write_rows(tmp_path / "rows.jsonl", [f"[fault:hang] {i}" for i in range(4)])
     tag, env = run_tag()
-    cmd = [
-        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
-        "--client.base-url", policy.base_url, "-n", "4", "-r", "2", "-c", "8", "--no-push",
-        "-o", str(tmp_path / "out"), "--env.taskset.jsonl-path", str(rows),
-        "--env.taskset.stack-idle-grace", "0",
-    ]  # fmt: skip
+    cmd = vf_eval_command(
+        "scripted", policy.base_url, None, 4, 2, 8, tmp_path / "out",
+        "--env.taskset.jsonl-path", str(rows), "--env.taskset.stack-idle-grace", "0",
+    )  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *cmd,
         env=env,

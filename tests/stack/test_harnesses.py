@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -23,14 +22,16 @@ from typing import Any
 import pytest
 from helpers import (
     HeldStack,
+    check_train_episodes,
+    eval_traces,
     gone,
     hold_shared_stack,
     model_context,
-    read_episodes,
     run_command,
     run_tag,
     script,
-    train_context,
+    stack_host_log,
+    vf_eval_command,
 )
 
 import nemo_gym_env
@@ -39,7 +40,6 @@ from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, argv_of, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.answer_key import AnswerKeyPolicy, AnswerRow
-from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
 # Environment -> the dialect its CLI speaks (path suffix the policy saw), all streaming.
 HARNESS = {
@@ -133,6 +133,35 @@ def check_every_call_reached_its_own_rollout(
         assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
 
 
+async def eval_scored(
+    runtime: NeMoGymVenv, catalog: Catalog, envs: list[str], override: str, c: int, tmp_path: Path
+) -> tuple[AnswerKeyPolicy, list[str], str]:
+    """`case_rows` of `envs` through vf-eval at `-c c` on one shared stack (NeMo Gym 0.7.0 on
+    `runtime`'s Python, `override` as a config path, results under `tmp_path / "out"`),
+    checked: it exits 0, every rollout ok and NeMo Gym's reward of each (1.0 right, 0.0 for the
+    `wrong_rows`), every call on its own rollout and in its trace. Returns the policy (its call
+    log), each row's environment and the run's tag."""
+    key, owners = case_rows(catalog, envs, tmp_path / "rows.jsonl")
+    (tmp_path / "override.yaml").write_text(override)
+    async with AnswerKeyPolicy(rows=key, wrong=wrong_rows(key)) as policy:
+        cmd = vf_eval_command(
+            "policy", policy.base_url, "ANSWERS_KEY", len(key), 1, c, tmp_path / "out",
+            "--env.taskset.nemo-env", ",".join(envs),
+            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            "--env.taskset.config-paths", json.dumps([str(tmp_path / "override.yaml")]),
+            "--env.taskset.stack-idle-grace", "0",
+            *_flags(runtime),
+        )  # fmt: skip
+        tag, env = run_tag(ANSWERS_KEY="unused")
+        traces = await eval_traces(cmd, env, tmp_path / "out", len(key), timeout=1500)
+    for trace in traces:
+        row = row_of(trace, key)
+        expected = 0.0 if row in wrong_rows(key) else 1.0
+        assert trace["rewards"]["nemo_gym"]["score"] == expected, (owners[row], trace["errors"])
+    check_every_call_reached_its_own_rollout(policy, traces, key)
+    return policy, owners, tag
+
+
 @pytest.fixture(scope="module")
 def catalog_07(nemo_venv_07: NeMoGymVenv) -> Catalog:
     return Catalog(nemo_venv_07)
@@ -166,42 +195,15 @@ async def test_harness_environments_score_and_never_cross_route(
     and a classic environment, mixed on one shared stack through vf-eval at -c 4: NeMo Gym's
     rewards (1.0 right, 0.0 wrong), each CLI's own dialect, streaming, every call on its own
     rollout and in its trace, and no process left afterwards (CLIs included)."""
-    envs = [*HARNESS, CLASSIC]
-    key, owners = case_rows(catalog_07, envs, tmp_path / "rows.jsonl")
-    override = tmp_path / "cline.yaml"
-    override.write_text(CLINE_OVERRIDE)
-    async with AnswerKeyPolicy(rows=key, wrong=wrong_rows(key)) as policy:
-        cmd = [
-            script("vf-eval"), "nemo-gym-env", "-m", "policy",
-            "--client.base-url", policy.base_url, "--client.api-key-var", "ANSWERS_KEY",
-            "-n", str(len(key)), "-r", "1", "-c", "4", "--no-push", "-o", str(tmp_path / "out"),
-            "--env.taskset.nemo-env", ",".join(envs),
-            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
-            "--env.taskset.config-paths", json.dumps([str(override)]),
-            "--env.taskset.stack-idle-grace", "0",
-            *_flags(nemo_venv_07),
-        ]  # fmt: skip
-        tag, env = run_tag(ANSWERS_KEY="unused")
-        code, log = await run_command(cmd, env, timeout=1500)
-        assert code == 0, log[-5000:]
-    episodes = read_episodes(tmp_path / "out")
-    traces = [t for e in episodes for t in e["traces"]]
-    assert len(traces) == len(key)
-    assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
-    for trace in traces:
-        row = row_of(trace, key)
-        expected = 0.0 if row in wrong_rows(key) else 1.0
-        assert trace["rewards"]["nemo_gym"]["score"] == expected, (owners[row], trace["errors"])
-    check_every_call_reached_its_own_rollout(policy, traces, key)
+    policy, owners, tag = await eval_scored(
+        nemo_venv_07, catalog_07, [*HARNESS, CLASSIC], CLINE_OVERRIDE, 4, tmp_path
+    )
     dialects = {(owners[c.row], c.dialect, c.stream) for c in policy.log if c.row is not None}
     for env_name, dialect in HARNESS.items():
         assert (env_name, dialect, True) in dialects, dialects
     assert (CLASSIC, "responses", False) in dialects
-    eval_log = next((tmp_path / "out").glob("*/logs/latest/eval.log")).read_text()
     # The shared stack's host logs its start, the CLI versions it runs included.
-    host_log = re.search(r"log: (\S+host\.log)", eval_log)
-    assert host_log is not None, eval_log[-2000:]
-    assert "cline_math_agent (cline@3.0.57)" in Path(host_log.group(1)).read_text()
+    assert "cline_math_agent (cline@3.0.57)" in stack_host_log(tmp_path / "out")
     assert await gone(tag) == []  # the shared stack, its CLIs and their children: all gone
 
 
@@ -233,32 +235,9 @@ async def test_reasoning_gym_twins_score(
     """opencode and codex on Reasoning Gym rows as shipped, claude_code with the override above,
     through vf-eval on one shared stack: NeMo Gym's rewards (1.0 for the right answer, 0.0 for
     a wrong one), each CLI's own dialect, every call on its own rollout, no process left."""
-    key, owners = case_rows(catalog_07, list(TWINS), tmp_path / "rows.jsonl")
-    override = tmp_path / "claude_twin.yaml"
-    override.write_text(CLAUDE_TWIN_OVERRIDE)
-    async with AnswerKeyPolicy(rows=key, wrong=wrong_rows(key)) as policy:
-        cmd = [
-            script("vf-eval"), "nemo-gym-env", "-m", "policy",
-            "--client.base-url", policy.base_url, "--client.api-key-var", "ANSWERS_KEY",
-            "-n", str(len(key)), "-r", "1", "-c", "3", "--no-push", "-o", str(tmp_path / "out"),
-            "--env.taskset.nemo-env", ",".join(TWINS),
-            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
-            "--env.taskset.config-paths", json.dumps([str(override)]),
-            "--env.taskset.stack-idle-grace", "0",
-            *_flags(nemo_venv_07),
-        ]  # fmt: skip
-        tag, env = run_tag(ANSWERS_KEY="unused")
-        code, log = await run_command(cmd, env, timeout=1500)
-        assert code == 0, log[-5000:]
-    episodes = read_episodes(tmp_path / "out")
-    traces = [t for e in episodes for t in e["traces"]]
-    assert len(traces) == len(key)
-    assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
-    for trace in traces:
-        row = row_of(trace, key)
-        expected = 0.0 if row in wrong_rows(key) else 1.0
-        assert trace["rewards"]["nemo_gym"]["score"] == expected, (owners[row], trace["errors"])
-    check_every_call_reached_its_own_rollout(policy, traces, key)
+    policy, owners, tag = await eval_scored(
+        nemo_venv_07, catalog_07, list(TWINS), CLAUDE_TWIN_OVERRIDE, 3, tmp_path
+    )
     dialects = {(owners[c.row], c.dialect) for c in policy.log if c.row is not None}
     assert set(TWINS.items()) <= dialects, dialects
     assert await gone(tag) == []
@@ -286,20 +265,7 @@ async def test_train_mode_records_token_ids_of_every_harness_call(
     env = nemo_gym_env.load_environment(
         nemo_env=HELD_ENVS, jsonl_path=str(tmp_path / "rows.jsonl"), **_on_07(nemo_venv_07)
     )
-    tasks = list(env.taskset)
-    async with TokenServer(packaged_tokenizer()) as tokens, env.serving():
-        assert held.owns(env)
-        ctx = train_context(tokens.base_url)
-        episodes = await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
-    await held.released()
-    for episode in episodes:
-        assert episode.ok, [t.errors for t in episode.traces]
-        for trace in episode.traces:
-            assert trace.calls and "nemo_gym" in trace.rewards
-            for call in trace.calls:
-                assert call.node is not None, call.error
-                node = trace.nodes[call.node]
-                assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
+    await check_train_episodes(env, held)
 
 
 def _cli_processes(marker: str) -> list[int]:
@@ -351,15 +317,13 @@ async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
         await held.released()
 
         # Ctrl-C: vf-eval interrupted while its rollouts' CLIs wait on the model.
-        cmd = [
-            script("vf-eval"), "nemo-gym-env", "-m", "policy",
-            "--client.base-url", policy.base_url, "--client.api-key-var", "ANSWERS_KEY",
-            "-n", "2", "-r", "1", "-c", "2", "--no-push", "-o", str(tmp_path / "out"),
+        cmd = vf_eval_command(
+            "policy", policy.base_url, "ANSWERS_KEY", 2, 1, 2, tmp_path / "out",
             "--env.taskset.nemo-env", "opencode_math",
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
             *_flags(nemo_venv_07),
-        ]  # fmt: skip
+        )  # fmt: skip
         tag, environ = run_tag(ANSWERS_KEY="unused")
         before = len(policy.log)
         proc = await asyncio.create_subprocess_exec(

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import zstandard
-from helpers import gone, run_command, run_tag, script
+from helpers import gone, run_command, run_tag, script, vf_eval_command
 
 from benchmarks.native import collect_rollouts, native_stack
 from verifiers_nemogym.metrics import METRICS_FILE
@@ -84,13 +84,11 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
     if runtime.below_floor:
         flags += ["--env.taskset.allow-python-below-floor", "true"]
     out = tmp_path / "out"
-    cmd = [
-        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
-        "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
-        "-n", str(ROWS), "-r", str(REPEATS), "-c", "4", "--no-push", "-o", str(out),
+    cmd = vf_eval_command(
+        "scripted", policy.base_url, "SCRIPTED_KEY", ROWS, REPEATS, 4, out,
         "--env.taskset.nemo-env", env, *flags,  # on the default path: a shared stack
         "--env.taskset.stack-idle-grace", "0",
-    ]  # fmt: skip
+    )  # fmt: skip
     tag, environ = run_tag(SCRIPTED_KEY="unused")
     # Both sides at once (their own stacks; the policy answers each call the same): the test
     # takes the time of the slower one.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import gone, run_command, run_tag, script
+from helpers import gone, run_command, run_tag, vf_eval_command
 
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
@@ -22,13 +22,11 @@ async def test_turn_limit_stop_keeps_reward_through_vf_eval(policy: ScriptedPoli
     into an `incomplete` reply, NeMo Gym verifies, and the trace keeps its reward and stop."""
     tag, env = run_tag(SCRIPTED_KEY="unused")
     out = tmp_path / "out"
-    cmd = [
-        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
-        "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
-        "-n", "3", "-r", "1", "-c", "3", "--no-push", "-o", str(out),
+    cmd = vf_eval_command(
+        "scripted", policy.base_url, "SCRIPTED_KEY", 3, 1, 3, out,
         "--env.taskset.nemo-env", ENV, "--env.agent.max-turns", "1",
         "--env.taskset.stack-idle-grace", "0",
-    ]  # fmt: skip
+    )  # fmt: skip
     code, log = await run_command(cmd, env, timeout=600)
     assert code == 0, log[-3000:]
     assert await gone(tag) == []

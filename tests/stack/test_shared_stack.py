@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import SERVE_ENV_SCRIPT, gone, run_command, run_tag, script, until
+from helpers import SERVE_ENV_SCRIPT, gone, run_command, run_tag, script, until, vf_eval_command
 from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data
@@ -334,12 +334,8 @@ async def _users_are(nemo_venv: NeMoGymVenv, n: int) -> bool:
 
 
 def _eval_cmd(policy: ScriptedPolicy, out: Path, *extra: str) -> list[str]:
-    return [
-        script("vf-eval"), "nemo-gym-env", "-m", "scripted",
-        "--client.base-url", policy.base_url, "--client.api-key-var", "SCRIPTED_KEY",
-        "-n", "5", "-r", "2", "-c", "8", "--no-push", "-o", str(out),
-        "--env.taskset.nemo-env", ENV, *extra,
-    ]  # fmt: skip
+    return vf_eval_command("scripted", policy.base_url, "SCRIPTED_KEY", 5, 2, 8, out,
+                           "--env.taskset.nemo-env", ENV, *extra)  # fmt: skip
 
 
 def _eval_log(out: Path) -> str:

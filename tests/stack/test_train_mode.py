@@ -29,6 +29,7 @@ from helpers import (
     run_tag,
     script,
     train_context,
+    vf_eval_command,
     wait_gone,
 )
 
@@ -270,17 +271,15 @@ async def test_vf_eval_train_client_and_turn_limit_stop(tokenizer: Any, tmp_path
     tag, env = run_tag()
     out = tmp_path / "out"
     async with TokenServer(tokenizer) as server:
-        cmd = [
-            script("vf-eval"), "nemo-gym-env", "-m", "token-server",
-            "--client.type", "train", "--client.base-url", server.base_url,
-            "--client.api-key-var", "VF_NEMOGYM_TEST_NO_KEY",
+        cmd = vf_eval_command(
+            "token-server", server.base_url, "VF_NEMOGYM_TEST_NO_KEY", 3, 1, 3, out,
+            "--client.type", "train",
             "--client.renderer-model-name", str(tokenizer_dir(packaged_model_path())),
             "--client.renderer.name", "default", "--client.renderer.tool-parser", "qwen3",
             "--client.renderer.reasoning-parser", "think",
-            "-n", "3", "-r", "1", "-c", "3", "--no-push", "-o", str(out),
             "--env.taskset.nemo-env", ENVS[0], "--env.agent.max-turns", "1",
             "--env.taskset.stack-idle-grace", "0",
-        ]  # fmt: skip
+        )  # fmt: skip
         code, log = await run_command(cmd, env, timeout=600)
     assert code == 0, log[-3000:]
     assert await gone(tag) == []

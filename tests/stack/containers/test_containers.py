@@ -28,15 +28,15 @@ from typing import Any
 import pytest
 from helpers import (
     HeldStack,
+    check_train_episodes,
+    eval_traces,
     gone,
     hold_shared_stack,
     model_context,
-    read_episodes,
-    run_command,
     run_tag,
-    script,
-    train_context,
+    stack_host_log,
     until,
+    vf_eval_command,
 )
 
 import nemo_gym_env
@@ -46,7 +46,6 @@ from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
-from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
 ENVS = ("swebench_pro", "terminal_bench_2_1", "swe_next")
 DOCKER_CONFIG = PROVIDER_CONFIG.format(name="docker")
@@ -135,22 +134,15 @@ async def test_container_environments_score_and_never_cross_route(
     runtime_logs = nemo_venv_07.site_packages / "resources_servers" / "swebench_pro" / "logs"
     logs_before = set(runtime_logs.rglob("*"))
     async with FixerPolicy(tasks=table, wrong=wrong_cases(cases)) as policy:
-        cmd = [
-            script("vf-eval"), "nemo-gym-env", "-m", "policy",
-            "--client.base-url", policy.base_url, "--client.api-key-var", "FIXER_KEY",
-            "-n", str(len(cases)), "-r", "1", "-c", "3", "--no-push", "-o", str(tmp_path / "out"),
+        cmd = vf_eval_command(
+            "policy", policy.base_url, "FIXER_KEY", len(cases), 1, 3, tmp_path / "out",
             "--env.taskset.config-paths", json.dumps(config_paths(kit, ENVS)),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
             *_cli_flags(nemo_venv_07),
-        ]  # fmt: skip
+        )  # fmt: skip
         tag, env = run_tag(FIXER_KEY="unused")
-        code, log = await run_command(cmd, env, timeout=1500)
-        assert code == 0, log[-5000:]
-    episodes = read_episodes(tmp_path / "out")
-    traces = [t for e in episodes for t in e["traces"]]
-    assert len(traces) == len(cases)
-    assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
+        traces = await eval_traces(cmd, env, tmp_path / "out", len(cases), timeout=1500)
     for trace in traces:
         case = case_of(trace, table)
         expected = 1.0 if cases[case][1] else 0.0
@@ -168,11 +160,8 @@ async def test_container_environments_score_and_never_cross_route(
     for trace in traces:
         assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
     assert all(steps[i] == 2 for i in range(len(cases))), steps  # the fix, then the final turn
-    eval_log = next((tmp_path / "out").glob("*/logs/latest/eval.log")).read_text()
     # The shared stack's host logs how its containers are isolated.
-    host_log = re.search(r"log: (\S+host\.log)", eval_log)
-    assert host_log is not None, eval_log[-2000:]
-    host_text = Path(host_log.group(1)).read_text()
+    host_text = stack_host_log(tmp_path / "out")
     assert "on the host they reach the door only (firewall)" in host_text
     assert await gone(tag) == []
     # Every container and the network of the run's stack removed (named in its host's log).
@@ -182,9 +171,9 @@ async def test_container_environments_score_and_never_cross_route(
     left = [m for m in docker._stack_markers() if m.startswith(prefix)]
     assert left == [], left
     assert set(runtime_logs.rglob("*")) == logs_before
-    assert (
-        "resources_servers/swebench_pro run from the stack's folder"
-        in Path(host_log.group(1)).read_text()
+    # The host log read again, after the stack has stopped.
+    assert "resources_servers/swebench_pro run from the stack's folder" in stack_host_log(
+        tmp_path / "out"
     )
 
 
@@ -325,19 +314,7 @@ async def test_train_mode_records_token_ids_of_every_call_from_the_container(
     the task's container, reach the train client with token ids, mask and logprobs, every one."""
     case_rows(kit, [("swebench_pro", True), ("swebench_pro", True)], tmp_path / "rows.jsonl")
     env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl")
-    async with TokenServer(packaged_tokenizer()) as tokens, env.serving():
-        assert held.owns(env)
-        ctx = train_context(tokens.base_url)
-        episodes = await asyncio.gather(*(env.run_episode(t, ctx) for t in env.taskset))
-    await held.released()
-    for episode in episodes:
-        assert episode.ok, [t.errors for t in episode.traces]
-        for trace in episode.traces:
-            assert trace.calls and "nemo_gym" in trace.rewards
-            for call in trace.calls:
-                assert call.node is not None, call.error
-                node = trace.nodes[call.node]
-                assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
+    await check_train_episodes(env, held)
 
 
 async def test_a_rollout_deadline_is_an_error_and_its_container_goes_with_the_stack(
@@ -375,15 +352,13 @@ async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
     async def interrupted(how: signal.Signals) -> str:
         out = tmp_path / how.name
         async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
-            cmd = [
-                script("vf-eval"), "nemo-gym-env", "-m", "policy",
-                "--client.base-url", policy.base_url, "--client.api-key-var", "FIXER_KEY",
-                "-n", "1", "-r", "1", "-c", "1", "--no-push", "-o", str(out),
+            cmd = vf_eval_command(
+                "policy", policy.base_url, "FIXER_KEY", 1, 1, 1, out,
                 "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
                 "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
                 "--env.taskset.shared-stack", "false",
                 *_cli_flags(nemo_venv_07),
-            ]  # fmt: skip
+            )  # fmt: skip
             tag, environ = run_tag(FIXER_KEY="unused")
             proc = await asyncio.create_subprocess_exec(
                 *cmd, env=environ, stdout=asyncio.subprocess.DEVNULL,

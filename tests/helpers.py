@@ -35,6 +35,7 @@ from verifiers_nemogym.util import poll_until, wait_until
 if TYPE_CHECKING:
     import verifiers.v1 as vf
 
+    from verifiers_nemogym.nemo.venv import NeMoGymVenv
     from verifiers_nemogym.policies.replay import Recording
 
 REPO = Path(__file__).resolve().parent.parent
@@ -186,6 +187,16 @@ def script(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
+def runtime_flags(runtime: NeMoGymVenv) -> list[str]:
+    """vf-eval flags choosing `runtime`'s NeMo Gym release and Python, with the opt-in to a
+    Python below the release's floor where `runtime` is one."""
+    flags = ["--env.taskset.nemo-gym-version", runtime.nemo_gym_version]
+    flags += ["--env.taskset.python", str(runtime.python)]
+    if runtime.below_floor:
+        flags += ["--env.taskset.allow-python-below-floor", "true"]
+    return flags
+
+
 def vf_eval_command(
     model: str, base_url: str, key_var: str | None, n: int, r: int, c: int, out: Path, *flags: str
 ) -> list[str]:
@@ -201,18 +212,19 @@ def vf_eval_command(
 
 
 async def eval_traces(
-    cmd: list[str], env: dict[str, str], out: Path, count: int, timeout: float = 900
-) -> list[dict[str, Any]]:
-    """Run the vf-eval command line `cmd` (results under `out`) with `env` and check what it
-    did: it exits 0 (else its log's tail), wrote `count` traces in all, and every episode is ok
-    (else their errors). The traces, in file order."""
+    cmd: list[str], out: Path, count: int, timeout: float = 900, **extra: str
+) -> tuple[str, list[dict[str, Any]]]:
+    """Run the vf-eval command line `cmd` (results under `out`) under a fresh `run_tag(**extra)`
+    and check what it did: it exits 0 (else its log's tail), wrote `count` traces in all, and
+    every episode is ok (else their errors). The tag, and the traces in file order."""
+    tag, env = run_tag(**extra)
     code, log = await run_command(cmd, env, timeout)
     assert code == 0, log[-5000:]
     episodes = read_episodes(out)
     traces = [t for e in episodes for t in e["traces"]]
     assert len(traces) == count
     assert all(e["ok"] for e in episodes), [e["errors"] for e in episodes if not e["ok"]]
-    return traces
+    return tag, traces
 
 
 def stack_host_log(out: Path) -> str:

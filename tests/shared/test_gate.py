@@ -7,6 +7,7 @@ riding a lease back to the env process's real proxy (the model is the scripted p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -30,7 +31,7 @@ from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.shared import protocol, tls
 from verifiers_nemogym.shared.gate import StackGate
-from verifiers_nemogym.shared.link import GateLink, describe_gate
+from verifiers_nemogym.shared.link import GateLink, GateTarget, describe_gate
 
 COMMAND = str(Path(sys.executable).with_name("nemo-gym-env"))
 
@@ -214,6 +215,24 @@ async def test_no_token_no_answer_and_no_body_read(gate: tuple[Gate, ScriptedPol
     writer.close()
 
 
+async def _target(made: Gate, monkeypatch: pytest.MonkeyPatch) -> GateTarget:
+    """The stack behind `made`'s gate, described with the token taken from the environment."""
+    monkeypatch.setenv(tls.TOKEN_ENV_VAR, made.token)
+    return await describe_gate(made.gate.url, made.gate.pin, None)
+
+
+@contextlib.asynccontextmanager
+async def _lease(target: GateTarget, proxy: NeMoGymModelProxy) -> AsyncIterator[GateLink]:
+    """`proxy`'s `GateLink` to `target`: opened (leased) for the block, closed after it however
+    it ends."""
+    link = GateLink(target, proxy.url, proxy.secret)
+    await link.open()
+    try:
+        yield link
+    finally:
+        await link.close()
+
+
 async def test_model_calls_ride_the_lease_back_to_the_proxy(
     gate: tuple[Gate, ScriptedPolicy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -221,12 +240,9 @@ async def test_model_calls_ride_the_lease_back_to_the_proxy(
     over the lease and is answered; `/agents/...` reaches the stack's server; once the lease
     is closed, the front no longer knows the secret."""
     made, policy = gate
-    monkeypatch.setenv(tls.TOKEN_ENV_VAR, made.token)
-    target = await describe_gate(made.gate.url, made.gate.pin, None)
+    target = await _target(made, monkeypatch)
     async with NeMoGymModelProxy() as proxy:
-        link = GateLink(target, proxy.url, proxy.secret)
-        await link.open()
-        try:
+        async with _lease(target, proxy):
             assert len(made.gate.users) == 1 and len(made.front.users) == 1
             route = proxy.open_route(policy.base_url, "bearer")
             body = {
@@ -250,8 +266,6 @@ async def test_model_calls_ride_the_lease_back_to_the_proxy(
                 ) as response:
                     assert response.status == 200
                 assert len(policy.calls) == 3  # through the gate to the stack's server
-        finally:
-            await link.close()
         await asyncio.sleep(0.2)
         assert made.gate.users == {} and made.front.users == {}
         async with (
@@ -265,27 +279,18 @@ async def test_a_link_is_lost_only_when_the_host_goes_down_or_stops_listening(
     gate: tuple[Gate, ScriptedPolicy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made, _ = gate
-    monkeypatch.setenv(tls.TOKEN_ENV_VAR, made.token)
-    target = await describe_gate(made.gate.url, made.gate.pin, None)
+    target = await _target(made, monkeypatch)
     async with NeMoGymModelProxy() as proxy:
-        told = GateLink(target, proxy.url, proxy.secret)
-        await told.open()
-        try:
+        async with _lease(target, proxy) as told:
             await made.gate.broadcast(protocol.down_event("stack down requested"))
             await asyncio.wait_for(told.lost.wait(), 10)
             assert told.lost.reason == "the shared NeMo Gym stack went down: stack down requested"
-        finally:
-            await told.close()
-        left = GateLink(target, proxy.url, proxy.secret)
-        await left.open()
-        try:
+        async with _lease(target, proxy) as left:
             await made.gate.stop()  # the lease closes; nothing listens any more
             await asyncio.sleep(0.5)
             assert not left.lost.is_set() and not left.connected.is_set()  # it tries again
             await asyncio.wait_for(left.lost.wait(), 30)
             assert left.lost.reason.endswith("stopped listening") and left.links == 1
-        finally:
-            await left.close()
 
 
 STALL_S = 8.0

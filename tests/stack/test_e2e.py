@@ -15,6 +15,7 @@ from helpers import (
     read_episodes,
     run_command,
     run_tag,
+    runtime_flags,
     vf_eval_command,
 )
 
@@ -34,15 +35,6 @@ def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
     assert set(per_session.values()) == {2}
     for call in policy.calls:  # our routing keys never reach the model
         assert "vf_nemogym_route" not in json.dumps(call.body.get("metadata") or {})
-
-
-def runtime_flags(runtime: NeMoGymVenv) -> list[str]:
-    """vf-eval flags choosing `runtime`'s NeMo Gym release, Python and floor opt-in."""
-    flags = ["--env.taskset.nemo-gym-version", runtime.nemo_gym_version]
-    flags += ["--env.taskset.python", str(runtime.python)]
-    if runtime.below_floor:
-        flags += ["--env.taskset.allow-python-below-floor", "true"]
-    return flags
 
 
 async def test_vf_eval_runs_rollouts_on_a_real_stack(

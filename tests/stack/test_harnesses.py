@@ -29,6 +29,7 @@ from helpers import (
     model_context,
     run_command,
     run_tag,
+    runtime_flags,
     script,
     stack_host_log,
     vf_eval_command,
@@ -56,14 +57,6 @@ CLINE_OVERRIDE = (
     "cline_math_agent:\n  responses_api_agents:\n    cline_agent:\n      cline_version: 3.0.57\n"
 )
 ROWS_PER_ENV = 2
-
-
-def _flags(runtime: NeMoGymVenv) -> list[str]:
-    return [
-        "--env.taskset.nemo-gym-version", runtime.nemo_gym_version,
-        "--env.taskset.python", str(runtime.python),
-        "--env.taskset.allow-python-below-floor", "true",
-    ]  # fmt: skip
 
 
 def case_rows(catalog: Catalog, envs: list[str], path: Path) -> tuple[list[AnswerRow], list[str]]:
@@ -150,10 +143,9 @@ async def eval_scored(
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.config-paths", json.dumps([str(tmp_path / "override.yaml")]),
             "--env.taskset.stack-idle-grace", "0",
-            *_flags(runtime),
+            *runtime_flags(runtime),
         )  # fmt: skip
-        tag, env = run_tag(ANSWERS_KEY="unused")
-        traces = await eval_traces(cmd, env, tmp_path / "out", len(key), timeout=1500)
+        tag, traces = await eval_traces(cmd, tmp_path / "out", len(key), 1500, ANSWERS_KEY="unused")
     for trace in traces:
         row = row_of(trace, key)
         expected = 0.0 if row in wrong_rows(key) else 1.0
@@ -322,7 +314,7 @@ async def test_a_rollout_deadline_stops_its_cli_and_ctrl_c_leaves_nothing(
             "--env.taskset.nemo-env", "opencode_math",
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
-            *_flags(nemo_venv_07),
+            *runtime_flags(nemo_venv_07),
         )  # fmt: skip
         tag, environ = run_tag(ANSWERS_KEY="unused")
         before = len(policy.log)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import zstandard
-from helpers import gone, run_command, run_tag, script, vf_eval_command
+from helpers import gone, run_command, run_tag, runtime_flags, script, vf_eval_command
 
 from benchmarks.native import collect_rollouts, native_stack
 from verifiers_nemogym.metrics import METRICS_FILE
@@ -79,14 +79,10 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
     version: str, env: str, policy: ScriptedPolicy, tmp_path: Path
 ) -> None:
     runtime = _runtime(version)
-    flags = ["--env.taskset.nemo-gym-version", version, "--env.taskset.python",
-             str(runtime.python)]  # fmt: skip
-    if runtime.below_floor:
-        flags += ["--env.taskset.allow-python-below-floor", "true"]
     out = tmp_path / "out"
     cmd = vf_eval_command(
         "scripted", policy.base_url, "SCRIPTED_KEY", ROWS, REPEATS, 4, out,
-        "--env.taskset.nemo-env", env, *flags,  # on the default path: a shared stack
+        "--env.taskset.nemo-env", env, *runtime_flags(runtime),  # the default: a shared stack
         "--env.taskset.stack-idle-grace", "0",
     )  # fmt: skip
     tag, environ = run_tag(SCRIPTED_KEY="unused")

@@ -34,6 +34,7 @@ from helpers import (
     hold_shared_stack,
     model_context,
     run_tag,
+    runtime_flags,
     stack_host_log,
     until,
     vf_eval_command,
@@ -64,14 +65,6 @@ def _flags(runtime: NeMoGymVenv) -> dict[str, Any]:
         "python": str(runtime.python),
         "allow_python_below_floor": True,
     }
-
-
-def _cli_flags(runtime: NeMoGymVenv) -> list[str]:
-    return [
-        "--env.taskset.nemo-gym-version", "0.7.0",
-        "--env.taskset.python", str(runtime.python),
-        "--env.taskset.allow-python-below-floor", "true",
-    ]  # fmt: skip
 
 
 def config_paths(kit: TaskKit, envs: tuple[str, ...]) -> list[str]:
@@ -139,10 +132,9 @@ async def test_container_environments_score_and_never_cross_route(
             "--env.taskset.config-paths", json.dumps(config_paths(kit, ENVS)),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
-            *_cli_flags(nemo_venv_07),
+            *runtime_flags(nemo_venv_07),
         )  # fmt: skip
-        tag, env = run_tag(FIXER_KEY="unused")
-        traces = await eval_traces(cmd, env, tmp_path / "out", len(cases), timeout=1500)
+        tag, traces = await eval_traces(cmd, tmp_path / "out", len(cases), 1500, FIXER_KEY="unused")
     for trace in traces:
         case = case_of(trace, table)
         expected = 1.0 if cases[case][1] else 0.0
@@ -357,7 +349,7 @@ async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
                 "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
                 "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
                 "--env.taskset.shared-stack", "false",
-                *_cli_flags(nemo_venv_07),
+                *runtime_flags(nemo_venv_07),
             )  # fmt: skip
             tag, environ = run_tag(FIXER_KEY="unused")
             proc = await asyncio.create_subprocess_exec(

@@ -23,6 +23,7 @@ caller's. Rebuilding reuses docker's cache; every file is rewritten.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -121,44 +122,24 @@ def make_tasks(
 
 
 def _swebench_pro(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
-    folder.mkdir(parents=True, exist_ok=True)
     tag = swebench_pro.INSTANCE_ID
     image = images.task_image(
         f"{SWEBENCH_PRO_REPOSITORY}:{tag}", swebench_pro.REPO, opencode=opencode, log=log
     )
-    row = swebench_pro.row(tag, images.image_base_commit(image))
-    rows = folder / "rows.jsonl"
-    _write_jsonl(rows, [row])
-    server = {"image_repository": SWEBENCH_PRO_REPOSITORY, **_sandbox_resources()}
-    override = {
-        "swebench_pro_opencode_resources_server": {
-            "resources_servers": {"swebench_pro": {**server, "is_verifying_golden_patch": False}}
-        },
-        "swebench_pro_opencode_sandboxed_agent": _agent(opencode),
-    }
-    golden = {
-        "swebench_pro_resources_server": {
-            "resources_servers": {"swebench_pro": {**server, "is_verifying_golden_patch": True}}
-        }
-    }
-    return KitTask(
-        env="swebench_pro",
-        agent="swebench_pro_opencode_sandboxed_agent",
-        name=swebench_pro.NAME,
-        image=image,
-        rows=rows,
-        config_paths=("benchmarks/swebench/pro/opencode.yaml",),
-        override=_write_yaml(folder / "override.yaml", override),
-        golden_config_paths=("resources_servers/swebench_pro/configs/swebench_pro.yaml",),
-        golden=_write_yaml(folder / "golden.yaml", golden),
-        fix=FixTask(swebench_pro.PROBLEM, swebench_pro.FIX, swebench_pro.WRONG, swebench_pro.NAME),
-        golden_patch=swebench_pro.GOLDEN_PATCH,
-        wrong_patch=swebench_pro.WRONG_PATCH,
-    )
+    return _kit_task(
+        folder, "swebench_pro", image, swebench_pro.row(tag, images.image_base_commit(image)),
+        FixTask(swebench_pro.PROBLEM, swebench_pro.FIX, swebench_pro.WRONG, swebench_pro.NAME),
+        opencode=opencode,
+        server={"image_repository": SWEBENCH_PRO_REPOSITORY, **_sandbox_resources()},
+        override={"swebench_pro_opencode_resources_server": False},
+        golden={"swebench_pro_resources_server": True},
+        config_path="benchmarks/swebench/pro/opencode.yaml",
+        golden_config_path="resources_servers/swebench_pro/configs/swebench_pro.yaml",
+        golden_patch=swebench_pro.GOLDEN_PATCH, wrong_patch=swebench_pro.WRONG_PATCH,
+    )  # fmt: skip
 
 
 def _terminal_bench(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
-    folder.mkdir(parents=True, exist_ok=True)
     image = images.task_image(TERMINAL_BENCH_IMAGE, terminal_bench.REPO, opencode=opencode, log=log)
     task_folder = folder / "tasks" / terminal_bench.NAME
     for name, text in terminal_bench.folder(image).items():
@@ -166,82 +147,79 @@ def _terminal_bench(folder: Path, opencode: str, log: logging.Logger) -> KitTask
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         path.chmod(0o755 if name.endswith(".sh") else 0o644)
-    rows = folder / "rows.jsonl"
-    _write_jsonl(rows, [terminal_bench.row(image, task_folder)])
-    server = _sandbox_resources()
-    override = {
-        "terminal_bench_2_1_opencode_resources_server": {
-            "resources_servers": {
-                "terminal_bench_2_1": {**server, "is_verifying_golden_patch": False}
-            }
-        },
-        "terminal_bench_2_1_opencode_sandboxed_agent": _agent(opencode),
-    }
-    golden = {
-        "terminal_bench_2_1_resources_server": {
-            "resources_servers": {
-                "terminal_bench_2_1": {**server, "is_verifying_golden_patch": True}
-            }
-        }
-    }
-    return KitTask(
-        env="terminal_bench_2_1",
-        agent="terminal_bench_2_1_opencode_sandboxed_agent",
-        name=terminal_bench.NAME,
-        image=image,
-        rows=rows,
-        config_paths=("benchmarks/terminal_bench_2_1/opencode.yaml",),
-        override=_write_yaml(folder / "override.yaml", override),
-        golden_config_paths=(
-            "resources_servers/terminal_bench_2_1/configs/terminal_bench_2_1.yaml",
-        ),
-        golden=_write_yaml(folder / "golden.yaml", golden),
-        fix=FixTask(
-            key=terminal_bench.INSTRUCTION,
-            fix=terminal_bench.FIX,
-            wrong=terminal_bench.WRONG,
-            name=terminal_bench.NAME,
-        ),
-    )
+    fix = FixTask(terminal_bench.INSTRUCTION, terminal_bench.FIX, terminal_bench.WRONG,
+                  terminal_bench.NAME)  # fmt: skip
+    return _kit_task(
+        folder, "terminal_bench_2_1", image, terminal_bench.row(image, task_folder), fix,
+        opencode=opencode,
+        server=_sandbox_resources(),
+        override={"terminal_bench_2_1_opencode_resources_server": False},
+        golden={"terminal_bench_2_1_resources_server": True},
+        config_path="benchmarks/terminal_bench_2_1/opencode.yaml",
+        golden_config_path="resources_servers/terminal_bench_2_1/configs/terminal_bench_2_1.yaml",
+    )  # fmt: skip
 
 
 def _swe_next(folder: Path, opencode: str, log: logging.Logger) -> KitTask:
-    folder.mkdir(parents=True, exist_ok=True)
     image = images.task_image(
         SWE_NEXT_IMAGE, swe_next.REPO, opencode=opencode, workdir=swe_next.WORKDIR,
         setup=swe_next.SETUP, log=log,
     )  # fmt: skip
-    rows = folder / "rows.jsonl"
-    _write_jsonl(rows, [swe_next.row(image, images.image_base_commit(image))])
-    server = _sandbox_resources()
     # swe_next_opencode.yaml pairs the agent with swe_next_resources_server itself; it also
     # starts swe_next.yaml's golden-patch server, whose shipped `cpu: 4` a small host refuses.
-    override = {
-        "swe_next_resources_server": {
-            "resources_servers": {"swe_next": {**server, "is_verifying_golden_patch": False}}
-        },
-        "swe_next_golden_patch_resources_server": {"resources_servers": {"swe_next": server}},
-        "swe_next_opencode_sandboxed_agent": _agent(opencode),
-    }
     # swe_next.yaml defines both servers; its golden client calls the golden one.
-    golden = {
-        name: {"resources_servers": {"swe_next": _sandbox_resources()}}
-        for name in ("swe_next_resources_server", "swe_next_golden_patch_resources_server")
-    }
+    servers = ("swe_next_resources_server", "swe_next_golden_patch_resources_server")
+    return _kit_task(
+        folder, "swe_next", image, swe_next.row(image, images.image_base_commit(image)),
+        FixTask(swe_next.PROBLEM, swe_next.FIX, swe_next.WRONG, swe_next.NAME),
+        opencode=opencode,
+        server=_sandbox_resources(),
+        override={servers[0]: False, servers[1]: None},
+        golden=dict.fromkeys(servers),
+        config_path="resources_servers/swe_next/configs/swe_next_opencode.yaml",
+        golden_config_path="resources_servers/swe_next/configs/swe_next.yaml",
+        golden_patch=swe_next.GOLDEN_PATCH, wrong_patch=swe_next.WRONG_PATCH,
+    )  # fmt: skip
+
+
+def _kit_task(
+    folder: Path, env: str, image: str, row: dict[str, Any], fix: FixTask, *, opencode: str,
+    server: dict[str, Any], override: dict[str, bool | None], golden: dict[str, bool | None],
+    config_path: str, golden_config_path: str,
+    golden_patch: str | None = None, wrong_patch: str | None = None,
+) -> KitTask:  # fmt: skip
+    """Write environment `env`'s task files into `folder` (created) and name them: `rows.jsonl`
+    (`row`, run in `image`); `override.yaml`, the OpenCode agent run (NeMo Gym config
+    `config_path`): the resources servers `override` names, each `server`'s settings, then
+    `<env>_opencode_sandboxed_agent` with OpenCode `opencode` preinstalled; `golden.yaml`, the
+    golden verification (`golden_config_path`): the servers `golden` names, likewise. A server
+    mapped to True or False gets `is_verifying_golden_patch` set so; to None, left as shipped.
+    The task's name is `fix`'s."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = folder / "rows.jsonl"
+    _write_jsonl(rows, [row])
+    agent = f"{env}_opencode_sandboxed_agent"
+    servers = {**_servers(env, server, override), agent: _agent(opencode)}
     return KitTask(
-        env="swe_next",
-        agent="swe_next_opencode_sandboxed_agent",
-        name=swe_next.NAME,
-        image=image,
-        rows=rows,
-        config_paths=("resources_servers/swe_next/configs/swe_next_opencode.yaml",),
-        override=_write_yaml(folder / "override.yaml", override),
-        golden_config_paths=("resources_servers/swe_next/configs/swe_next.yaml",),
-        golden=_write_yaml(folder / "golden.yaml", golden),
-        fix=FixTask(swe_next.PROBLEM, swe_next.FIX, swe_next.WRONG, swe_next.NAME),
-        golden_patch=swe_next.GOLDEN_PATCH,
-        wrong_patch=swe_next.WRONG_PATCH,
-    )
+        env=env, agent=agent, name=fix.name, image=image, rows=rows,
+        config_paths=(config_path,),
+        override=_write_yaml(folder / "override.yaml", servers),
+        golden_config_paths=(golden_config_path,),
+        golden=_write_yaml(folder / "golden.yaml", _servers(env, server, golden)),
+        fix=fix, golden_patch=golden_patch, wrong_patch=wrong_patch,
+    )  # fmt: skip
+
+
+def _servers(env: str, server: dict[str, Any], golden: dict[str, bool | None]) -> dict[str, Any]:
+    """Config blocks setting `resources_servers.<env>` of each resources server `golden` names
+    to a copy of `server`, with `is_verifying_golden_patch` its value where that is not None."""
+    blocks = {}
+    for name, verifying in golden.items():
+        block = copy.deepcopy(server)
+        if verifying is not None:
+            block["is_verifying_golden_patch"] = verifying
+        blocks[name] = {"resources_servers": {env: block}}
+    return blocks
 
 
 ENVS: dict[str, Callable[[Path, str, logging.Logger], KitTask]] = {

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from aiohttp import web
 
@@ -163,11 +163,110 @@ def boxed(answer: str) -> str:
 
 
 @dataclass
-class AnswerCall(Call):
-    """One call as the answer-key server saw it (`body`, `session_id` as in `Call`)."""
+class RecordedCall(Call):
+    """One call as a `KeyedPolicy` saw it (`body`, `session_id` as in `Call`)."""
 
     path: str = ""
     """The request path (query string included, e.g. `/v1/messages?beta=true`)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """The request's headers, names lower-cased; credentials replaced by `<redacted>` (an
+    `Authorization` scheme kept: `Bearer <redacted>`)."""
+
+
+RecordedCallT = TypeVar("RecordedCallT", bound=RecordedCall)
+
+
+def recorded_call(
+    kind: type[RecordedCallT], request: web.Request, body: dict[str, Any], **fields: Any
+) -> RecordedCallT:
+    """`request` (its body `body`) recorded as a `kind`: its `X-Session-ID` (any case),
+    `x-stainless-retry-count`, path and headers, then `fields`."""
+    headers = {name.lower(): _shown(name.lower(), value) for name, value in request.headers.items()}
+    return kind(
+        session_id=request.headers.get("X-Session-ID"),  # case-insensitive lookup
+        body=body,
+        retry_count=request.headers.get("x-stainless-retry-count"),
+        path=request.path_qs,
+        headers=headers,
+        **fields,
+    )
+
+
+@dataclass
+class KeyedPolicy(ResponsesServer):
+    """The base of the doubles that answer by which of their keys a request quotes
+    (`AnswerKeyPolicy`'s questions, `policies.fixer`'s tasks; `keys()`, `LongestKey` finds
+    them). Routes: `GET /`, `GET` each of `models_paths`, `POST` each of `answer_paths` (to
+    `_answer`); any other path is recorded and answered 404, and `json_body` records a body that
+    is not a JSON object and answers 400. With `record`, `_record` keeps each call in `calls`
+    (a `RecordedCall` of the subclass's kind, made by `_call`) before it is answered.
+
+    `wrong`: indices of the keys answered wrong (ConfigError at construction if one is not a
+    key, naming the keys as `key_names`, e.g. "rows" of "the answer key")."""
+
+    wrong: frozenset[int] = frozenset()
+    answer_paths: ClassVar[tuple[str, ...]] = ()
+    models_paths: ClassVar[tuple[str, ...]] = ("/v1/models",)
+    key_names: ClassVar[tuple[str, str]] = ("keys", "the table")
+    # Calls held by a slow answer must not hold up shutdown.
+    shutdown_timeout: ClassVar[float] = 1.0
+
+    def __post_init__(self) -> None:
+        keys = self.keys()
+        bad = sorted(i for i in self.wrong if not 0 <= i < len(keys))
+        if bad:
+            what, where = self.key_names
+            raise ConfigError(f"wrong {what} {bad} are not in {where} ({what} 0..{len(keys) - 1})")
+        self._keys = LongestKey(keys)
+
+    def keys(self) -> list[str]:
+        """The texts a request is searched for, in index order."""
+        raise NotImplementedError
+
+    def _call(self, request: web.Request, body: dict[str, Any], **fields: Any) -> RecordedCall:
+        """`request` as this server's kind of `RecordedCall`, with `fields`."""
+        raise NotImplementedError
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_get("/", wire.health)
+        for path in self.models_paths:
+            app.router.add_get(path, self._models)
+        for path in self.answer_paths:
+            app.router.add_post(path, self._answer)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
+        return app
+
+    def _record(self, call: RecordedCall) -> None:
+        if self.record:
+            self.calls.append(call)
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        self._record(self._call(request, {}))
+        return web.json_response(
+            {"error": {"message": f"no route {request.method} {request.path}"}}, status=404
+        )
+
+    async def json_body(self, request: web.Request, **fields: Any) -> dict[str, Any] | web.Response:
+        """`request`'s body if it is a JSON object; else the 400 answer, the call recorded
+        (an empty body, `fields`)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            return body
+        self._record(self._call(request, {}, **fields))
+        return web.json_response({"error": {"message": "body is not a JSON object"}}, status=400)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+
+@dataclass
+class AnswerCall(RecordedCall):
+    """One call as the answer-key server saw it."""
+
     dialect: Dialect = "unknown"
     stream: bool = False
     row: int | None = None
@@ -176,13 +275,10 @@ class AnswerCall(Call):
     """Whether it was answered deliberately wrong."""
     reply: str = ""
     """The text answered."""
-    headers: dict[str, str] = field(default_factory=dict)
-    """The request's headers, names lower-cased; credentials replaced by `<redacted>` (an
-    `Authorization` scheme kept: `Bearer <redacted>`)."""
 
 
 @dataclass
-class AnswerKeyPolicy(ResponsesServer):
+class AnswerKeyPolicy(KeyedPolicy):
     """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1`. `async with`, or
     `start()`/`stop()`. See the module contract.
 
@@ -191,36 +287,23 @@ class AnswerKeyPolicy(ResponsesServer):
     `calls` (typed: `log`) holds `AnswerCall`s."""
 
     rows: list[AnswerRow] = field(default_factory=list)
-    wrong: frozenset[int] = frozenset()
     delay: float = 0.0
     """Seconds every answer waits after the call is recorded (a model that hangs, for tests
     of deadlines and interruptions)."""
     model_id: ClassVar[str] = "answer-key"
-    # Calls held by `delay` must not hold up shutdown.
-    shutdown_timeout: ClassVar[float] = 1.0
+    answer_paths: ClassVar[tuple[str, ...]] = tuple(_DIALECTS)
+    key_names: ClassVar[tuple[str, str]] = ("rows", "the answer key")
 
-    def __post_init__(self) -> None:
-        bad = sorted(i for i in self.wrong if not 0 <= i < len(self.rows))
-        if bad:
-            raise ConfigError(
-                f"wrong rows {bad} are not in the answer key (rows 0..{len(self.rows) - 1})"
-            )
-        self._questions = LongestKey(r.question for r in self.rows)
+    def keys(self) -> list[str]:
+        return [r.question for r in self.rows]
+
+    def _call(self, request: web.Request, body: dict[str, Any], **fields: Any) -> AnswerCall:
+        return recorded_call(AnswerCall, request, body, **fields)
 
     @property
     def log(self) -> list[AnswerCall]:
         """`calls`, typed: every call so far, in arrival order (empty without `record`)."""
         return [c for c in self.calls if isinstance(c, AnswerCall)]
-
-    def _app(self) -> web.Application:
-        # The base's routes, but every dialect answered by `_answer`; anything else recorded.
-        app = web.Application(client_max_size=1024**3)
-        app.router.add_get("/", wire.health)
-        app.router.add_get("/v1/models", self._models)
-        for path in _DIALECTS:
-            app.router.add_post(path, self._answer)
-        app.router.add_route("*", "/{tail:.*}", self._unknown)
-        return app
 
     def match(self, body: dict[str, Any]) -> int | None:
         """Index of the longest answer-key question found in `body`'s text, or None."""
@@ -230,7 +313,7 @@ class AnswerKeyPolicy(ResponsesServer):
         # opencode quotes the user's prompt inside its own with `"` escaped as `\"` (seen on
         # Reasoning Gym's questions, which quote what the inhabitants say).
         for candidate in (text, text.replace('\\"', '"')):
-            found = self._questions.find(candidate)
+            found = self._keys.find(candidate)
             if found is not None:
                 return found
         return None
@@ -244,33 +327,18 @@ class AnswerKeyPolicy(ResponsesServer):
             return boxed(expected)
         return boxed(WRONG_ALTERNATIVE if boxed(expected) == boxed(WRONG) else WRONG)
 
-    def _record(self, call: AnswerCall) -> None:
-        if self.record:
-            self.calls.append(call)
-
-    async def _unknown(self, request: web.Request) -> web.Response:
-        self._record(_call(request, {}, "unknown", False, None, False, ""))
-        return web.json_response(
-            {"error": {"message": f"no route {request.method} {request.path}"}}, status=404
-        )
-
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         dialect = _DIALECTS[request.path]
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            self._record(_call(request, {}, dialect, False, None, False, ""))
-            return web.json_response(
-                {"error": {"message": "body is not a JSON object"}}, status=400
-            )
+        body = await self.json_body(request, dialect=dialect)
+        if isinstance(body, web.Response):
+            return body
         stream = body.get("stream") is True
         text_in = request_text(body)
         row = self._match(text_in)
         text = self.answer(row)
         wrong = row is not None and row in self.wrong
-        self._record(_call(request, body, dialect, stream, row, wrong, text))
+        self._record(self._call(request, body, dialect=dialect, stream=stream, row=row,
+                                wrong=wrong, reply=text))  # fmt: skip
         if self.delay:
             await asyncio.sleep(self.delay)
         model = body["model"] if isinstance(body.get("model"), str) else self.model_id
@@ -279,38 +347,14 @@ class AnswerKeyPolicy(ResponsesServer):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             if not stream:
                 return web.json_response(_chat(model, text, usage))
-            return await _sse(request, _chat_events(model, text, usage, include_usage))
+            return await sse(request, _chat_events(model, text, usage, include_usage))
         if dialect == "responses":
             if not stream:
                 return web.json_response(_response(model, text, usage, body))
-            return await _sse(request, _responses_events(model, text, usage, body))
+            return await sse(request, _responses_events(model, text, usage, body))
         if not stream:
             return web.json_response(_message(model, text, usage))
-        return await _sse(request, _messages_events(model, text, usage))
-
-
-def _call(
-    request: web.Request,
-    body: dict[str, Any],
-    dialect: Dialect,
-    stream: bool,
-    row: int | None,
-    wrong: bool,
-    reply: str,
-) -> AnswerCall:
-    headers = {name.lower(): _shown(name.lower(), value) for name, value in request.headers.items()}
-    return AnswerCall(
-        session_id=request.headers.get("X-Session-ID"),
-        body=body,
-        retry_count=request.headers.get("x-stainless-retry-count"),
-        path=request.path_qs,
-        dialect=dialect,
-        stream=stream,
-        row=row,
-        wrong=wrong,
-        reply=reply,
-        headers=headers,
-    )
+        return await sse(request, _messages_events(model, text, usage))
 
 
 def _shown(name: str, value: str) -> str:
@@ -329,13 +373,12 @@ class _Usage:
     output: int
 
 
-def _id(prefix: str) -> str:
+def random_id(prefix: str) -> str:
+    """`<prefix>_` and 24 random hex digits (an id of a completion, response, call...)."""
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-async def _sse(
-    request: web.Request, events: Iterable[tuple[str | None, Any]]
-) -> web.StreamResponse:
+async def sse(request: web.Request, events: Iterable[tuple[str | None, Any]]) -> web.StreamResponse:
     """Write `events` as Server-Sent Events: `event: NAME` (when named) and `data: JSON` (or a
     literal string such as `[DONE]`), each followed by a blank line."""
     response = web.StreamResponse(
@@ -355,7 +398,7 @@ async def _sse(
 
 def _chat(model: str, text: str, usage: _Usage) -> dict[str, Any]:
     return {
-        "id": _id("chatcmpl"),
+        "id": random_id("chatcmpl"),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
@@ -382,15 +425,19 @@ def _chat_usage(usage: _Usage) -> dict[str, int]:
 def _chat_events(
     model: str, text: str, usage: _Usage, include_usage: bool
 ) -> Iterator[tuple[str | None, Any]]:
-    head = {"id": _id("chatcmpl"), "object": "chat.completion.chunk", "created": int(time.time())}
-    head["model"] = model
+    head = {
+        "id": random_id("chatcmpl"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         return {**head, "choices": [choice]}
 
     yield None, chunk({"role": "assistant", "content": ""}, None)
-    for piece in _pieces(text):
+    for piece in pieces(text):
         yield None, chunk({"content": piece}, None)
     yield None, chunk({}, "stop")
     if include_usage:
@@ -398,7 +445,7 @@ def _chat_events(
     yield None, "[DONE]"
 
 
-def _pieces(text: str) -> list[str]:
+def pieces(text: str) -> list[str]:
     """`text` in a few deltas, as a streaming model sends it (at least one)."""
     size = max(1, -(-len(text) // 3))
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
@@ -430,13 +477,13 @@ def _response(
     """A Responses object: `done`, completed with the message; else in progress, no output."""
     message = {
         "type": "message",
-        "id": item_id or _id("msg"),
+        "id": item_id or random_id("msg"),
         "role": "assistant",
         "status": "completed",
         "content": [{"type": "output_text", "text": text, "annotations": []}],
     }
     return {
-        "id": response_id or _id("resp"),
+        "id": response_id or random_id("resp"),
         "object": "response",
         "created_at": int(time.time()),
         "status": "completed" if done else "in_progress",
@@ -458,7 +505,7 @@ def _response(
 def _responses_events(
     model: str, text: str, usage: _Usage, request: dict[str, Any]
 ) -> Iterator[tuple[str | None, Any]]:
-    response_id, item_id = _id("resp"), _id("msg")
+    response_id, item_id = random_id("resp"), random_id("msg")
     started = _response(model, text, usage, request, response_id=response_id, done=False)
     final = _response(model, text, usage, request, response_id=response_id, item_id=item_id)
     message = final["output"][0]
@@ -472,7 +519,7 @@ def _responses_events(
             {"output_index": 0, "item": {**message, "status": "in_progress", "content": []}},
         ),
         ("response.content_part.added", {**at, "part": part}),
-        *(("response.output_text.delta", {**at, "delta": p}) for p in _pieces(text)),
+        *(("response.output_text.delta", {**at, "delta": p}) for p in pieces(text)),
         ("response.output_text.done", {**at, "text": text}),
         ("response.content_part.done", {**at, "part": {**part, "text": text}}),
         ("response.output_item.done", {"output_index": 0, "item": message}),
@@ -487,7 +534,7 @@ def _responses_events(
 
 def _message(model: str, text: str, usage: _Usage) -> dict[str, Any]:
     return {
-        "id": _id("msg"),
+        "id": random_id("msg"),
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -508,7 +555,7 @@ def _messages_events(model: str, text: str, usage: _Usage) -> Iterator[tuple[str
     yield "message_start", {"type": "message_start", "message": started}
     block = {"type": "content_block_start", "index": 0}
     yield "content_block_start", {**block, "content_block": {"type": "text", "text": ""}}
-    for piece in _pieces(text):
+    for piece in pieces(text):
         delta = {"type": "content_block_delta", "index": 0}
         yield "content_block_delta", {**delta, "delta": {"type": "text_delta", "text": piece}}
     yield "content_block_stop", {"type": "content_block_stop", "index": 0}

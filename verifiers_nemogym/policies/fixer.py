@@ -33,18 +33,24 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeGuard
 
 from aiohttp import web
 
-from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.errors import ConfigError
-from verifiers_nemogym.policies.answer_key import LongestKey, jsonl_objects, request_text
-from verifiers_nemogym.policies.server import Call, ResponsesServer
+from verifiers_nemogym.policies.answer_key import (
+    KeyedPolicy,
+    RecordedCall,
+    jsonl_objects,
+    pieces,
+    random_id,
+    recorded_call,
+    request_text,
+    sse,
+)
 
 Step = Literal["fix", "final", "side", "unknown"]
 """What a call was answered with: the `bash` tool call, the final message, a side call's short
@@ -56,11 +62,7 @@ FINAL_REPLY = "I ran the command; the change is in place."
 """The final message once the tool result has come back."""
 TOOL_NAME = "bash"
 
-_SECRET_HEADERS = frozenset(
-    {"authorization", "x-api-key", "api-key", "cookie", "proxy-authorization"}
-)
 _ROLLOUT = re.compile(r"/ng-rollout/([^/]+)/")
-_SPACE = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
@@ -97,16 +99,10 @@ def _text(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and bool(value.strip())
 
 
-def _normal(text: str) -> str:
-    return _SPACE.sub(" ", text).strip().casefold()
-
-
 @dataclass
-class FixerCall(Call):
-    """One call as the fixer saw it (`body`, `session_id`: the `X-Session-ID` header)."""
+class FixerCall(RecordedCall):
+    """One call as the fixer saw it (`session_id`: the `X-Session-ID` header)."""
 
-    path: str = ""
-    """The request path (query string included)."""
     rollout_id: str | None = None
     """NeMo Gym's rollout id, from an `/ng-rollout/<id>/...` path (None: a plain path)."""
     stream: bool = False
@@ -117,73 +113,53 @@ class FixerCall(Call):
     step: Step = "unknown"
     command: str | None = None
     """The command of the `bash` tool call answered (step `fix`)."""
-    headers: dict[str, str] = field(default_factory=dict)
-    """The request's headers, names lower-cased, credentials replaced by `<redacted>`."""
 
 
 @dataclass
-class FixerPolicy(ResponsesServer):
+class FixerPolicy(KeyedPolicy):
     """Serve on `host:port` (0 = a free port); `base_url` ends in `/v1`. `async with`, or
     `start()`/`stop()`. See the module contract.
 
     `tasks`: the table (e.g. `load_fix_tasks(path)`); `wrong`: indices into `tasks` of those
-    answered with their `wrong` command (ConfigError if one is not a task). `calls` (typed:
-    `log`) holds `FixerCall`s."""
+    answered with their `wrong` command (ConfigError if one is not a task, or a task's key is
+    blank). `calls` (typed: `log`) holds `FixerCall`s."""
 
     tasks: list[FixTask] = field(default_factory=list)
-    wrong: frozenset[int] = frozenset()
     model_id: ClassVar[str] = "fixer"
-    shutdown_timeout: ClassVar[float] = 1.0
+    answer_paths: ClassVar[tuple[str, ...]] = (
+        "/v1/chat/completions",
+        "/{prefix:.+}/v1/chat/completions",
+    )
+    models_paths: ClassVar[tuple[str, ...]] = ("/v1/models", "/{prefix:.+}/v1/models")
+    key_names: ClassVar[tuple[str, str]] = ("tasks", "the table")
 
     def __post_init__(self) -> None:
-        bad = sorted(i for i in self.wrong if not 0 <= i < len(self.tasks))
-        if bad:
-            raise ConfigError(f"wrong tasks {bad} are not in the table (0..{len(self.tasks) - 1})")
-        empty = [i for i, t in enumerate(self.tasks) if not _normal(t.key)]
+        super().__post_init__()
+        empty = [i for i, t in enumerate(self.tasks) if not t.key.strip()]
         if empty:
             raise ConfigError(f"fixer tasks {empty} have an empty key")
-        self._keys = LongestKey(t.key for t in self.tasks)
+
+    def keys(self) -> list[str]:
+        return [t.key for t in self.tasks]
+
+    def _call(self, request: web.Request, body: dict[str, Any], **fields: Any) -> FixerCall:
+        rollout = _ROLLOUT.match(request.path)
+        rollout_id = rollout.group(1) if rollout else None
+        return recorded_call(FixerCall, request, body, rollout_id=rollout_id, **fields)
 
     @property
     def log(self) -> list[FixerCall]:
         """`calls`, typed: every call so far, in arrival order (empty without `record`)."""
         return [c for c in self.calls if isinstance(c, FixerCall)]
 
-    def _app(self) -> web.Application:
-        app = web.Application(client_max_size=1024**3)
-        app.router.add_get("/", wire.health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/{prefix:.+}/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/{prefix:.+}/v1/chat/completions", self._chat)
-        app.router.add_route("*", "/{tail:.*}", self._unknown)
-        return app
-
     def match(self, body: dict[str, Any]) -> int | None:
         """Index of the task whose key (the longest found) is in `body`'s text, or None."""
-        text = request_text(body)
-        return self._keys.find(text)
+        return self._keys.find(request_text(body))
 
-    def _record(self, call: FixerCall) -> None:
-        if self.record:
-            self.calls.append(call)
-
-    async def _unknown(self, request: web.Request) -> web.Response:
-        self._record(_call(request, {}))
-        return web.json_response(
-            {"error": {"message": f"no route {request.method} {request.path}"}}, status=404
-        )
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            self._record(_call(request, {}))
-            return web.json_response(
-                {"error": {"message": "body is not a JSON object"}}, status=400
-            )
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        body = await self.json_body(request)
+        if isinstance(body, web.Response):
+            return body
         stream = body.get("stream") is True
         task = self.match(body)
         wrong = task is not None and task in self.wrong
@@ -191,7 +167,7 @@ class FixerPolicy(ResponsesServer):
         command = None
         if step == "fix" and task is not None:
             command = self.tasks[task].wrong if wrong else self.tasks[task].fix
-        self._record(_call(request, body, stream=stream, task=task, wrong=wrong, step=step,
+        self._record(self._call(request, body, stream=stream, task=task, wrong=wrong, step=step,
                            command=command))  # fmt: skip
         model = body["model"] if isinstance(body.get("model"), str) else self.model_id
         prompt_tokens = max(1, len(request_text(body)) // 4)
@@ -204,13 +180,13 @@ class FixerPolicy(ResponsesServer):
                     "description": f"Apply the change{f' ({label})' if label else ''}",
                 }
             )
-            answer = _Answer(model, None, _id("call"), arguments, prompt_tokens)
+            answer = _Answer(model, None, random_id("call"), arguments, prompt_tokens)
         else:
             answer = _Answer(model, FINAL_REPLY if step == "final" else SIDE_REPLY, None, "",
                              prompt_tokens)  # fmt: skip
         if not stream:
             return web.json_response(answer.completion())
-        return await _sse(request, answer.chunks(include_usage))
+        return await sse(request, ((None, c) for c in answer.chunks(include_usage)))
 
 
 def _step(body: dict[str, Any], task: int | None) -> Step:
@@ -230,31 +206,6 @@ def _offers_bash(body: dict[str, Any]) -> bool:
         if isinstance(function, dict) and function.get("name") == TOOL_NAME:
             return True
     return False
-
-
-def _call(request: web.Request, body: dict[str, Any], **fields: Any) -> FixerCall:
-    headers = {name.lower(): _shown(name.lower(), value) for name, value in request.headers.items()}
-    rollout = _ROLLOUT.match(request.path)
-    return FixerCall(
-        session_id=request.headers.get("X-Session-ID"),  # case-insensitive lookup
-        body=body,
-        retry_count=request.headers.get("x-stainless-retry-count"),
-        path=request.path_qs,
-        rollout_id=rollout.group(1) if rollout else None,
-        headers=headers,
-        **fields,
-    )
-
-
-def _shown(name: str, value: str) -> str:
-    if name not in _SECRET_HEADERS:
-        return value
-    scheme, _, rest = value.partition(" ")
-    return f"{scheme} <redacted>" if rest and scheme.isalpha() else "<redacted>"
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass(frozen=True)
@@ -288,7 +239,7 @@ class _Answer:
         if self.call_id:
             message["tool_calls"] = [self._tool_call()]
         return {
-            "id": _id("chatcmpl"),
+            "id": random_id("chatcmpl"),
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model,
@@ -299,7 +250,7 @@ class _Answer:
         }
 
     def chunks(self, include_usage: bool) -> Iterator[Any]:
-        head = {"id": _id("chatcmpl"), "object": "chat.completion.chunk",
+        head = {"id": random_id("chatcmpl"), "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": self.model}  # fmt: skip
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -311,33 +262,13 @@ class _Answer:
             first = {**self._tool_call(), "index": 0, "function": {"name": TOOL_NAME,
                                                                    "arguments": ""}}  # fmt: skip
             yield chunk({"tool_calls": [first]})
-            for piece in _pieces(self.arguments):
+            for piece in pieces(self.arguments):
                 yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
         else:
             yield chunk({"role": "assistant", "content": ""})
-            for piece in _pieces(self.text or ""):
+            for piece in pieces(self.text or ""):
                 yield chunk({"content": piece})
         yield chunk({}, self.finish)
         if include_usage:
             yield {**head, "choices": [], "usage": self.usage()}
         yield "[DONE]"
-
-
-def _pieces(text: str) -> list[str]:
-    """`text` in a few deltas, as a streaming model sends it (at least one)."""
-    size = max(1, -(-len(text) // 3))
-    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
-
-
-async def _sse(request: web.Request, events: Iterable[Any]) -> web.StreamResponse:
-    """Write `events` as Server-Sent Events (`data: JSON`, or a literal string such as
-    `[DONE]`), each followed by a blank line."""
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    for data in events:
-        payload = data if isinstance(data, str) else json.dumps(data)
-        await response.write(f"data: {payload}\n\n".encode())
-    await response.write_eof()
-    return response

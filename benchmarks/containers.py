@@ -47,11 +47,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
 
-from benchmarks.harnesses import NativeHarnessStack, _post_run, _rewards_in_row_order
-from benchmarks.native import collect_rollouts
+from benchmarks.harnesses import (
+    NativeHarnessStack,
+    native_workdir,
+    report_head,
+    run_native_stack,
+)
 from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.containers.tasks import KitTask, TaskKit, make_tasks
@@ -147,14 +150,6 @@ async def run_native(
     try:
         async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
             with tempfile.TemporaryDirectory(prefix="containers-native-") as tmp:
-                workdir = Path(tmp, "stack")
-                workdir.mkdir()
-                env_yaml = {
-                    "policy_base_url": policy.base_url,
-                    "policy_api_key": POLICY_KEY,
-                    "policy_model_name": MODEL,
-                }
-                (workdir / "env.yaml").write_text(yaml.safe_dump(env_yaml))
                 native = Path(tmp, "native.yaml")
                 impl = {"opencode_sandboxed_agent": {"artifacts_dir": str(Path(tmp, "artifacts"))}}
                 native.write_text(
@@ -179,50 +174,27 @@ async def run_native(
                     configs,
                     policy_host=policy.host,
                     policy_port=policy.port,
-                    workdir=workdir,
+                    workdir=native_workdir(tmp, policy, POLICY_KEY, MODEL),
                     start_timeout=1800,  # a first start builds the servers' venvs
                     overrides=[],
                 )
-                began = time.monotonic()
-                await stack.start()
-                try:
-                    start_s = time.monotonic() - began
-                    output = Path(tmp, "rollouts.jsonl")
-                    t0 = time.monotonic()
-                    await collect_rollouts(
-                        runtime, stack, agent, rows, output, repeats=1, in_flight=1
-                    )
-                    collect_s = time.monotonic() - t0
-                    results = [json.loads(line) for line in output.read_text().splitlines() if line]
-                    rewards = _rewards_in_row_order(results, rows)
-                    collected = len(policy.log)
-                    url = stack.run_urls[agent]
-                    seconds: list[float] = []
-                    timed: list[list[float]] = []
-                    timeout = aiohttp.ClientTimeout(total=1800)
-                    async with aiohttp.ClientSession(timeout=timeout) as http:
-                        for _ in range(repeats):
-                            passed = []
-                            for line in rows.read_text().splitlines():
-                                t0 = time.monotonic()
-                                passed.append(await _post_run(http, url, json.loads(line)))
-                                seconds.append(time.monotonic() - t0)
-                            timed.append(passed)
-                finally:
-                    await stack.stop()
+                run = await run_native_stack(
+                    stack, runtime, policy, agent, rows, Path(tmp, "rollouts.jsonl"),
+                    in_flight=1, repeats=repeats,
+                )  # fmt: skip
             log = policy.log
     finally:
         left = containers(run_label)
         if left:
             docker.run_docker("rm", "-f", *sorted(left))
     return {
-        "rewards": rewards,
-        "timed_rewards": timed,
-        "s_per_rollout": round(statistics.median(seconds), 2),
-        "rollout_s": [round(s, 2) for s in seconds],
-        "start_s": round(start_s, 1),
-        "collect_s": round(collect_s, 1),
-        "policy_calls": {"collect": collected, "total": len(log)},
+        "rewards": run.rewards,
+        "timed_rewards": run.timed,
+        "s_per_rollout": round(statistics.median(run.rollout_s), 2),
+        "rollout_s": [round(s, 2) for s in run.rollout_s],
+        "start_s": round(run.start_s, 1),
+        "collect_s": round(run.collect_s, 1),
+        "policy_calls": {"collect": run.collected, "total": len(log)},
         "calls_by_case": _calls_by_case(log, len(table)),
         "containers_left": len(left),
         "load_before": load_before,
@@ -351,11 +323,7 @@ async def measure(envs: list[str] | None, sides: list[str], repeats: int) -> dic
     kit: TaskKit = await asyncio.to_thread(make_tasks, cache_root() / "bench-containers-kit")
     chosen = [t for t in kit.tasks if envs is None or t.env in envs]
     out: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "nemo_gym_version": runtime.nemo_gym_version,
-        "python": runtime.python_version,
-        "below_floor": runtime.below_floor,
-        "cpus": os.cpu_count(),
+        **report_head(runtime),
         "cases": ["right" if right else "wrong" for right in CASES],
         "expected_rewards": expected_rewards(),
         "repeats": repeats,

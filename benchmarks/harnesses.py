@@ -46,6 +46,7 @@ from verifiers_nemogym.nemo.catalog import PLACEHOLDER_IMPL, Catalog, EnvSpec
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.policies.answer_key import AnswerCall, AnswerKeyPolicy, load_answer_key
+from verifiers_nemogym.policies.server import ResponsesServer
 from verifiers_nemogym.util import cache_root
 
 RESULTS = Path(__file__).with_name("results")
@@ -253,14 +254,77 @@ async def _post_run(http: aiohttp.ClientSession, url: str, row: dict[str, Any]) 
         return float(body["reward"])
 
 
+@dataclasses.dataclass
+class NativeRun:
+    """What `run_native_stack` measured of a native stack."""
+
+    rewards: list[float]
+    """`gym eval run`'s rewards, in row order."""
+    start_s: float
+    collect_s: float
+    """Seconds of `gym eval run` over every row at once."""
+    collected: int
+    """The policy's calls by the end of `gym eval run`."""
+    rollout_s: list[float]
+    """Seconds of each row's `/run` posted one at a time afterwards (in row order, `repeats`
+    rounds)."""
+    timed: list[list[float]]
+    """The rewards of those `/run`s, a list per round."""
+
+
+async def run_native_stack(
+    stack: NativeHarnessStack, runtime: NeMoGymVenv, policy: ResponsesServer, agent: str,
+    rows: Path, output: Path, *, in_flight: int, repeats: int = 1,
+) -> NativeRun:  # fmt: skip
+    """Start `stack` (NeMo Gym `runtime`'s; its workdir's env.yaml names `policy`, which counts
+    the calls), collect every row of `rows` through agent `agent` with `gym eval run
+    --no-serve` (`in_flight` at once, results in `output`), then post each row to the agent's
+    `/run` one at a time, `repeats` rounds; the stack is stopped however it ends."""
+    from benchmarks.native import collect_rollouts
+
+    began = time.monotonic()
+    await stack.start()
+    try:
+        start_s = time.monotonic() - began
+        t0 = time.monotonic()
+        await collect_rollouts(runtime, stack, agent, rows, output, repeats=1, in_flight=in_flight)
+        collect_s = time.monotonic() - t0
+        results = [json.loads(line) for line in output.read_text().splitlines() if line]
+        collected = len(policy.calls)
+        url = stack.run_urls[agent]
+        seconds: list[float] = []
+        timed: list[list[float]] = []
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as http:
+            for _ in range(repeats):
+                passed = []
+                for line in rows.read_text().splitlines():
+                    t0 = time.monotonic()
+                    passed.append(await _post_run(http, url, json.loads(line)))
+                    seconds.append(time.monotonic() - t0)
+                timed.append(passed)
+    finally:
+        await stack.stop()
+    rewards = _rewards_in_row_order(results, rows)
+    return NativeRun(rewards, start_s, collect_s, collected, seconds, timed)
+
+
+def native_workdir(tmp: str, policy: ResponsesServer, key: str, model: str) -> Path:
+    """`tmp/stack`, made, with the env.yaml a native user writes: `policy`'s URL, `key` as its
+    API key and `model` as the policy model's name."""
+    workdir = Path(tmp, "stack")
+    workdir.mkdir()
+    env_yaml = {"policy_base_url": policy.base_url, "policy_api_key": key,
+                "policy_model_name": model}  # fmt: skip
+    (workdir / "env.yaml").write_text(yaml.safe_dump(env_yaml))
+    return workdir
+
+
 async def run_native(
     runtime: NeMoGymVenv, name: str, harness: Harness, rows: Path, wrong: frozenset[int]
 ) -> SideResult:
     """Environment `name` on plain NeMo Gym (see the module contract): the stack started by
     `gym env start`; rewards from `gym eval run --no-serve` over all rows at once; seconds per
     rollout from the same rows posted to the environment's `/run` one at a time afterwards."""
-    from benchmarks.native import collect_rollouts
-
     spec = Catalog(runtime).env(name)
     venv = harness_venv(runtime, name, harness)
     openai_model = (
@@ -268,48 +332,23 @@ async def run_native(
     )
     async with AnswerKeyPolicy(rows=load_answer_key(rows), wrong=wrong) as policy:
         with tempfile.TemporaryDirectory(prefix="harness-native-") as tmp:
-            workdir = Path(tmp, "stack")
-            workdir.mkdir()
-            env_yaml = {
-                "policy_base_url": policy.base_url,
-                "policy_api_key": POLICY_KEY,
-                "policy_model_name": MODEL,
-            }
-            (workdir / "env.yaml").write_text(yaml.safe_dump(env_yaml))
             stack = NativeHarnessStack(
                 venv,
                 [*spec.config_paths, openai_model],
                 policy_host=policy.host,
                 policy_port=policy.port,
-                workdir=workdir,
+                workdir=native_workdir(tmp, policy, POLICY_KEY, MODEL),
                 start_timeout=1800,  # a first start installs the CLI
                 overrides=agent_overrides(spec, harness),
             )
-            began = time.monotonic()
-            await stack.start()
-            try:
-                start_s = time.monotonic() - began
-                output = Path(tmp, "rollouts.jsonl")
-                t0 = time.monotonic()
-                await collect_rollouts(
-                    runtime, stack, spec.agent.name, rows, output, repeats=1, in_flight=4
-                )
-                results = [json.loads(line) for line in output.read_text().splitlines() if line]
-                collect_s = time.monotonic() - t0
-                rewards = _rewards_in_row_order(results, rows)
-                collected = len(policy.calls)
-                seconds = []
-                url = stack.run_urls[spec.agent.name]
-                timeout = aiohttp.ClientTimeout(total=1800)
-                async with aiohttp.ClientSession(timeout=timeout) as http:
-                    for line in rows.read_text().splitlines():
-                        t0 = time.monotonic()
-                        await _post_run(http, url, json.loads(line))
-                        seconds.append(time.monotonic() - t0)
-            finally:
-                await stack.stop()
-        calls = call_summary(policy.log[:collected], len(rewards))
-    return SideResult(rewards, seconds, start_s, collect_s, cli_version(venv, harness), calls)
+            run = await run_native_stack(
+                stack, runtime, policy, spec.agent.name, rows, Path(tmp, "rollouts.jsonl"),
+                in_flight=4,
+            )  # fmt: skip
+        calls = call_summary(policy.log[: run.collected], len(run.rewards))
+    return SideResult(
+        run.rewards, run.rollout_s, run.start_s, run.collect_s, cli_version(venv, harness), calls
+    )
 
 
 def _rewards_in_row_order(results: list[dict[str, Any]], rows: Path) -> list[float]:
@@ -382,6 +421,18 @@ async def run_ours(
 SIDES = {"native": run_native, "ours": run_ours}
 
 
+def report_head(runtime: NeMoGymVenv) -> dict[str, Any]:
+    """The head of a report: its date (UTC), `runtime`'s NeMo Gym release and Python, whether
+    that Python is below the release's floor, and the machine's CPUs."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "nemo_gym_version": runtime.nemo_gym_version,
+        "python": runtime.python_version,
+        "below_floor": runtime.below_floor,
+        "cpus": os.cpu_count(),
+    }
+
+
 def example_rows(runtime: NeMoGymVenv, name: str, count: int, folder: Path) -> Path:
     """The first `count` example rows of environment `name`, as `folder/<name>.jsonl`."""
     lines = Catalog(runtime).env(name).dataset("example").read_text().splitlines()
@@ -396,11 +447,7 @@ async def measure(
     runtime = ensure_venv(NEMO_GYM_VERSION, allow_below_floor=True)
     expected = [0.0 if i in wrong else 1.0 for i in range(rows)]
     out: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "nemo_gym_version": runtime.nemo_gym_version,
-        "python": runtime.python_version,
-        "below_floor": runtime.below_floor,
-        "cpus": os.cpu_count(),
+        **report_head(runtime),
         "rows": rows,
         "wrong_rows": sorted(wrong),
         "expected_rewards": expected,

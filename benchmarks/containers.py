@@ -51,7 +51,6 @@ import yaml
 
 from benchmarks.harnesses import (
     NativeHarnessStack,
-    native_workdir,
     report_head,
     run_native_stack,
 )
@@ -169,18 +168,9 @@ async def run_native(
                 )
                 configs = [site / p for p in task.config_paths]
                 configs += [site / DOCKER_CONFIG, task.override, native, openai_model]
-                stack = NativeContainerStack(
-                    runtime,
-                    configs,
-                    policy_host=policy.host,
-                    policy_port=policy.port,
-                    workdir=native_workdir(tmp, policy, POLICY_KEY, MODEL),
-                    start_timeout=1800,  # a first start builds the servers' venvs
-                    overrides=[],
-                )
                 run = await run_native_stack(
-                    stack, runtime, policy, agent, rows, Path(tmp, "rollouts.jsonl"),
-                    in_flight=1, repeats=repeats,
+                    NativeContainerStack, runtime, configs, [], policy, POLICY_KEY, agent, rows,
+                    tmp, in_flight=1, repeats=repeats,
                 )  # fmt: skip
             log = policy.log
     finally:

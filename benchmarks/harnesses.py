@@ -273,21 +273,35 @@ class NativeRun:
 
 
 async def run_native_stack(
-    stack: NativeHarnessStack, runtime: NeMoGymVenv, policy: ResponsesServer, agent: str,
-    rows: Path, output: Path, *, in_flight: int, repeats: int = 1,
+    kind: type[NativeHarnessStack], venv: NeMoGymVenv, configs: list[Path], overrides: list[str],
+    policy: ResponsesServer, key: str, agent: str, rows: Path, tmp: str, *, in_flight: int,
+    repeats: int = 1,
 ) -> NativeRun:  # fmt: skip
-    """Start `stack` (NeMo Gym `runtime`'s; its workdir's env.yaml names `policy`, which counts
-    the calls), collect every row of `rows` through agent `agent` with `gym eval run
-    --no-serve` (`in_flight` at once, results in `output`), then post each row to the agent's
-    `/run` one at a time, `repeats` rounds; the stack is stopped however it ends."""
+    """Start a `kind` stack of `configs` and `overrides` in `venv` (NeMo Gym's runtime, or one
+    based on it), its workdir `tmp/stack` with the env.yaml a native user writes (`policy`'s
+    URL and model, `key`); collect every row of `rows` through agent `agent` with `venv`'s `gym
+    eval run --no-serve` (`in_flight` at once, results in `tmp/rollouts.jsonl`; `policy` counts
+    the calls), then post each row to the agent's `/run` one at a time, `repeats` rounds. The stack
+    is stopped however it ends."""
     from benchmarks.native import collect_rollouts
 
+    workdir = Path(tmp, "stack")
+    workdir.mkdir()
+    env_yaml = {"policy_base_url": policy.base_url, "policy_api_key": key,
+                "policy_model_name": policy.model_id}  # fmt: skip
+    (workdir / "env.yaml").write_text(yaml.safe_dump(env_yaml))
+    stack = kind(
+        venv, configs, policy_host=policy.host, policy_port=policy.port, workdir=workdir,
+        start_timeout=1800,  # a first start installs the CLIs, builds the servers' venvs
+        overrides=overrides,
+    )  # fmt: skip
+    output = Path(tmp, "rollouts.jsonl")
     began = time.monotonic()
     await stack.start()
     try:
         start_s = time.monotonic() - began
         t0 = time.monotonic()
-        await collect_rollouts(runtime, stack, agent, rows, output, repeats=1, in_flight=in_flight)
+        await collect_rollouts(venv, stack, agent, rows, output, repeats=1, in_flight=in_flight)
         collect_s = time.monotonic() - t0
         results = [json.loads(line) for line in output.read_text().splitlines() if line]
         collected = len(policy.calls)
@@ -308,17 +322,6 @@ async def run_native_stack(
     return NativeRun(rewards, start_s, collect_s, collected, seconds, timed)
 
 
-def native_workdir(tmp: str, policy: ResponsesServer, key: str, model: str) -> Path:
-    """`tmp/stack`, made, with the env.yaml a native user writes: `policy`'s URL, `key` as its
-    API key and `model` as the policy model's name."""
-    workdir = Path(tmp, "stack")
-    workdir.mkdir()
-    env_yaml = {"policy_base_url": policy.base_url, "policy_api_key": key,
-                "policy_model_name": model}  # fmt: skip
-    (workdir / "env.yaml").write_text(yaml.safe_dump(env_yaml))
-    return workdir
-
-
 async def run_native(
     runtime: NeMoGymVenv, name: str, harness: Harness, rows: Path, wrong: frozenset[int]
 ) -> SideResult:
@@ -332,18 +335,10 @@ async def run_native(
     )
     async with AnswerKeyPolicy(rows=load_answer_key(rows), wrong=wrong) as policy:
         with tempfile.TemporaryDirectory(prefix="harness-native-") as tmp:
-            stack = NativeHarnessStack(
-                venv,
-                [*spec.config_paths, openai_model],
-                policy_host=policy.host,
-                policy_port=policy.port,
-                workdir=native_workdir(tmp, policy, POLICY_KEY, MODEL),
-                start_timeout=1800,  # a first start installs the CLI
-                overrides=agent_overrides(spec, harness),
-            )
+            configs = [*spec.config_paths, openai_model]
             run = await run_native_stack(
-                stack, runtime, policy, spec.agent.name, rows, Path(tmp, "rollouts.jsonl"),
-                in_flight=4,
+                NativeHarnessStack, venv, configs, agent_overrides(spec, harness), policy,
+                POLICY_KEY, spec.agent.name, rows, tmp, in_flight=4,
             )  # fmt: skip
         calls = call_summary(policy.log[: run.collected], len(run.rewards))
     return SideResult(

@@ -29,7 +29,9 @@ stream flag, verifiers' `X-Session-ID`, the matched row, right or wrong, non-sec
 before it is answered: a test proves from it which row each call belonged to.
 
 The dialects' wire formats are written here, not taken from the package's bridge: this double
-is what the bridge is tested against, so it shares no code with it.
+is what the bridge is tested against, so it shares no code with it. What it shares with
+`policies.fixer` (routes, recording, the 404 and 400 answers, the check of `wrong`) is
+`KeyedPolicy`, its base, with `recorded_call`, `sse`, `pieces` and `random_id`.
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ class KeyedPolicy(ResponsesServer):
     """The base of the doubles that answer by which of their keys a request quotes
     (`AnswerKeyPolicy`'s questions, `policies.fixer`'s tasks; `keys()`, `LongestKey` finds
     them). Routes: `GET /`, `GET` each of `models_paths`, `POST` each of `answer_paths` (to
-    `_answer`); any other path is recorded and answered 404, and `json_body` records a body that
+    `_answer`); any other path is recorded and answered 404, and `_json_body` records a body that
     is not a JSON object and answers 400. With `record`, `_record` keeps each call in `calls`
     (a `RecordedCall` of the subclass's kind, made by `_call`) before it is answered.
 
@@ -247,7 +249,9 @@ class KeyedPolicy(ResponsesServer):
             {"error": {"message": f"no route {request.method} {request.path}"}}, status=404
         )
 
-    async def json_body(self, request: web.Request, **fields: Any) -> dict[str, Any] | web.Response:
+    async def _json_body(
+        self, request: web.Request, **fields: Any
+    ) -> dict[str, Any] | web.Response:
         """`request`'s body if it is a JSON object; else the 400 answer, the call recorded
         (an empty body, `fields`)."""
         try:
@@ -329,7 +333,7 @@ class AnswerKeyPolicy(KeyedPolicy):
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         dialect = _DIALECTS[request.path]
-        body = await self.json_body(request, dialect=dialect)
+        body = await self._json_body(request, dialect=dialect)
         if isinstance(body, web.Response):
             return body
         stream = body.get("stream") is True

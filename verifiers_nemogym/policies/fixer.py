@@ -157,7 +157,7 @@ class FixerPolicy(KeyedPolicy):
         return self._keys.find(request_text(body))
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
-        body = await self.json_body(request)
+        body = await self._json_body(request)
         if isinstance(body, web.Response):
             return body
         stream = body.get("stream") is True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from verifiers_nemogym.bridge import redact
 from verifiers_nemogym.bridge.front import FrontForwarder
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.net import LOOPBACK, AppServer
+from verifiers_nemogym.net import LOOPBACK, AppServer, free_port
 from verifiers_nemogym.policies.llama_generate import GenerateAdapter
 from verifiers_nemogym.policies.replay import ReplayPolicy
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
@@ -69,3 +70,15 @@ async def test_a_taken_port_raises_and_leaves_nothing_open(name: str) -> None:
     if isinstance(server, NeMoGymModelProxy):
         assert server._connector is None
         assert redact.redact(server.secret) == server.secret  # not left registered
+
+
+def test_free_port_is_below_the_kernels_ephemeral_range_and_bindable():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    # Not the kernel's choice: outgoing connections' source ports and port-0 binds come from
+    # the ephemeral range, where they could take the port before its program binds it.
+    assert all(20_001 <= port < low for port in ports), ports
+    assert len(ports) > 1  # drawn at random, not a fixed port two stacks would both pick
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind((LOOPBACK, port))

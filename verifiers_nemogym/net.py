@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import random
 import socket
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import aiohttp
@@ -37,8 +39,36 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# Ports above NeMo Gym's server range (10001-20000 by default) and Ray's worker ports
+# (10002-19999), below the kernel's ephemeral range (`_EPHEMERAL_RANGE`).
+_HANDOFF_LOW = 20_001
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_HANDOFF_TRIES = 50
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for outgoing connections and port-0 binds."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port free on `host` right now (the kernel's choice for port 0)."""
+    """A TCP port free on `host` right now, for a program told it before it binds it. Drawn at
+    random from `_HANDOFF_LOW` up to the kernel's ephemeral range: the kernel's own choice for
+    port 0 lies in that range, where every outgoing connection's source port and every port-0
+    bind (dozens a second while Ray starts) may take it first. The kernel's choice if no port
+    there is free (or the range is empty)."""
+    high = _ephemeral_low() - 1
+    for _ in range(_HANDOFF_TRIES if high >= _HANDOFF_LOW else 0):
+        port = random.randint(_HANDOFF_LOW, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

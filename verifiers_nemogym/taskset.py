@@ -108,7 +108,7 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     (docs/runtime.md, "Using your Ray cluster")."""
     start_timeout: float = Field(900.0, gt=0)
     """Seconds the NeMo Gym stack may take to start before it is stopped and an error raised
-    (starts tried again after Ray's node timed out included)."""
+    (starts tried again after Ray's node timed out or the head port was taken included)."""
     keep_ng_trajectory: bool = False
     """Keep NeMo Gym's own trajectory records in `trace.info["nemo_gym"]` when a `/run` result
     carries them (`ng_trajectory`, `ng_agent_observations`, `ng_model_call_capture`: NeMo Gym

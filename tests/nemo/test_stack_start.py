@@ -1,7 +1,9 @@
 """`start_stack`'s decision to try a start again, without starting a stack: only the start
 that failed because Ray's node timed out (read from `NgRunLog.death_message` of a real ng_run
-log shape), before the last attempt and with time for Ray's own wait left before the deadline.
-The real retry (a raylet frozen until Ray's node times out) is in tests/stack/test_faults.py."""
+log shape) or because another process bound the head server's port first (read from ng_run's
+real output), before the last attempt and with time for Ray's own wait left before the deadline.
+The real retries (a raylet frozen until Ray's node times out; a head port bound by the test) are
+in tests/stack/test_faults.py."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import pytest
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.ng_log import NgRunLog
 from verifiers_nemogym.nemo.stack import (
+    HEAD_PORT_TAKEN,
     RAY_NODE_TIMEOUT,
     RAY_NODE_WAIT,
     START_ATTEMPTS,
     NeMoGymStack,
     ray_node_timed_out,
+    retry_cause,
     retry_start,
     start_stack,
 )
@@ -125,3 +129,36 @@ async def test_start_stack_tries_again_within_the_deadline(
     with pytest.raises(StackError) as raised:
         await start_stack(lambda s: FailingStart(other, s, made), 600)  # type: ignore[arg-type, return-value]
     assert raised.value is other and len(made) == 1
+
+
+# ng_run's output when its head server's port was bound by another process first (CI, 0.7.0).
+HEAD_BIND_LOG = (
+    "Started Ray cluster at 127.0.0.1:45839\n"
+    "INFO:     Started server process [13360]\n"
+    "Starting `mcqa` from venv /venvs/resources_servers/mcqa/.venv\n"
+    "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 37615): "
+    "address already in use\n"
+    "(mcqa) ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 18641): "
+    "address already in use\n"
+    "Waiting for head server to spin up\n"
+    "Head server is not up yet (status `connection_error`). Sleeping...\n"
+)
+
+
+def test_a_taken_head_port_is_read_from_ng_runs_own_lines_and_tried_again(tmp_path: Path):
+    path = tmp_path / "ng_run.log"
+    path.write_text(HEAD_BIND_LOG)
+    log = NgRunLog(path)
+    assert log.bind_failure(37615) == (
+        "error while attempting to bind on address ('127.0.0.1', 37615): address already in use"
+    )
+    assert log.bind_failure(18641) is None  # a server's own line (prefixed) is not the head's
+    assert log.bind_failure(11000) is None
+    assert NgRunLog(None).bind_failure(37615) is None
+    taken = StackError(f"{HEAD_PORT_TAKEN} 127.0.0.1:37615: {log.bind_failure(37615)}")
+    assert retry_cause(taken) == "another process bound the head server's port before NeMo Gym did"
+    assert retry_start(taken, 1, 600) and not retry_start(taken, START_ATTEMPTS, 600)
+    assert not ray_node_timed_out(taken)
+    # Only a first line says so: a deadline's log tail quoting it is not a taken port.
+    tail = StackError(f"NeMo Gym stack not ready after 600 s.\n{HEAD_PORT_TAKEN} 127.0.0.1:1")
+    assert retry_cause(tail) is None and retry_cause(RuntimeError(HEAD_PORT_TAKEN)) is None

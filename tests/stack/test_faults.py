@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import textwrap
 import threading
@@ -52,6 +53,7 @@ import nemo_gym_env
 from benchmarks.common import count_stack_programs
 from verifiers_nemogym.backends import PrivateStack
 from verifiers_nemogym.env import NeMoGymEnv
+from verifiers_nemogym.nemo import stack as stack_module
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
     cwd_of,
@@ -59,6 +61,7 @@ from verifiers_nemogym.nemo.supervisor import (
     env_value,
     processes_with_env,
 )
+from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
@@ -510,5 +513,42 @@ async def test_ray_node_timeout_at_start_is_tried_again_with_a_fresh_stack(
         freeze.done.set()
         freeze.join(timeout=10)
     assert len(eps) == len(tasks) > 0
+    assert all(e.ok and e.traces[0].reward == 1.0 for e in eps), [error_text(e) for e in eps]
+    assert await gone(marker) == []
+
+
+async def test_a_head_port_another_process_bound_first_is_tried_again_with_a_fresh_stack(
+    policy: ScriptedPolicy, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+):
+    """The race between choosing NeMo Gym's head port and ng_run binding it, forced: the port
+    handed over the first time is one this test already listens on. NeMo Gym's head server then
+    never listens and ng_run waits for it forever: the start must see that at once and try a
+    fresh stack (before, it waited out its whole start timeout)."""
+    caplog.set_level(logging.INFO)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    handed: list[int] = []
+
+    def first_taken() -> int:
+        handed.append(taken.getsockname()[1] if not handed else free_port())
+        return handed[-1]
+
+    monkeypatch.setattr(stack_module, "free_port", first_taken)
+    env = nemo_gym_env.load_environment(nemo_env=ENV, shared_stack=False, start_timeout=240)
+    tasks = list(env.taskset)[:2]
+    try:
+        async with env.serving():
+            assert env.start_error is None, env.start_error
+            warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert any(
+                "1/3 failed because another process bound the head server's port" in w
+                for w in warnings
+            ), warnings
+            assert len(handed) == 2 and handed[0] == taken.getsockname()[1] != handed[1]
+            marker = f"{MARKER_ENV_VAR}={env.stack_marker}"
+            eps = await run_all(env, model_context(policy), tasks, concurrency=2)
+    finally:
+        taken.close()
     assert all(e.ok and e.traces[0].reward == 1.0 for e in eps), [error_text(e) for e in eps]
     assert await gone(marker) == []

@@ -25,6 +25,9 @@ _SHUTDOWN_LINE = re.compile(r"\bShutting down\s*$")
 # the cause; what follows it (the head server's 500s while shutting down) is noise.
 _FIRST_ERROR = re.compile(r"^\w*(Error|Exception): .+$", re.MULTILINE)
 _SERVER_LINE = re.compile(r"^\([\w.-]+\) ")
+# uvicorn's line when its listening socket cannot bind. NeMo Gym's head server runs in a thread
+# of ng_run (its lines are unprefixed): after this line it never listens, and ng_run waits for it.
+_BIND_ERROR = re.compile(r"error while attempting to bind on address \('[^']*', (\d+)\): .+$")
 _CONFIG_DUMP_LINE = "Found global config dict yaml:"
 # What death and stop paths read of the stack log: its end. The log of a long run is unbounded.
 _LOG_TAIL_BYTES = 1 << 20
@@ -117,6 +120,15 @@ class NgRunLog:
         for line in self.read().splitlines():
             if not _SERVER_LINE.match(line) and (died := _DIED_LINE.search(line)):
                 return died.group(1)
+        return None
+
+    def bind_failure(self, port: int) -> str | None:
+        """uvicorn's error, if ng_run's own (unprefixed) output says a server of ng_run's process
+        (the head server) could not bind `port`."""
+        for line in self.read().splitlines():
+            error = None if _SERVER_LINE.match(line) else _BIND_ERROR.search(line)
+            if error and int(error.group(1)) == port:
+                return error.group(0)
         return None
 
     def shut_down_normally(self, name: str) -> bool:

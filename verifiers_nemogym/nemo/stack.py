@@ -95,22 +95,46 @@ RAY_NODE_TIMEOUT = "The current node timed out during startup"
 (`RAY_NODE_WAIT`; no setting changes it): load on the machine, not the stack's config."""
 RAY_NODE_WAIT = 30.0
 """Seconds Ray waits for its node (hard-coded in Ray's `_private/node.py`)."""
+HEAD_PORT_TAKEN = "NeMo Gym's head server could not bind its port"
+"""The first line of the error of a start whose head port another process bound between our
+choice (`free_port`) and ng_run's bind: NeMo Gym's head server then never listens while ng_run
+waits for it forever, so the start fails at once (`NgRunLog.bind_failure`)."""
 START_ATTEMPTS = 3
-"""Starts `start_stack` makes in all while Ray's node times out, before its error stands."""
+"""Starts `start_stack` makes in all while a start fails for a `retry_cause`, before its error
+stands."""
+
+
+def _first_line(error: BaseException) -> str | None:
+    """A StackError's first line (ng_run's exit and its cause; a server's death, a taken head
+    port or the start deadline put their own there); None for any other error. A log tail below
+    may quote anything."""
+    return str(error).split("\n", 1)[0] if isinstance(error, StackError) else None
 
 
 def ray_node_timed_out(error: BaseException) -> bool:
     """Whether a failed start's `error` is Ray's node timeout and nothing else: a StackError
-    whose first line (ng_run's exit and its cause; a server's death or the start deadline
-    put their own there) quotes `RAY_NODE_TIMEOUT`. A log tail below may quote anything."""
-    return isinstance(error, StackError) and RAY_NODE_TIMEOUT in str(error).split("\n", 1)[0]
+    whose first line quotes `RAY_NODE_TIMEOUT`."""
+    return RAY_NODE_TIMEOUT in (_first_line(error) or "")
+
+
+def retry_cause(error: BaseException) -> str | None:
+    """Why a failed start's `error` is worth a fresh stack (the machine's state at that moment,
+    not the stack's config), for the warning; None for every other error."""
+    if ray_node_timed_out(error):
+        return (
+            f"Ray's node timed out during startup (the machine's load: Ray waits "
+            f"{RAY_NODE_WAIT:.0f} s for its node)"
+        )
+    if HEAD_PORT_TAKEN in (_first_line(error) or ""):
+        return "another process bound the head server's port before NeMo Gym did"
+    return None
 
 
 def retry_start(error: BaseException, attempt: int, remaining: float) -> bool:
     """Whether the `attempt`-th (from 1) start of one `start_stack`, failed with `error`
-    `remaining` s before its deadline, is tried again: only on Ray's node timeout, before
+    `remaining` s before its deadline, is tried again: only for a `retry_cause`, before
     `START_ATTEMPTS`, with more than `RAY_NODE_WAIT` s left (less could not outlast Ray's wait)."""
-    return ray_node_timed_out(error) and attempt < START_ATTEMPTS and remaining > RAY_NODE_WAIT
+    return retry_cause(error) is not None and attempt < START_ATTEMPTS and remaining > RAY_NODE_WAIT
 
 
 async def start_stack(
@@ -132,11 +156,10 @@ async def start_stack(
                 raise
             stack.discard_workdir()
             log.warning(
-                "NeMo Gym stack start %d/%d failed because Ray's node timed out during startup "
-                "(the machine's load: Ray waits %.0f s for its node); starting a fresh stack",
+                "NeMo Gym stack start %d/%d failed because %s; starting a fresh stack",
                 attempt,
                 START_ATTEMPTS,
-                RAY_NODE_WAIT,
+                retry_cause(e),
             )
         attempt += 1
 
@@ -190,6 +213,7 @@ class NeMoGymStack:
         """Agent instance name -> base URL of the server its rollouts' `POST /run` goes to
         (`catalog.run_targets`)."""
         self.head_url = ""
+        self.head_port = 0
         self.features = features(venv.nemo_gym_version)
         self.servers: dict[str, str] = {}
         """Every NeMo Gym server instance name -> base URL (including policy_model)."""
@@ -278,7 +302,7 @@ class NeMoGymStack:
         if not warm and placeholder_venv.is_symlink():
             placeholder_venv.unlink()  # older releases linked it to the runtime venv
 
-        head_port = free_port()
+        head_port = self.head_port = free_port()
         self.head_url = f"http://127.0.0.1:{head_port}"
         # In a thread: building the command may run NeMo Gym's config resolver (seconds) the
         # first time a config set is seen (`_model_type_restrictions`).
@@ -463,7 +487,10 @@ class NeMoGymStack:
             if (code := self._proc.poll() if self._proc else None) is not None:
                 raise StackError(self.ng_log.death_message(code))
             if not instances:
-                instances = await self._get_json(session, f"{self.head_url}/server_instances") or []
+                found = await self._get_json(session, f"{self.head_url}/server_instances")
+                if found is None and (taken := self.ng_log.bind_failure(self.head_port)):
+                    raise StackError(f"{HEAD_PORT_TAKEN} 127.0.0.1:{self.head_port}: {taken}")
+                instances = found or []
                 self.servers = {
                     str(i["process_name"]): str(i["url"]) for i in instances if i.get("url")
                 }

@@ -245,10 +245,16 @@ async def test_check_alive_names_the_server_that_died_first(
     agent = single_tool_env.agent.name
     try:
         await stack.start()
-        # Once ready, ng_run polls its servers once a minute: nothing below is noticed by it.
+        # Once ready, ng_run prints its server table, polls its servers at once (`run_forever`),
+        # then once a minute: killing after that first poll, nothing below is noticed by it. A
+        # kill right at the ready line raced that first poll (lost once in CI, under load).
         async with asyncio.timeout(60):
             while "servers ready" not in stack.log_path.read_text(errors="replace"):
                 await asyncio.sleep(0.2)
+        async with asyncio.timeout(30):
+            size = -1
+            while size != (size := stack.log_path.stat().st_size):
+                await asyncio.sleep(2)  # the table written and the first poll made: quiet
         order = list(stack.servers)
         assert order.index(ENV_NAME) < order.index(agent)  # the order the race lost by
         os.kill(server_pid(int(stack.servers[agent].rsplit(":", 1)[1])), signal.SIGKILL)

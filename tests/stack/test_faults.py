@@ -550,5 +550,6 @@ async def test_a_head_port_another_process_bound_first_is_tried_again_with_a_fre
             eps = await run_all(env, model_context(policy), tasks, concurrency=2)
     finally:
         taken.close()
+    assert len(eps) == len(tasks) == 2
     assert all(e.ok and e.traces[0].reward == 1.0 for e in eps), [error_text(e) for e in eps]
     assert await gone(marker) == []

@@ -9,7 +9,6 @@ with that message instead of waiting on a server that will never answer.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ import aiohttp
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.judge.blame import JudgeStatus
+from verifiers_nemogym.util import Latch
 
 
 @dataclass(eq=False)
@@ -41,16 +41,18 @@ class RolloutContext:
     is charged to it (`JudgeStatus.failure_for`)."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
-    failure: str | None = None
-    """Why the stack is unusable (a server died), once it is."""
-    died: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set together with `failure`."""
+    death: Latch = field(default_factory=Latch)
+    """Set once the stack is unusable (a server died), with why."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why the stack is unusable, once it is."""
+        return self.death.reason if self.death.is_set() else None
 
     def fail(self, reason: str) -> None:
-        """Mark the stack dead: rollouts waiting on `/run` and all later ones fail with `reason`."""
-        if self.failure is None:
-            self.failure = cut(reason, NOTICE_LIMIT)
-            self.died.set()
+        """Mark the stack dead: rollouts waiting on `/run` and all later ones fail with `reason`
+        (the first one given)."""
+        self.death.set(cut(reason, NOTICE_LIMIT))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RolloutContext:
         return self

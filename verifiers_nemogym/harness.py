@@ -27,6 +27,7 @@ from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.judge.blame import question_of
 from verifiers_nemogym.nemo.supervisor import kill_processes_mentioning
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
+from verifiers_nemogym.util import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ async def _post_run(
     if live.failure is not None:
         raise AgentRunError(f"{where} not started: {live.failure}")
     request = asyncio.ensure_future(_request(live.http, f"{url}/run", route.tag(data.row)))
-    died = asyncio.ensure_future(live.died.wait())
+    died = asyncio.ensure_future(live.death.wait())
     failed = asyncio.ensure_future(route.failed.wait())
     try:
         done, _ = await asyncio.wait(
@@ -154,9 +155,7 @@ async def _post_run(
         )
     finally:
         # Cancelling the request closes its connection: NeMo Gym sees the client leave.
-        for task in (request, died, failed):
-            task.cancel()
-        await asyncio.gather(request, died, failed, return_exceptions=True)
+        await cancel_and_wait(request, died, failed)
     # A provider error is the cause of whatever the agent answered after it (a 500 echoing
     # the request, or a retry): report it, not the agent's answer.
     if route.failure is not None:

@@ -1,6 +1,6 @@
-"""Plumbing shared by the package: the cache folder, `uv`, child environments, file locks,
-waiting for a condition (`poll_until`), a reason set once (`Latch`) and stopping tasks
-(`cancel_and_wait`). (Reading /proc is `nemo/supervisor.py`'s.)
+"""Plumbing shared by the package: the cache folder, running a command (`run_checked`) and
+`uv`, child environments, file locks, waiting for a condition (`poll_until`), a reason set
+once (`Latch`) and stopping tasks (`cancel_and_wait`). (Reading /proc is `nemo/supervisor.py`'s.)
 
 Contract: nothing here knows NeMo Gym or verifiers; every function is safe to call from any
 process of the package (library, CLI, stack host, model servers).
@@ -16,11 +16,11 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from verifiers_nemogym.errors import ConfigError, VenvSetupError
+from verifiers_nemogym.errors import ConfigError, StackError, VenvSetupError
 
 T = TypeVar("T")
 
@@ -112,18 +112,45 @@ def clean_env() -> dict[str, str]:
     return env
 
 
+def last_line(text: str) -> str:
+    """The last non-blank line of `text`, at most 300 characters ("no output" if none)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def run_checked(
+    args: Sequence[str],
+    what: str,
+    timeout: float,
+    *,
+    error: type[Exception] = StackError,
+    reason: Callable[[str], str] = last_line,
+    **kwargs: Any,
+) -> str:
+    """Run `args` to completion (stdin closed) and return its stdout. `error` naming `what`
+    if it takes over `timeout` seconds or exits non-zero; then with `reason` of its output
+    (stdout, then stderr), by default its last line."""
+    try:
+        out = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout,
+            stdin=subprocess.DEVNULL, **kwargs,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise error(f"{what} took over {timeout:.0f} s") from None
+    if out.returncode != 0:
+        said = reason(f"{out.stdout}\n{out.stderr}")
+        raise error(f"{what} failed (exit {out.returncode}): {said}")
+    return str(out.stdout)
+
+
 def run_uv(args: list[str], env: dict[str, str], what: str) -> None:
     """Run a `uv` command to completion; `VenvSetupError` naming `what` (and uv's last 30
     lines) if it fails or takes over 30 minutes."""
-    try:
-        out = subprocess.run(
-            args, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise VenvSetupError(f"{what} timed out after {exc.timeout:.0f} s") from exc
-    if out.returncode != 0:
-        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-30:])
-        raise VenvSetupError(f"{what} failed (exit {out.returncode}):\n{tail}")
+    run_checked(args, what, 1800, error=VenvSetupError, reason=_tail, env=env)
+
+
+def _tail(text: str) -> str:
+    return "its last lines:\n" + "\n".join(text.strip().splitlines()[-30:])
 
 
 def open_nofollow(path: Path, binary: bool = False) -> IO[Any]:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +31,10 @@ from verifiers_nemogym.containers.sandbox import (
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.supervisor import alive, argv_of, pids, processes_with_marker
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, alive, argv_of, environ_of, pids
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.util import run_checked
 
 logger = logging.getLogger(__name__)
 
@@ -66,18 +66,7 @@ def docker_cli() -> str:
 
 def run_docker(*args: str, timeout: float = DOCKER_TIMEOUT) -> str:
     """`docker <args>`'s stdout; a StackError with docker's last error line if it fails."""
-    argv = [docker_cli(), *args]
-    try:
-        out = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        raise StackError(f"`docker {args[0]}` did not answer within {timeout:.0f} s") from None
-    if out.returncode != 0:
-        lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
-        reason = lines[-1] if lines else f"exit status {out.returncode}"
-        raise StackError(f"`docker {' '.join(args[:2])}` failed: {reason}")
-    return out.stdout
+    return run_checked([docker_cli(), *args], f"`docker {' '.join(args[:2])}`", timeout)
 
 
 def daemon() -> DockerHost:
@@ -180,36 +169,35 @@ class ContainerNetwork:
              *comment, "-j", "ACCEPT"],
         ]  # fmt: skip
         for rule in rules:  # each inserted first: the ACCEPT ends up above the DROP
-            out = subprocess.run(
-                [iptables, "-I", "INPUT", *rule], capture_output=True, text=True, check=False
-            )
-            if out.returncode != 0:
-                raise StackError(f"iptables refused the container firewall: {out.stderr.strip()}")
+            run_checked([iptables, "-I", "INPUT", *rule], "iptables (the container firewall)", 60)
         return True
 
 
-def _stack_markers() -> set[str]:
-    """Markers of stacks on this host with a docker object (container or network)."""
-    found: set[str] = set()
-    template = f'{{{{.Label "{STACK_LABEL}"}}}}'
-    for listing in (["ps", "-a"], ["network", "ls"]):
+def _stack_markers() -> dict[str, set[int]]:
+    """Markers of stacks on this host with a docker object (container or network), each with
+    the PIDs that made its networks (`OWNER_LABEL`)."""
+    found: dict[str, set[int]] = {}
+    stack, owner = (f'{{{{.Label "{label}"}}}}' for label in (STACK_LABEL, OWNER_LABEL))
+    for listing, template in ((["ps", "-a"], stack), (["network", "ls"], f"{stack} {owner}")):
         out = run_docker(*listing, "--filter", f"label={STACK_LABEL}", "--format", template)
-        found.update(line.strip() for line in out.splitlines() if line.strip())
+        for line in out.splitlines():
+            marker, _, pid = line.strip().partition(" ")
+            if marker:
+                found.setdefault(marker, set()).update([int(pid)] if pid.isdigit() else [])
     return found
 
 
-def _alive(marker: str) -> bool:
-    """A stack's supervisor (its marker on the command line) or a process of it still runs, or
-    the process that made its network (the stack is starting: no process of it runs yet)."""
-    if processes_with_marker(marker):
-        return True
-    if any(marker in " ".join(argv_of(pid)) for pid in pids()):
-        return True
-    owners = run_docker(
-        "network", "ls", "--filter", f"label={STACK_LABEL}={marker}",
-        "--format", f'{{{{.Label "{OWNER_LABEL}"}}}}',
-    ).split()  # fmt: skip
-    return any(owner.isdigit() and alive(int(owner)) for owner in owners)
+def _running(markers: Iterable[str]) -> set[str]:
+    """Those of `markers` a live process carries: in its initial environment (a process of the
+    stack) or on its command line (the stack's supervisor). One pass over /proc."""
+    wanted = {marker: f"{MARKER_ENV_VAR}={marker}".encode() for marker in markers}
+    found: set[str] = set()
+    for pid in pids():
+        if not (left := wanted.keys() - found):
+            break
+        entries, line = set(environ_of(pid)), " ".join(argv_of(pid))
+        found.update(m for m in left if wanted[m] in entries or m in line)
+    return found
 
 
 def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
@@ -218,8 +206,10 @@ def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
     (its network made, no process of it yet) lives through the network's maker
     (`OWNER_LABEL`), so two stacks starting at once keep theirs."""
     swept = []
-    for marker in sorted(_stack_markers()):
-        if _alive(marker):
+    stacks = _stack_markers()
+    running = _running(stacks)
+    for marker, owners in sorted(stacks.items()):
+        if marker in running or any(alive(owner) for owner in owners):
             continue
         left = remove_objects(f"{STACK_LABEL}={marker}")
         log.info(

@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 
 from verifiers_nemogym.containers.docker import daemon, docker_cli, missing_images
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.util import file_lock, private_cache
+from verifiers_nemogym.util import file_lock, last_line, private_cache, run_checked
 
 logger = logging.getLogger(__name__)
 
@@ -82,27 +82,6 @@ def docker() -> str:
 def image_exists(tag: str) -> bool:
     """Whether the local docker daemon has an image `tag`."""
     return not missing_images([tag])
-
-
-def _run(args: list[str], what: str, timeout: float, **kwargs: object) -> str:
-    """Run `args` to completion and return its stdout; StackError naming `what` and the
-    output's last line if it fails or times out."""
-    try:
-        out = subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-            **kwargs,  # type: ignore[call-overload]
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise StackError(f"{what} took over {timeout:.0f} s") from None
-    if out.returncode != 0:
-        reason = _last_line(out.stderr or out.stdout)
-        raise StackError(f"{what} failed (exit {out.returncode}): {reason}")
-    return str(out.stdout)
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else "no output"
 
 
 def _check_tag(tag: str) -> None:
@@ -204,7 +183,7 @@ def base_image(
         log.info("building the base image %s: debootstrap %s from %s (minutes)", tag, SUITE, url)
         with tempfile.TemporaryDirectory(prefix="rootfs-", dir=root) as scratch:
             rootfs = Path(scratch) / "rootfs"
-            _run(
+            run_checked(
                 [debootstrap, "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
                  str(rootfs), url],
                 f"debootstrap {SUITE} from {url}", DEBOOTSTRAP_TIMEOUT,
@@ -243,9 +222,9 @@ def _import(cli: str, rootfs: Path, tag: str) -> None:
         tar_err = tar.stderr.read().decode(errors="replace") if tar.stderr else ""
         tar_rc = tar.wait(timeout=60)
     if tar_rc != 0:
-        raise StackError(f"tar of the base root filesystem failed: {_last_line(tar_err)}")
+        raise StackError(f"tar of the base root filesystem failed: {last_line(tar_err)}")
     if out.returncode != 0:
-        raise StackError(f"`docker import {tag}` failed: {_last_line(out.stderr)}")
+        raise StackError(f"`docker import {tag}` failed: {last_line(out.stderr)}")
 
 
 # ------------------------------------------------------------------------------------- task
@@ -392,7 +371,7 @@ def task_image(
             )
         )
         log.info("building task image %s%s", tag, f" (OpenCode {opencode})" if binary else "")
-        _run(
+        run_checked(
             [cli, "build", "-q", "-t", tag, str(context)],
             f"`docker build -t {tag}`", BUILD_TIMEOUT,
             env={**os.environ, "DOCKER_BUILDKIT": "0"},
@@ -412,7 +391,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
 def image_base_commit(tag: str) -> str:
     """The `base_commit` recorded in task image `tag` (its `/base_commit`), read by running the
     image once without a network. StackError if the image has none."""
-    out = _run(
+    out = run_checked(
         [docker(), "run", "--rm", "--network", "none", "--entrypoint", "cat", tag,
          BASE_COMMIT_FILE],
         f"reading {BASE_COMMIT_FILE} of {tag}", 120,

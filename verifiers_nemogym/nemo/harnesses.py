@@ -34,7 +34,7 @@ from typing import Any
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import AGENTS, MODELS, POLICY_INSTANCE, server_blocks
-from verifiers_nemogym.util import file_lock, private_cache
+from verifiers_nemogym.util import file_lock, private_cache, run_checked
 
 logger = logging.getLogger(__name__)
 
@@ -235,19 +235,13 @@ def _npm_install(prefix: Path, spec: str, deadline: float, who: str) -> None:
     left = min(INSTALL_TIMEOUT, deadline - time.monotonic())
     if left <= 0:
         raise StackError(f"{who}: no time left to install {spec} before the start deadline")
-    try:
-        out = subprocess.run(
-            [_npm(), "install", "--prefix", str(prefix), "--no-save", "--no-audit", "--no-fund",
-             "--loglevel=error", spec],
-            capture_output=True, text=True, timeout=left, stdin=subprocess.DEVNULL,
-            # Our prefix only, whatever the user's npm config says.
-            env={**os.environ, "NPM_CONFIG_PREFIX": str(prefix), "NPM_CONFIG_GLOBAL": "false"},
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise StackError(f"{who}: `npm install {spec}` took over {left:.0f} s") from None
-    if out.returncode != 0:
-        reason = npm_error(out.stderr or out.stdout)
-        raise StackError(f"{who}: `npm install {spec}` failed: {reason}")
+    run_checked(
+        [_npm(), "install", "--prefix", str(prefix), "--no-save", "--no-audit", "--no-fund",
+         "--loglevel=error", spec],
+        f"{who}: `npm install {spec}`", left, reason=npm_error,
+        # Our prefix only, whatever the user's npm config says.
+        env={**os.environ, "NPM_CONFIG_PREFIX": str(prefix), "NPM_CONFIG_GLOBAL": "false"},
+    )  # fmt: skip
 
 
 def npm_error(text: str) -> str:

@@ -26,6 +26,7 @@ from helpers import error_text, gone, model_context, run_tag, train_context
 
 import nemo_gym_env
 from verifiers_nemogym.backends import PrivateStack, SharedStack
+from verifiers_nemogym.judge.relay import JUDGE_RETRY
 from verifiers_nemogym.nemo.release import parse_version
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
@@ -43,7 +44,7 @@ from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokeni
 EQUAL, NOT_EQUAL = "A [[A=B]]", "B [[A!=B]]"
 JUDGE_ENVS = ["equivalence_llm_judge", "simpleqa"]
 ROWS_PER_ENV = 3
-SUMMARY = re.compile(r"judge on this stack: (\d+) calls, (\d+) failed, ")
+SUMMARY = re.compile(r"judge on this stack: (\d+) calls, (\d+) failed, (\d+) retried, ")
 
 
 def _judge(judge: ScriptedJudge, key_var: str = "", api: str = "chat") -> dict[str, Any]:
@@ -133,11 +134,13 @@ async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
                 assert "NeMo Gym masked the sample (judge_failed)" in text, text
     assert len(judge.calls) == calls_graded  # a refused call is not recorded as graded
     # The run's record of the judge's spend (its calls carry no rollout to charge them to):
-    # every call the judge graded, and the failed ones (each judged rollout's at least once).
+    # every call the judge graded, and the failed ones (each judged rollout's at least once),
+    # each failed one after all its retries and no graded one retried.
     found = [m for r in caplog.records if (m := SUMMARY.match(r.getMessage()))]
     assert len(found) == 1, caplog.text[-2000:]
-    calls, failures = map(int, found[0].groups())
+    calls, failures, retries = map(int, found[0].groups())
     assert failures >= 2 * ROWS_PER_ENV and calls == calls_graded + failures, found[0].group(0)
+    assert retries == failures * JUDGE_RETRY.retries, found[0].group(0)
 
 
 async def test_the_judge_key_reaches_no_process_config_log_or_trace(

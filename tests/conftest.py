@@ -6,6 +6,10 @@ elsewhere may carry that mark; `pytest -m "not stack"` runs the rest in a few mi
 the cached NeMo Gym runtime venvs, and two workers, `-n 2 --dist loadfile`, as tests/run.sh runs
 it). A test outside tests/stack/ that starts a stack or a local model server fails (see
 `launches`), and the session fails if a stack or model process it started outlives it.
+
+The verifiers pre-release (tests/run.sh) runs the tests marked `verifiers_dev`: every fast test
+whose file touches verifiers by what it imports at its top, through the package and helpers
+(`touches_verifiers`), marked here; a test marked by hand is the exception, with its reason.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from helpers import (
     launched_processes,
     wait_gone,
 )
+from tiering import touches_verifiers
 
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
@@ -49,13 +54,17 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test under tests/stack/ `stack`; a test elsewhere marked `stack` by hand is a
-    usage error (the slow tier is the folder, so that no mark has to be remembered)."""
+    """Mark each test under tests/stack/ `stack`, and each fast test whose file touches verifiers
+    `verifiers_dev`; a test elsewhere marked `stack` by hand is a usage error (the slow tier is
+    the folder, so that no mark has to be remembered)."""
     astray = []
     for item in items:
         if item.path.is_relative_to(STACK_TIER):
             item.add_marker(pytest.mark.stack)
-        elif item.get_closest_marker("stack") is not None:
+            continue
+        if touches_verifiers(item.path):
+            item.add_marker(pytest.mark.verifiers_dev)
+        if item.get_closest_marker("stack") is not None:
             astray.append(item.nodeid)
     if astray:
         raise pytest.UsageError(

@@ -17,11 +17,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each runtime the stack tier asks for: (release, extra flag). 0.5-0.7 declare a Python floor
-# (>= 3.13.14) the tests opt below where no such Python is installed.
-# 0.4.0 and 0.7.0 first: the fast tier asks for them too (a build holds a lock; the other waits).
-RUNTIMES=("0.4.0 " "0.7.0 --allow-python-below-floor" "0.5.0 --allow-python-below-floor"
-          "0.5.1 --allow-python-below-floor" "0.6.0 --allow-python-below-floor")
 DEV_VENV=.venv-verifiers-dev
 BACKGROUND_LOGS="$(mktemp -d)"
 # An interrupted run leaves no job. `|| true`: with no job left, `kill` alone is a usage error
@@ -29,11 +24,17 @@ BACKGROUND_LOGS="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$BACKGROUND_LOGS"' EXIT
 
 uv sync --quiet  # what `uv run` does first; the background jobs below use .venv directly
+# Each runtime the stack tier asks for: every release of the package's table (nemo/release.py
+# `RELEASES`), the default and the newest first: the fast tier asks for them too (a build holds a
+# lock; the other waits). 0.5-0.7 declare a Python floor (>= 3.13.14) the tests opt below where
+# no such Python is installed; the opt-in changes nothing for a release whose floor is met.
+mapfile -t RUNTIMES < <(.venv/bin/python -c '
+from verifiers_nemogym.nemo.release import DEFAULT_NEMO_GYM_VERSION, RELEASES, parse_version
+print(*dict.fromkeys([DEFAULT_NEMO_GYM_VERSION, max(RELEASES, key=parse_version), *RELEASES]))' |
+    tr " " "\n")
 (
-    for runtime in "${RUNTIMES[@]}"; do
-        read -r version flag <<<"$runtime"
-        # shellcheck disable=SC2086  # the flag is one word or none
-        .venv/bin/nemo-gym-env --nemo-gym-version "$version" $flag setup \
+    for version in "${RUNTIMES[@]}"; do
+        .venv/bin/nemo-gym-env --nemo-gym-version "$version" --allow-python-below-floor setup \
             >>"$BACKGROUND_LOGS/runtimes.log" 2>&1 || echo "$version" >>"$BACKGROUND_LOGS/failed"
     done
 ) &

@@ -24,8 +24,6 @@ import nemo_gym_env
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
-
 ENV = "example_single_tool_call"
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}
 

@@ -40,8 +40,6 @@ from verifiers_nemogym.harness import record
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import load_recordings
 
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
-
 
 def test_conformance_command_rejects_unknown_envs_before_starting(capsys):
     assert cli_main(["conformance", "example_single_tool_cal"]) == 2

@@ -24,8 +24,6 @@ from verifiers_nemogym.net import serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.taskset import parse_row
 
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
-
 ROW = {"responses_create_params": {"input": "hi"}, "agent_ref": {"name": "a"}}
 
 

@@ -17,8 +17,6 @@ from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.harness import record
 from verifiers_nemogym.metrics import collect, read_episodes, runs
 
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
-
 RUNTIME = {"nemo_gym": "0.4.0", "python": "3.12.1", "below_floor": False}
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import pytest
 from verifiers.v1.trace import Branch
 
-pytestmark = pytest.mark.verifiers_dev  # a fact of verifiers': also on its pre-release (run.sh)
-
 
 def test_verifiers_branch_has_no_multi_modal_data() -> None:
     assert "multi_modal_data" not in Branch.model_fields

@@ -14,8 +14,6 @@ from pydantic import ValidationError
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.taskset import NeMoGymData, NeMoGymTaskset, NeMoGymTasksetConfig, parse_row
 
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
-
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": "weather in sf?"}]}}
 
 

@@ -3,7 +3,7 @@ layout of tests/: a test outside stack/ that starts a stack fails before anythin
 under stack/ (marked `stack` by its path, no mark written) the same start goes ahead; a model
 server refusing bad input is allowed in the fast tier; a `stack` mark outside stack/ is refused.
 And the pre-release selection (tests/run.sh runs the `verifiers_dev` tests on the verifiers
-pre-release): every fast test is in it or in a file excluded by name, with the reason."""
+pre-release): a fast test file is in it by what it imports (tests/tiering.py), no list kept."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiering import touches_verifiers
 
 from verifiers_nemogym.nemo.venv import PYTHON_ENV_VAR, NeMoGymVenv
 from verifiers_nemogym.util import CACHE_ENV_VAR, cache_root
@@ -70,10 +71,12 @@ INI = (  # tests/'s own pytest options, as pyproject.toml sets them
 
 
 def inner_tests(pytester: pytest.Pytester, **files: str) -> None:
-    """pytester's folder as tests/: this conftest and helpers, and `files` (name -> source)."""
+    """pytester's folder as tests/: this conftest, helpers and tiering, and `files` (name ->
+    source)."""
     pytester.makeini(INI)
     pytester.makeconftest((TESTS / "conftest.py").read_text())
     pytester.makepyfile(helpers=(TESTS / "helpers.py").read_text())
+    pytester.makepyfile(tiering=(TESTS / "tiering.py").read_text())
     pytester.mkdir("stack")
     pytester.makepyfile(**files)
 
@@ -105,62 +108,10 @@ def test_a_stack_mark_outside_the_stack_folder_is_refused(pytester: pytest.Pytes
     )
 
 
-ALL_NEMO = "NeMo Gym's side (runtimes, catalogs, stacks, hosts, Ray): no verifiers code"
-NOT_ON_PRERELEASE = {
-    # Fast-tier files (under tests/) with tests that tests/run.sh does not run on the verifiers
-    # pre-release, and why. Every other fast test is marked `verifiers_dev`.
-    "bridge/test_anthropic.py": "the Anthropic dialect of the proxy: the package's code only",
-    "bridge/test_bodies.py": "request bodies through the proxy and the relay: no verifiers code",
-    "bridge/test_front.py": "the shared stack's front forwarder: no verifiers code",
-    "bridge/test_redact.py": "redaction of the proxy's notices: no verifiers code",
-    "judge/test_endpoint.py": "the judge endpoint's host secrets: no verifiers code",
-    "judge/test_relay.py": "the judge relay and its retries: no verifiers code",
-    "nemo/test_catalog_releases.py": ALL_NEMO,
-    "shared/test_gate.py": ALL_NEMO,
-    "nemo/test_harnesses.py": ALL_NEMO,
-    "nemo/test_judges.py": ALL_NEMO,
-    "shared/test_protocol.py": ALL_NEMO,
-    "nemo/test_ray_cluster.py": ALL_NEMO + " (a taskset option's parsing is test_taskset's)",
-    "nemo/test_releases.py": ALL_NEMO + " (the taskset's rows are test_taskset's)",
-    "nemo/test_remote.py": ALL_NEMO,
-    "nemo/test_runtime_catalog.py": ALL_NEMO,
-    "shared/test_host.py": ALL_NEMO,
-    "nemo/test_stack_command.py": ALL_NEMO,
-    "nemo/test_stack_leftovers.py": ALL_NEMO,
-    "nemo/test_stack_start.py": ALL_NEMO,
-    "nemo/test_supervisor.py": ALL_NEMO,
-    "policies/test_answer_key.py": "a model server of the package: no verifiers code",
-    "policies/test_llama_generate.py": "a model server of the package: no verifiers code",
-    "policies/test_local_model.py": "a model server of the package: no verifiers code",
-    "policies/test_replay.py": "a model server of the package: no verifiers code",
-    "policies/test_replay_judge.py": "a model server of the package: no verifiers code",
-    "cli/test_list_judges.py": "`list`'s reading of the surveys' data: no verifiers code",
-    "containers/test_images.py": "task images and hand-made tasks: no verifiers code",
-    "containers/test_sandbox.py": "what configs ask of sandboxes: no verifiers code",
-    "containers/test_sweep.py": "which stacks the container sweep keeps: no verifiers code",
-    "test_util.py": "the package's process helpers: no verifiers code",
-    "nemo/test_release_versions.py": ALL_NEMO,
-    "policies/test_fixer.py": "a model server of the package: no verifiers code",
-    "test_packaging.py": "the wheel's files and declared dependencies: the same on any verifiers",
-    "test_bench_args.py": "the benchmarks (benchmarks/): no verifiers code",
-    "test_bench_containers.py": "the benchmarks (benchmarks/): no verifiers code",
-    "test_bench_children.py": "the benchmarks (benchmarks/): no verifiers code",
-    "test_bench_link.py": "the benchmarks (benchmarks/): no verifiers code",
-    "test_bench_soak.py": "the benchmarks (benchmarks/): no verifiers code",
-    "test_docs.py": "the docs against the code (its options-page test is on the pre-release)",
-    "test_docs_names.py": "the docs against the code: the same on any verifiers",
-    "test_imports.py": "the package's import graph, read from its source",
-    "test_net.py": "the package's HTTP serving: no verifiers code",
-    "test_retry.py": "the package's retry policy: no verifiers code",
-    "test_static.py": "ruff reads the same source on any verifiers (the mypy case is on it)",
-    "test_tiers.py": "the tiers and this selection: the same on any verifiers",
-}
-VERIFIERS_IMPORT = re.compile(r"^(import|from) (verifiers|renderers|nemo_gym_env)\b", re.MULTILINE)
-
-
 def _fast_tests(marks: str) -> set[str]:
     """Node ids of the fast tier's tests selected by `marks` (a real collection, so the marks
-    are the ones pytest sees: a file's `pytestmark`, a test's or a parameter's)."""
+    are the ones pytest sees: derived by tests/conftest.py, a file's `pytestmark`, a test's or a
+    parameter's)."""
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
          "--ignore", str(TESTS / "stack"), "-m", marks, str(TESTS)],
@@ -170,21 +121,44 @@ def _fast_tests(marks: str) -> set[str]:
     return {line for line in out.stdout.splitlines() if "::" in line}
 
 
-def test_every_fast_test_is_on_the_prerelease_or_in_a_file_excluded_by_name() -> None:
-    """tests/run.sh runs `-m verifiers_dev` on the verifiers pre-release: a new fast test runs
-    there unless its file is in NOT_ON_PRERELEASE (with the reason), and an excluded file
-    imports none of verifiers at its top."""
-    left = _fast_tests("not verifiers_dev")
-    left_out = {nodeid.split("::")[0].removeprefix("tests/") for nodeid in left}
-    unlisted = sorted(left_out - NOT_ON_PRERELEASE.keys())
-    assert unlisted == [], f"mark them verifiers_dev or list them in NOT_ON_PRERELEASE: {unlisted}"
-    stale = sorted(NOT_ON_PRERELEASE.keys() - left_out)
-    assert stale == [], f"in NOT_ON_PRERELEASE but every test of it is marked or gone: {stale}"
-    for name in NOT_ON_PRERELEASE:
-        imports = VERIFIERS_IMPORT.search((TESTS / name).read_text())
-        assert imports is None, f"{name} imports verifiers code: mark it verifiers_dev"
+def test_the_prerelease_takes_every_fast_test_whose_imports_reach_verifiers() -> None:
+    """tests/run.sh runs `-m verifiers_dev` on the verifiers pre-release: a fast test file is in
+    it when its imports reach verifiers, through the package (test_taskset.py: the taskset
+    module) or directly, with no mark written; one that reaches no verifiers code is not, unless
+    marked by hand; and mypy (which reads verifiers' source) is, ruff not."""
+    on = {nodeid.split("::")[0] for nodeid in _fast_tests("verifiers_dev")}
+    off = {nodeid.split("::")[0] for nodeid in _fast_tests("not verifiers_dev")}
+    assert {"tests/test_taskset.py", "tests/test_harness.py", "tests/bridge/test_chat.py"} <= on
+    assert {"tests/test_util.py", "tests/shared/test_gate.py", "tests/test_net.py"} <= off
+    for name in sorted(off - on):
+        assert not touches_verifiers(TESTS.parent / name), f"{name} reaches verifiers, unmarked"
     static = "tests/test_static.py::test_static_check_passes"
-    assert f"{static}[mypy]" not in left and f"{static}[ruff-check]" in left
+    on_ids = _fast_tests("verifiers_dev")
+    assert f"{static}[mypy]" in on_ids and f"{static}[ruff-check]" not in on_ids
+
+
+IMPORTS = {
+    "test_direct": "import verifiers\n\n\ndef test_a():\n    pass\n",
+    "test_through_package": (
+        "from verifiers_nemogym.taskset import NeMoGymTaskset\n\n\ndef test_b():\n    pass\n"
+    ),
+    "test_in_a_function": "def test_c():\n    import verifiers\n",
+    "test_type_only": (
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import verifiers\n\n\n"
+        "def test_d():\n    pass\n"
+    ),
+}
+
+
+def test_a_test_file_finds_its_prerelease_tier_by_its_imports(pytester: pytest.Pytester) -> None:
+    """On inner sessions with this conftest: what a file imports at its top decides; an import
+    inside a test or under TYPE_CHECKING does not."""
+    inner_tests(pytester, **IMPORTS)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-m", "verifiers_dev", "--collect-only", "-q", timeout=600
+    )
+    collected = {line.split("::")[0] for line in result.stdout.lines if "::" in line}
+    assert collected == {"test_direct.py", "test_through_package.py"}
 
 
 def test_run_sh_exit_trap_keeps_the_runs_status_when_no_background_job_is_left(

@@ -31,8 +31,6 @@ from verifiers_nemogym.bridge.chat import (
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
-
 TOOL = {
     "type": "function",
     "name": "get_weather",

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 from loguru import logger as loguru_logger
 from verifiers.v1.utils.logging import setup_logging
 
@@ -22,8 +21,6 @@ from verifiers_nemogym.logs import follow_verifiers_logging
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import is_model_item, load_recordings
 from verifiers_nemogym.util import wait_until
-
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
 
 COMMAND = str(Path(sys.executable).with_name("nemo-gym-env"))
 START_SECONDS = 120  # a loaded machine imports slowly; the first line comes as soon as it serves

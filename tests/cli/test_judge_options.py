@@ -15,8 +15,6 @@ from verifiers_nemogym.cli import _parser
 from verifiers_nemogym.cli.arguments import judge_of
 from verifiers_nemogym.cli.local_eval import LocalEvalOptions, vf_eval_command
 
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
-
 
 def test_eval_local_judge_local_names_the_local_server_as_judge() -> None:
     options = LocalEvalOptions(nemo_env="simpleqa", judge="local")

@@ -48,8 +48,8 @@ def test_each_release_reads_its_own_judge_survey() -> None:
     # 0.5.1 surveyed four judge environments only: the others are not taken from elsewhere.
     assert runs_here("arena_judge", None, judge, "0.5.1")[0] == WITH_JUDGE
     assert runs_here("omniscience", None, judge, "0.5.1") == ("no", judge["judge"])
-    # A release without a survey (a newer one) is judged by 0.4.0's, which is named.
-    assert "(NeMo Gym 0.4.0," in runs_here("aalcr", None, judge, "0.9.0")[1]
+    # A release without a survey (a newer one) is judged by the newest older one's, named.
+    assert "(NeMo Gym 0.7.0," in runs_here("aalcr", None, judge, "0.9.0")[1]
     # A problem with the entry wins.
     assert runs_here("aalcr", "broken", judge) == ("no", "broken")
 

@@ -123,8 +123,8 @@ def test_list_offline_status_uses_conformance_data(catalog_07: Catalog) -> None:
     # 0.5.1 verified a subset: what it did not run is not taken from another release's list.
     assert offline_status("mcqa", None, {}, "0.5.1")[0] is True
     assert offline_status("arc_agi", None, {}, "0.5.1")[0] is False
-    # A release without a list of its own (a newer one) is judged by 0.4.0's.
-    assert offline_status("mcqa", None, {}, "0.9.0")[1].endswith("(NeMo Gym 0.4.0)")
+    # A release without a list of its own (a newer one) is judged by the newest older one's.
+    assert offline_status("mcqa", None, {}, "0.9.0")[1].endswith("(NeMo Gym 0.7.0)")
     # Only what ran counts as running here: a clean-looking environment not run is a "no".
     assert offline_status("never_run_here", None, {}, "0.7.0") == (
         False,

@@ -3,6 +3,8 @@ pre-release comes before its release and after the release before it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from verifiers_nemogym.errors import ConfigError
@@ -42,3 +44,42 @@ def test_versions_are_ordered_as_pep_440_orders_them(older: str, newer: str) -> 
 def test_a_version_that_does_not_parse_is_named() -> None:
     with pytest.raises(ConfigError, match="'latest' is not a version number"):
         release.parse_version("latest")
+
+
+def test_a_new_release_is_one_row_and_every_table_answers_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NeMo Gym's next release, added as one `RELEASES` row: the features table, the
+    conformance tables (verified, judge replay, judge survey, rescored), the container and
+    harness surveys and `nemo-gym-env list`'s answers all serve it from the newest older row
+    that has one, and name that row; nothing falls back to 0.4.0 because it is the oldest."""
+    from verifiers_nemogym.conformance import tables
+
+    monkeypatch.setitem(release.RELEASES, "0.8.0", replace(release.RELEASES["0.7.0"]))
+    assert release.features("0.8.0") == release.RELEASES["0.7.0"]
+    assert tables.default_envs("0.8.0") == tables.VERIFIED_OFFLINE["0.7.0"]
+    assert tables.default_envs("0.8.0") != tables.VERIFIED_OFFLINE["0.4.0"]
+    assert tables.judge_envs("0.8.0") == tables.JUDGE_REPLAY["0.4.0"]  # the only row: newest
+    assert tables.rescored_on("0.8.0") == tables.RESCORED["0.7.0"]
+    container = next(iter(tables.CONTAINERS["0.7.0"].items()))
+    ran = next(n for n, c in tables.CONTAINERS["0.7.0"].items() if "ran" in c)
+    assert tables.offline_status(ran, None, {}, "0.8.0") == tables.offline_status(
+        ran, None, {}, "0.7.0"
+    )
+    assert "NeMo Gym 0.7.0" in tables.offline_status(ran, None, {}, "0.8.0")[1]
+    assert tables.offline_status(container[0], None, {}, "0.8.0")[0] == ("ran" in container[1])
+    harness = next(n for n, h in tables.HARNESSES["0.7.0"].items() if "ran" in h)
+    assert tables.offline_status(harness, None, {}, "0.8.0")[0]
+    verified = tables.VERIFIED_OFFLINE["0.7.0"][0]
+    assert tables.offline_status(verified, None, {}, "0.8.0") == (
+        True,
+        "verified by conformance runs (NeMo Gym 0.7.0)",
+    )
+    surveyed = next(n for n, s in tables.JUDGE_SURVEY["0.7.0"].items() if s[1])
+    assert tables.runs_here(surveyed, None, {}, "0.8.0") == tables.runs_here(
+        surveyed, None, {}, "0.7.0"
+    )
+    # Older than every row of a table: that table has nothing for it.
+    assert tables.offline_status(ran, None, {}, "0.6.0") != tables.offline_status(
+        ran, None, {}, "0.7.0"
+    )

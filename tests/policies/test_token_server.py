@@ -37,8 +37,6 @@ from verifiers_nemogym.policies.token_server import (
     packaged_tokenizer,
 )
 
-pytestmark = pytest.mark.verifiers_dev  # touches verifiers: also on its pre-release (run.sh)
-
 TOOL = {
     "type": "function",
     "name": "get_weather",

@@ -14,7 +14,7 @@ import aiohttp
 from verifiers_nemogym import metrics
 from verifiers_nemogym.conformance.report import MetricsComparison, RowResult, error_line
 from verifiers_nemogym.conformance.rows import LACKS_FIELDS, Plan
-from verifiers_nemogym.conformance.tables import KNOWN_REASONS, RESCORED
+from verifiers_nemogym.conformance.tables import KNOWN_REASONS, rescored_on
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.policies.replay import Recording
 
@@ -32,7 +32,7 @@ def explain(
     if result.parity:
         return
     lacks = next((n for n in result.notes if n.startswith(LACKS_FIELDS)), None)
-    rescored = RESCORED.get(release, {}).get(result.recording)
+    rescored = rescored_on(release).get(result.recording)
     if rescored is not None and result.error is None and result.reward == rescored[0]:
         result.reason = rescored[1]
     elif env in KNOWN_REASONS:

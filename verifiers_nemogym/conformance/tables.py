@@ -6,10 +6,14 @@ surveys), and what `nemo-gym-env list` says of an environment from them (`offlin
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS
+from verifiers_nemogym.nemo.release import DEFAULT_NEMO_GYM_VERSION, release_row
 
+T = TypeVar("T")
 _RELEASES = tomllib.loads((Path(__file__).with_name("tables.toml")).read_text(encoding="utf-8"))
 # The release tables live as data in tables.toml (what runs offline, known reasons,
 # rescored recordings); these names read them.
@@ -19,7 +23,6 @@ VERIFIED_OFFLINE: dict[str, tuple[str, ...]] = {
     release: tuple(envs) for release, envs in _RELEASES["verified_offline"].items()
 }
 """Release -> the environments conformance runs verified to run offline here."""
-DEFAULT_ENVS = VERIFIED_OFFLINE["0.4.0"]
 KNOWN_REASONS: dict[str, str] = dict(_RELEASES["known_reasons"])
 """Environment -> why its replayed reward may differ from the recording (found by runs)."""
 RESCORED: dict[str, dict[str, tuple[float, str]]] = {
@@ -36,16 +39,30 @@ JUDGE_REPLAY: dict[str, tuple[str, ...]] = {
 `nemo-gym-env conformance --judge-envs` replays, policy and judge (docs/conformance.md)."""
 
 
+def _serving(table: Mapping[str, T], release: str) -> tuple[str, T | None]:
+    """The row of `table` that serves `release` (`release.release_row`'s rule) with its key;
+    `(release, None)` when no row does."""
+    row = release_row(table, release)
+    if row is None:
+        return release, None
+    return row
+
+
 def default_envs(release: str) -> tuple[str, ...]:
-    """What `nemo-gym-env conformance` runs without names on `release`: its verified list, else
-    0.4.0's."""
-    return VERIFIED_OFFLINE.get(release, DEFAULT_ENVS)
+    """What `nemo-gym-env conformance` runs without names on `release`: the verified list that
+    serves it."""
+    return _serving(VERIFIED_OFFLINE, release)[1] or ()
+
+
+def rescored_on(release: str) -> dict[str, tuple[float, str]]:
+    """The `RESCORED` recordings that serve `release`: recording -> (reward, why)."""
+    return _serving(RESCORED, release)[1] or {}
 
 
 def judge_envs(release: str) -> tuple[str, ...]:
-    """What `nemo-gym-env conformance --judge-envs` runs on `release`: its `JUDGE_REPLAY` list,
-    else 0.4.0's."""
-    return JUDGE_REPLAY.get(release, JUDGE_REPLAY["0.4.0"])
+    """What `nemo-gym-env conformance --judge-envs` runs on `release`: the `JUDGE_REPLAY` list
+    that serves it."""
+    return _serving(JUDGE_REPLAY, release)[1] or ()
 
 
 JUDGE_SURVEY: dict[str, dict[str, tuple[int, int, int]]] = {
@@ -59,16 +76,16 @@ WITH_JUDGE = "yes, with --env.taskset.judge.*"
 
 
 def runs_here(
-    name: str, problem: str | None, facts: dict[str, str], release: str = "0.4.0"
+    name: str, problem: str | None, facts: dict[str, str], release: str = DEFAULT_NEMO_GYM_VERSION
 ) -> tuple[str, str]:
     """`nemo-gym-env list`'s "runs here" and "why": `offline_status` as yes/no, except that an
-    LLM-judge environment whose rows completed in the judge conformance survey of `release`
-    (else 0.4.0's, named) is `WITH_JUDGE`, and one whose rows did not is no, with the counts."""
+    LLM-judge environment whose rows completed in the judge conformance survey that serves
+    `release` (named) is `WITH_JUDGE`, and one whose rows did not is no, with the counts."""
     offline, why = offline_status(name, problem, facts, release)
     if offline or problem:
         return ("yes" if offline else "no"), why
-    source = release if release in JUDGE_SURVEY else "0.4.0"
-    surveyed = JUDGE_SURVEY[source].get(name)
+    source, survey = _serving(JUDGE_SURVEY, release)
+    surveyed = (survey or {}).get(name)
     if surveyed is None:
         return "no", why
     rows, completed, exact = surveyed
@@ -90,7 +107,7 @@ agent `pairing` and what it `needs`, or `why` it does not run here (tables.toml)
 
 
 def offline_status(
-    name: str, problem: str | None, facts: dict[str, str], release: str = "0.4.0"
+    name: str, problem: str | None, facts: dict[str, str], release: str = DEFAULT_NEMO_GYM_VERSION
 ) -> tuple[bool, str]:
     """Whether the catalog entry `name` (bare folder name, or `environments/<name>` where both
     layouts have it) of NeMo Gym `release` ran here (offline, on a CPU machine), and why: True
@@ -99,25 +116,26 @@ def offline_status(
     `facts` (`CatalogEntry.facts`: judge model, API key, sandbox, URL requirement, a coding-agent
     harness), or that it has not been run here. Container environments (`CONTAINERS`) come first:
     their configs define no agent; NeMo Gym pairs them with one (`pairing`)."""
-    if (container := CONTAINERS.get(release, {}).get(name)) is not None:
+    source, containers = _serving(CONTAINERS, release)
+    if (container := (containers or {}).get(name)) is not None:
         if "ran" not in container:
             return False, container["why"]
         return True, (
             f"ran here with --env.taskset.config-paths {container['pairing']} and the docker "
-            f"provider config (container survey, NeMo Gym {release}, {container['ran']}); "
+            f"provider config (container survey, NeMo Gym {source}, {container['ran']}); "
             f"needs {container['needs']}"
         )
     if problem:
         return False, problem
-    verified = default_envs(release)
-    if name in verified or f"{ENVIRONMENTS}/{name}" in verified:
-        source = release if release in VERIFIED_OFFLINE else "0.4.0"
+    source, verified = _serving(VERIFIED_OFFLINE, release)
+    if name in (verified or ()) or f"{ENVIRONMENTS}/{name}" in (verified or ()):
         return True, f"verified by conformance runs (NeMo Gym {source})"
-    if (surveyed := HARNESSES.get(release, {}).get(name)) is not None:
+    source, harnesses = _serving(HARNESSES, release)
+    if (surveyed := (harnesses or {}).get(name)) is not None:
         if "ran" not in surveyed:
             return False, surveyed["why"]
         needs = f"; needs {surveyed['overrides']}" if "overrides" in surveyed else ""
-        return True, f"ran here (harness survey, NeMo Gym {release}, {surveyed['ran']}{needs})"
+        return True, f"ran here (harness survey, NeMo Gym {source}, {surveyed['ran']}{needs})"
     if name in NOT_OFFLINE:
         return False, NOT_OFFLINE[name]
     for key in ("harness", "judge", "api_key", "sandbox", "url_requirement"):

@@ -14,8 +14,10 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from packaging.version import InvalidVersion, Version
 
@@ -23,6 +25,7 @@ from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.util import clean_env, file_lock, find_uv, private_cache, run_uv
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_NEMO_GYM_VERSION = "0.4.0"
 """The fallback release: the newest one whose floor (3.12) needs no recent patch release."""
@@ -112,13 +115,26 @@ def check_release(version: str) -> str:
     return version
 
 
+def release_row(table: Mapping[str, T], version: str) -> tuple[str, T] | None:
+    """The row of `table` (keyed by release) that serves nemo-gym `version`, with its key: its
+    own, else the newest one not newer than it (PEP 440 order), else None. Every per-release
+    table answers through this rule (`features`, the conformance, container and CLI tables), so
+    a new release is a row where it differs and inherits the rest."""
+    if version in table:
+        return version, table[version]
+    target = parse_version(version)
+    older = [v for v in table if parse_version(v) <= target]
+    if not older:
+        return None
+    newest = max(older, key=parse_version)
+    return newest, table[newest]
+
+
 def features(version: str) -> Features:
-    """What nemo-gym `version` has: its `RELEASES` row, else the newest known row not newer than
-    it (PEP 440 order), else (older than all) `Features(MIN_PYTHON)`, which has nothing new."""
-    if version in RELEASES:
-        return RELEASES[version]
-    older = [v for v in RELEASES if parse_version(v) <= parse_version(version)]
-    return RELEASES[max(older, key=parse_version)] if older else Features(MIN_PYTHON)
+    """What nemo-gym `version` has: its `RELEASES` row by `release_row`, else (older than all)
+    `Features(MIN_PYTHON)`, which has nothing new."""
+    row = release_row(RELEASES, version)
+    return row[1] if row is not None else Features(MIN_PYTHON)
 
 
 def python_floor(version: str, venv: Path | None = None) -> tuple[int, ...]:

@@ -136,6 +136,7 @@ NOT_ON_PRERELEASE = {
     "policies/test_replay_judge.py": "a model server of the package: no verifiers code",
     "cli/test_list_judges.py": "`list`'s reading of the surveys' data: no verifiers code",
     "containers/test_images.py": "task images and hand-made tasks: no verifiers code",
+    "containers/test_door.py": "the containers' door on loopback: no verifiers code",
     "containers/test_sandbox.py": "what configs ask of sandboxes: no verifiers code",
     "containers/test_sweep.py": "which stacks the container sweep keeps: no verifiers code",
     "test_util.py": "the package's process helpers: no verifiers code",

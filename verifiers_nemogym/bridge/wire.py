@@ -380,7 +380,7 @@ class Body:
     503 (`SPOOLED_BUDGET` spent)."""
     route: str | None = None
     """The route id the call names (`ROUTE_HEADER`, else the first body entry read), also on a
-    refusal: the proxy charges a refused call to the open route it names."""
+    refusal (where it proves nothing: the proxy charges a refusal to no route)."""
 
 
 class _Scan:

@@ -344,7 +344,9 @@ async def test_the_code_the_model_writes_reaches_only_its_own_route(
     ]
     env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", shared_stack=False)
     async with FixerPolicy(tasks=table, wrong=wrong_cases(cases)) as policy, env.serving():
+        assert env.start_error is None, env.start_error
         marker = env.stack_marker
+        assert marker is not None
         network = f"{docker.NETWORK_PREFIX}{marker[:12]}"
         info = json.loads(
             docker.run_docker("network", "inspect", "--format", "{{json .}}", network)

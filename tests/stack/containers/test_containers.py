@@ -242,11 +242,13 @@ async def scan(host, ports):
     return sorted(p for p in await asyncio.gather(*(one(p) for p in ports)) if p)
 
 async def scans():
-    # Every port of the gateway; every port the host listens on (any process, any address) at
-    # each of its other addresses; the stack's ports at the container's own loopback.
-    wanted = sorted({*args["host_ports"], *args["stack_ports"], door_port})
+    # Every port a process of the host listens on (any process, any address; the stack's
+    # included) and the ports around the door's, at the gateway and at each of the host's other
+    # addresses; the stack's ports at the container's own loopback.
+    wanted = sorted({*args["host_ports"], *args["stack_ports"],
+                     *range(max(1, door_port - 64), min(65536, door_port + 65))})
     return {
-        "gateway": await scan(door_host, range(1, 65536)),
+        "gateway": await scan(door_host, wanted),
         "addresses": {a: await scan(a, wanted) for a in args["addresses"] if a != door_host},
         "loopback": await scan("127.0.0.1", args["stack_ports"]),
     }
@@ -328,8 +330,9 @@ async def test_the_code_the_model_writes_reaches_only_its_own_route(
     sends raw bytes to the door with every path spelling (dot segments raw and encoded, encoded
     slashes and backslashes, doubled slashes, plain routes, absolute-form targets, a query)
     naming each neighbour's route id (header and body) with forged secrets, forged path
-    credentials and other methods, then tries every port of the gateway, every port the host
-    listens on at its other addresses, the stack's ports at loopback, and the docker socket.
+    credentials and other methods, then tries every port a process of the host listens on (and
+    the door's neighbouring ports) at the gateway and at the host's other addresses, the
+    stack's ports at loopback, and the docker socket.
     Everything but its own route is 404, 401 or closed; the neighbours score exactly as the
     fixer's case says (1.0, 0.0), and the hostile rollout, fixing its task after the probe,
     1.0. The network is internal, without traffic between containers, and the host firewall
@@ -365,31 +368,34 @@ async def test_the_code_the_model_writes_reaches_only_its_own_route(
         encoded = base64.b64encode(json.dumps(probe_args).encode()).decode()
         command = (
             f"echo {script} | base64 -d > /tmp/probe.py && python3 /tmp/probe.py {encoded}"
-            f" && {table[0].fix}"
+            f"; {table[0].fix}"
         )
         policy.tasks[0] = replace(table[0], fix=command)
         episodes = await asyncio.gather(
             *(env.run_episode(task, model_context(policy)) for task in env.taskset)
         )
     traces = [t.model_dump(mode="json") for episode in episodes for t in episode.traces]
+    hostile = next(c for c in policy.log if c.step == "final" and c.task == 0)
+    tool = next(m for m in hostile.body["messages"] if m.get("role") == "tool")
+    content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
+    assert "PROBE" in content, content[-3000:]
+    found = json.loads(content[content.index("PROBE") + 5 :].split("\n")[0])
+    # The neighbours, in flight while the probe named their routes, score as their cases say;
+    # the hostile rollout's own route still works (its fix after the probe scores).
     assert len(traces) == len(cases)
     for trace in traces:
         case = case_of(trace, table)
         expected = 1.0 if cases[case][1] else 0.0
-        assert not trace["errors"], (case, trace["errors"])
-        assert trace["rewards"]["nemo_gym"]["score"] == expected, (case, trace["rewards"])
-    hostile = next(c for c in policy.log if c.step == "final" and c.task == 0)
-    tool = next(m for m in hostile.body["messages"] if m.get("role") == "tool")
-    content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
-    found = json.loads(content[content.index("PROBE") + 5 :].split("\n")[0])
+        assert not trace["errors"], (case, trace["errors"], found)
+        assert trace["rewards"]["nemo_gym"]["score"] == expected, (case, trace["rewards"], found)
     assert f"http://{gateway}:" in found["base"] and "/ng-rollout/" in found["base"]
     assert found["neighbours"] >= 2
     # Every spelling is 404 at the door, a forged credential 401 at the proxy, other methods 404.
     assert set(found["spellings"]) == {"404"}, found["spellings"]
     assert set(found["forged"]) == {"401"}, found["forged"]
     assert set(found["methods"]) == {"404"}, found["methods"]
-    # Nothing answers but the door: at the gateway every other port, at the host's other
-    # addresses every port it listens on, at loopback the stack's ports.
+    # Nothing answers but the door: at the gateway and at the host's other addresses, every
+    # port a process of the host listens on; at loopback the stack's ports.
     assert found["gateway"] == [found["door_port"]], found["gateway"]
     assert all(v == [] for v in found["addresses"].values()), found["addresses"]
     assert len(found["addresses"]) >= 1 and found["loopback"] == [], found

@@ -52,7 +52,11 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
     """Runs a task's row through NeMo Gym's own agent server (see module doc)."""
 
     NEEDS_CONTAINER: ClassVar[bool] = False  # only HTTP calls to the env's own stack
-    EXECUTES_CODE: ClassVar[bool] = False  # the model never executes anything on this host
+    # verifiers' flag means "the harness hands the model local execution in its runtime" (this
+    # process): it does not. The model's code may still run on this host, in NeMo Gym's servers
+    # (math_with_code), the coding-agent CLIs they start, and docker containers: where, per
+    # family, is docs/containers.md, "Where the model's code runs".
+    EXECUTES_CODE: ClassVar[bool] = False
 
     async def launch(
         self,

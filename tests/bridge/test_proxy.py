@@ -599,18 +599,31 @@ async def test_closing_a_route_cancels_its_calls_still_upstream(http):
         assert route.inflight == set()
 
 
-async def test_a_refused_call_is_charged_to_the_open_route_it_names(proxy, upstream, http):
-    """M4: a call of an open route without the proxy's secret is refused (401) and fails that
-    route, so the rollout is an error whatever the agent makes of the refusal."""
+async def test_a_refused_call_fails_no_route_it_names(proxy, upstream, http):
+    """A call that proves no route (no secret, a wrong one, a forged path credential) is 401
+    and changes nothing for the open route it names, by header, body or path: whoever can reach
+    the proxy (a container through the door) cannot fail a neighbour's rollout. The route's own
+    calls go on as before."""
     _, endpoint = upstream
     route = proxy.open_route(endpoint, "bearer")
-    other = proxy.open_route(endpoint, "bearer2")
-    metadata = {ROUTE_KEY: route.id, SECRET_KEY: "not-the-secret"}
-    status, _ = await post(http, proxy, {"input": "hi", "metadata": metadata})
-    assert status == 401
-    assert route.failure is not None and route.failure.status == 401
-    assert "refused by the proxy" in route.failure.message
-    assert other.failure is None
+    victim = route.id
+    forged = f"{victim}.{'0' * 32}"
+    attempts: list[tuple[str, Any, dict[str, str]]] = [
+        ("/v1/responses", {"input": "hi"}, {ROUTE_HEADER: victim}),
+        ("/v1/responses", {"input": "hi", "metadata": {ROUTE_KEY: victim}}, {}),
+        ("/v1/responses", {"input": "hi", "metadata": {ROUTE_KEY: victim, SECRET_KEY: "no"}}, {}),
+        ("/v1/chat/completions", {"metadata": {ROUTE_KEY: victim}}, {ROUTE_HEADER: victim}),
+        ("/v1/messages", {}, {ROUTE_HEADER: victim, "Authorization": "Bearer not-the-secret"}),
+        (f"/ng-rollout/{forged}/v1/chat/completions", {}, {ROUTE_HEADER: victim}),
+        (f"/ng-rollout/{victim}/v1/chat/completions", {"metadata": {ROUTE_KEY: victim}}, {}),
+    ]
+    for path, payload, headers in attempts:
+        async with http.post(f"{proxy.url}{path}", json=payload, headers=headers) as r:
+            assert r.status == 401, (path, payload, headers, r.status)
+    assert route.failure is None and not route.failed.is_set()
+    assert route.calls == 0
+    status, _ = await post(http, proxy, body(proxy, route))
+    assert status == 200 and route.failure is None and route.calls == 1
 
 
 def test_secrets_in_their_wire_form_are_redacted_live_or_not():

@@ -317,12 +317,9 @@ class NeMoGymModelProxy(AppServer):
         accepts = None if by_path is not None else self._is_secret
         read = await self._bodies.read(request, accepts, unauthorized=WRONG_SECRET)
         if read.refusal is not None:
-            if read.refusal.status == 401 and (named := self._routes.get(read.route or "")):
-                # Charged to the rollout it names, if open: an agent that swallows the refusal
-                # and lets NeMo Gym verify the truncated work must not turn it into a reward.
-                named.fail(
-                    ProviderFailure(401, f"a model call was refused by the proxy: {WRONG_SECRET}")
-                )
+            # Charged to no route, whatever route it names: its caller proved none (neither the
+            # secret nor a path credential), so it may be anyone who reaches this listener (a
+            # container through the door), and a refusal it earns must not fail a neighbour.
             return read.refusal
         raw = read.raw
         try:

@@ -41,6 +41,8 @@ ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """What NeMo Gym accepts as a rollout id (a path segment); every route id matches it."""
 MAX_BODY_BYTES = 256 * 1024 * 1024
 """Largest model-call body accepted (long multi-turn prompts with tool outputs run to MBs)."""
+MODEL_ENDPOINTS = ("responses", "chat/completions", "messages")
+"""The `<tail>`s of a model call NeMo Gym's agents and the coding-agent CLIs make."""
 FORWARDED_HEADERS = frozenset({"content-type", "authorization", ROUTE_HEADER.lower()})
 """Request headers the front passes on to the owning proxy (the rest are hop-by-hop)."""
 
@@ -197,15 +199,34 @@ class ConnectionGate:
     the transport pauses, first come first served), so what aiohttp buffers for them is at most
     `budget.limit`. `admitted(request)` gives the allowance back; a connection answered without
     being admitted is closed after the answer. Serve through it with
-    `net.serve_app(..., gate=...)`."""
+    `net.serve_app(..., gate=...)`.
 
-    def __init__(self, budget: ByteBudget, allowance: int = CONNECTION_ALLOWANCE) -> None:
+    `per_address`: besides, at most this many connections open at once from one source address
+    (admitted or not, holding or awaiting an allowance); one beyond is closed before a byte of
+    it is read (`turned_away` counts them). Addresses in `unbounded` have no such bound. A
+    listener none of whose callers is ever admitted (the containers' door) bounds its
+    connections in number this way: `budget` counts them, `allowance=1`."""
+
+    def __init__(
+        self,
+        budget: ByteBudget,
+        allowance: int = CONNECTION_ALLOWANCE,
+        *,
+        per_address: int | None = None,
+        unbounded: frozenset[str] = frozenset(),
+    ) -> None:
         self.budget = budget
         self.allowance = allowance
+        self.per_address = per_address
+        self.unbounded = unbounded
+        self.turned_away = 0
         self._holding: set[asyncio.BaseProtocol] = set()
         """aiohttp handlers (one per connection) holding an allowance."""
         self._waiting: dict[asyncio.BaseProtocol, asyncio.Task[None]] = {}
         """Handlers whose transport is paused until an allowance is free."""
+        self._sources: dict[asyncio.BaseProtocol, str] = {}
+        """Handlers counted against their source address (`per_address`)."""
+        self._open_from: collections.Counter[str] = collections.Counter()
 
     handler_args: ClassVar[Mapping[str, Any]] = {
         **HEAD_LIMITS,
@@ -238,6 +259,16 @@ class ConnectionGate:
             response.headers["Connection"] = "close"
 
     def _opened(self, handler: asyncio.BaseProtocol, transport: asyncio.BaseTransport) -> None:
+        if self.per_address is not None:
+            peer = transport.get_extra_info("peername")
+            source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            if source not in self.unbounded:
+                if self._open_from[source] >= self.per_address:
+                    self.turned_away += 1
+                    transport.close()  # before its first read: nothing of it is buffered here
+                    return
+                self._open_from[source] += 1
+                self._sources[handler] = source
         if self.budget.try_take(self.allowance):
             self._holding.add(handler)
             return
@@ -252,6 +283,13 @@ class ConnectionGate:
         del self._waiting[handler]
         self._holding.add(handler)
         transport.resume_reading()
+
+    def _closed(self, handler: asyncio.BaseProtocol) -> None:
+        self._leave(handler)
+        if (source := self._sources.pop(handler, None)) is not None:
+            self._open_from[source] -= 1
+            if not self._open_from[source]:
+                del self._open_from[source]
 
     def _leave(self, handler: asyncio.BaseProtocol | None) -> None:
         if handler in self._holding:
@@ -276,7 +314,7 @@ class _GatedConnection(asyncio.Protocol):
         self._gate._opened(self._inner, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._gate._leave(self._inner)
+        self._gate._closed(self._inner)
         self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -342,7 +380,7 @@ class Body:
     503 (`SPOOLED_BUDGET` spent)."""
     route: str | None = None
     """The route id the call names (`ROUTE_HEADER`, else the first body entry read), also on a
-    refusal: the proxy charges a refused call to the open route it names."""
+    refusal (where it proves nothing: the proxy charges a refusal to no route)."""
 
 
 class _Scan:

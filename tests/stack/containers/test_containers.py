@@ -170,46 +170,105 @@ async def test_container_environments_score_and_never_cross_route(
 
 
 PROBE = r"""
-import json, os, socket, sys, urllib.error, urllib.request
-gateway, ports = sys.argv[1], [int(p) for p in sys.argv[2:]]
-def tcp(host, port):
-    s = socket.socket(); s.settimeout(3)
-    try:
-        s.connect((host, port)); return "open"
-    except OSError as e:
-        return type(e).__name__
-    finally:
-        s.close()
-def post(url, body=b"{}"):
-    request = urllib.request.Request(url, body, {"content-type": "application/json"})
-    try:
-        return urllib.request.urlopen(request, timeout=10).status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError as e:
-        return type(e).__name__
+import asyncio, base64, json, os, resource, socket, sys
+from collections import Counter
+args = json.loads(base64.b64decode(sys.argv[1]))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
 config = json.loads(os.environ.get("OPENCODE_CONFIG_CONTENT", "{}"))
 base = config["provider"]["nemo_gym"]["options"]["baseURL"].rstrip("/")
 door, rollout = base.split("/ng-rollout/")[0], base.split("/ng-rollout/")[1].split("/")[0]
+door_host, door_port = door.removeprefix("http://").rsplit(":", 1)
+door_port = int(door_port)
 route, credential = rollout.rsplit(".", 1)
-other = "1" if route[0] == "0" else "0"  # another route id: its first digit changed
+prefix, number = route.rsplit("-", 1)
+n = int(number, 16)
+neighbours = [f"{prefix}-{k:x}" for k in range(max(0, n - 8), n + 9) if k != n]
+
+def raw(method, target, body=b"{}", headers=()):
+    # Raw bytes on a socket: no client normalises the target (curl and urllib would).
+    try:
+        s = socket.create_connection((door_host, door_port), timeout=10)
+        head = (f"{method} {target} HTTP/1.1\r\nHost: {door_host}:{door_port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n")
+        s.sendall(head.encode() + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        s.close()
+        return int(data.split(b" ", 2)[1]) if data else 0
+    except OSError as e:
+        return type(e).__name__
+
+SPELLINGS = [
+    "/ng-rollout/../v1/chat/completions", "/ng-rollout/%2e%2e/v1/chat/completions",
+    "/ng-rollout/%2E%2E/v1/responses", "/ng-rollout/.%2e/v1/messages",
+    "/ng-rollout/./../v1/chat/completions", "/ng-rollout//../v1/chat/completions",
+    f"/ng-rollout/{rollout}/../../v1/chat/completions",
+    f"/ng-rollout/{rollout}/v1/../../../v1/chat/completions",
+    "/ng-rollout/..%2fv1/chat/completions", "/ng-rollout/..%2Fv1/chat/completions",
+    "/ng-rollout/..%5cv1/chat/completions", "/ng-rollout/..\\v1/chat/completions",
+    "//v1/chat/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+    f"{door}/v1/chat/completions", f"{door}/ng-rollout/../v1/chat/completions",
+    f"/ng-rollout/{rollout}/v1/chat/completions?x=1",
+    f"/ng-rollout/{rollout}/v1/chat/completions/.",
+]
+spellings, forged, methods = Counter(), Counter(), Counter()
+for other in neighbours:
+    by_body = json.dumps({"model": "m", "messages": [],
+                          "metadata": {"vf_nemogym_route": other, "vf_nemogym_secret": "x"}})
+    by_header = (("X-VF-NeMoGym-Route", other), ("Authorization", "Bearer x"))
+    for target in SPELLINGS:
+        spellings[raw("POST", target, by_body.encode())] += 1
+        spellings[raw("POST", target, headers=by_header)] += 1
+    for cred in (credential, "0" * 32, credential[::-1]):
+        target = f"/ng-rollout/{other}.{cred}/v1/chat/completions"
+        forged[raw("POST", target, by_body.encode(), by_header)] += 1
+    for method in ("GET", "PUT", "DELETE", "OPTIONS"):
+        target = f"/ng-rollout/{rollout}/v1/chat/completions"
+        methods[raw(method, target, by_body.encode(), by_header)] += 1
+
+async def scan(host, ports):
+    gate = asyncio.Semaphore(4096)
+    async def one(port):
+        async with gate:
+            try:
+                _, w = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+            except (OSError, asyncio.TimeoutError):
+                return None
+            w.close()
+            return port
+    return sorted(p for p in await asyncio.gather(*(one(p) for p in ports)) if p)
+
+async def scans():
+    # Every port a process of the host listens on (any process, any address; the stack's
+    # included) and the ports around the door's, at the gateway and at each of the host's other
+    # addresses; the stack's ports at the container's own loopback.
+    wanted = sorted({*args["host_ports"], *args["stack_ports"],
+                     *range(max(1, door_port - 64), min(65536, door_port + 65))})
+    return {
+        "gateway": await scan(door_host, wanted),
+        "addresses": {a: await scan(a, wanted) for a in args["addresses"] if a != door_host},
+        "loopback": await scan("127.0.0.1", args["stack_ports"]),
+    }
+
 out = {
-    "base": base,
-    "stack_ports": {p: tcp(gateway, p) for p in ports},
-    "loopback": {p: tcp("127.0.0.1", p) for p in ports},
-    "wrong_credential": post(f"{door}/ng-rollout/{route}.{credential[::-1]}/v1/chat/completions"),
-    "other_route": post(f"{door}/ng-rollout/{other}{route[1:]}.{credential}/v1/chat/completions"),
-    "plain_path": post(f"{door}/v1/chat/completions"),
+    "base": base, "neighbours": len(neighbours), "door_port": door_port,
+    "spellings": dict(spellings), "forged": dict(forged), "methods": dict(methods),
+    "docker_socket": [p for p in ("/var/run/docker.sock", "/run/docker.sock") if os.path.exists(p)],
+    **asyncio.run(scans()),
     "routes": open("/proc/net/route").read().split("\n")[1:],
 }
 print("PROBE" + json.dumps(out))
 """
 
 
-def listening_ports(entry: str) -> list[int]:
-    """TCP ports that processes carrying `entry` (a stack's marker) listen on, any address."""
+def listening_ports(entry: str | None = None) -> list[int]:
+    """TCP ports that processes carrying `entry` (a stack's marker) listen on, any address;
+    without `entry`, every port any process of this host listens on."""
     inodes = set()
-    for pid in processes_with_env(entry):
+    for pid in processes_with_env(entry) if entry is not None else []:
         try:
             for fd in Path(f"/proc/{pid}/fd").iterdir():
                 link = os.readlink(fd)
@@ -221,9 +280,19 @@ def listening_ports(entry: str) -> list[int]:
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:
+            if fields[3] == "0A" and (entry is None or fields[9] in inodes):
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return sorted(ports)
+
+
+def host_addresses() -> list[str]:
+    """This host's own IPv4 addresses but loopback (docker0's gateway, other stacks' gateways,
+    its interfaces): addresses of this machine only."""
+    import subprocess
+
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True)
+    found = [line.split()[3].split("/")[0] for line in out.stdout.splitlines()]
+    return [a for a in found if not a.startswith("127.")]
 
 
 @pytest.fixture(scope="module")
@@ -248,47 +317,97 @@ def _env(kit: TaskKit, runtime: NeMoGymVenv, rows: Path, **extra: Any) -> Any:
     )
 
 
+NEIGHBOURS_WAIT = 30
+"""Seconds the neighbours' commands wait before their fix: their routes are open while the
+hostile rollout's code tries them."""
+
+
 async def test_the_code_the_model_writes_reaches_only_its_own_route(
-    nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
-    """The model's command, run by OpenCode in the rollout's container, tries every port the
-    stack's processes listen on (NeMo Gym's head, agent and resources servers, Ray) at the
-    host's address on the container network and at loopback, another rollout's route and a
-    wrong credential at the door, and the door's non-rollout paths: all fail. Its own route
-    carried the rollout's calls, and its only route is the host's gateway on an internal
-    network whose host firewall drops all but the door."""
-    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
-    network = f"{docker.NETWORK_PREFIX}{held.marker[:12]}"
-    info = json.loads(docker.run_docker("network", "inspect", "--format", "{{json .}}", network))
-    gateway = info["IPAM"]["Config"][0]["Gateway"]
-    ports = listening_ports(f"{MARKER_ENV_VAR}={held.marker}")
-    assert len(ports) >= 4, ports  # head, agent, resources and environment servers, Ray
-    script_b64 = base64.b64encode(PROBE.encode()).decode()
-    command = f"echo {script_b64} | base64 -d > /tmp/probe.py && python3 /tmp/probe.py {gateway} "
-    probe = replace(task, fix=command + " ".join(map(str, ports)))
-    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl")
-    async with FixerPolicy(tasks=[probe]) as policy, env.serving():
-        assert held.owns(env)
-        episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
-    await held.released()
-    assert episode.ok, [t.errors for t in episode.traces]
-    final = next(c for c in policy.log if c.step == "final")
-    tool = next(m for m in final.body["messages"] if m.get("role") == "tool")
+    """A hostile rollout among two concurrent neighbours on a private stack (where a refusal
+    charged to a named route once failed them): its command, run by OpenCode in its container,
+    sends raw bytes to the door with every path spelling (dot segments raw and encoded, encoded
+    slashes and backslashes, doubled slashes, plain routes, absolute-form targets, a query)
+    naming each neighbour's route id (header and body) with forged secrets, forged path
+    credentials and other methods, then tries every port a process of the host listens on (and
+    the door's neighbouring ports) at the gateway and at the host's other addresses, the
+    stack's ports at loopback, and the docker socket.
+    Everything but its own route is 404, 401 or closed; the neighbours score exactly as the
+    fixer's case says (1.0, 0.0), and the hostile rollout, fixing its task after the probe,
+    1.0. The network is internal, without traffic between containers, and the host firewall
+    drops all but the door."""
+    cases = [("swebench_pro", True), ("swebench_pro", True), ("swebench_pro", False)]
+    table = case_rows(kit, cases, tmp_path / "rows.jsonl")
+    table[1:] = [
+        replace(
+            t, fix=f"sleep {NEIGHBOURS_WAIT}; {t.fix}", wrong=f"sleep {NEIGHBOURS_WAIT}; {t.wrong}"
+        )
+        for t in table[1:]
+    ]
+    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", shared_stack=False)
+    async with FixerPolicy(tasks=table, wrong=wrong_cases(cases)) as policy, env.serving():
+        assert env.start_error is None, env.start_error
+        marker = env.stack_marker
+        assert marker is not None
+        network = f"{docker.NETWORK_PREFIX}{marker[:12]}"
+        info = json.loads(
+            docker.run_docker("network", "inspect", "--format", "{{json .}}", network)
+        )
+        gateway = info["IPAM"]["Config"][0]["Gateway"]
+        rules = [r for r in _iptables_input() if f"vf-nemogym.stack={marker}" in r]
+        stack_ports = listening_ports(f"{MARKER_ENV_VAR}={marker}")
+        assert len(stack_ports) >= 4, stack_ports  # head, agent, resources, environment, Ray
+        probe_args = {
+            "stack_ports": stack_ports,
+            "host_ports": listening_ports(),
+            "addresses": host_addresses(),
+        }
+        assert gateway in probe_args["addresses"]
+        script = base64.b64encode(PROBE.encode()).decode()
+        encoded = base64.b64encode(json.dumps(probe_args).encode()).decode()
+        command = (
+            f"echo {script} | base64 -d > /tmp/probe.py && python3 /tmp/probe.py {encoded}"
+            f"; {table[0].fix}"
+        )
+        policy.tasks[0] = replace(table[0], fix=command)
+        episodes = await asyncio.gather(
+            *(env.run_episode(task, model_context(policy)) for task in env.taskset)
+        )
+    traces = [t.model_dump(mode="json") for episode in episodes for t in episode.traces]
+    hostile = next(c for c in policy.log if c.step == "final" and c.task == 0)
+    tool = next(m for m in hostile.body["messages"] if m.get("role") == "tool")
     content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
+    assert "PROBE" in content, content[-3000:]
     found = json.loads(content[content.index("PROBE") + 5 :].split("\n")[0])
+    # The neighbours, in flight while the probe named their routes, score as their cases say;
+    # the hostile rollout's own route still works (its fix after the probe scores).
+    assert len(traces) == len(cases)
+    for trace in traces:
+        case = case_of(trace, table)
+        expected = 1.0 if cases[case][1] else 0.0
+        assert not trace["errors"], (case, trace["errors"], found)
+        assert trace["rewards"]["nemo_gym"]["score"] == expected, (case, trace["rewards"], found)
     assert f"http://{gateway}:" in found["base"] and "/ng-rollout/" in found["base"]
-    assert all(v != "open" for v in found["stack_ports"].values()), found["stack_ports"]
-    assert all(v != "open" for v in found["loopback"].values()), found["loopback"]
-    assert found["wrong_credential"] == 401 and found["other_route"] == 401, found
-    assert found["plain_path"] == 404, found
+    assert found["neighbours"] >= 2
+    # Every spelling is 404 at the door, a forged credential 401 at the proxy, other methods 404.
+    assert set(found["spellings"]) == {"404"}, found["spellings"]
+    assert set(found["forged"]) == {"401"}, found["forged"]
+    assert set(found["methods"]) == {"404"}, found["methods"]
+    # Nothing answers but the door: at the gateway and at the host's other addresses, every
+    # port a process of the host listens on; at loopback the stack's ports.
+    assert found["gateway"] == [found["door_port"]], found["gateway"]
+    assert all(v == [] for v in found["addresses"].values()), found["addresses"]
+    assert len(found["addresses"]) >= 1 and found["loopback"] == [], found
+    assert found["docker_socket"] == []
     # Routes: the container's subnet, and its one gateway is the host's address on it.
     routes = [line.split() for line in found["routes"] if len(line.split()) > 2]
     gateways = {fields[2] for fields in routes if fields[2] != "00000000"}
     assert gateways == {"".join(f"{int(p):02X}" for p in reversed(gateway.split(".")))}, routes
     assert info["Internal"] is True
     assert info["Options"]["com.docker.network.bridge.enable_icc"] == "false"
-    rules = [r for r in _iptables_input() if f"vf-nemogym.stack={held.marker}" in r]
     assert any("-j DROP" in r for r in rules) and any("-j ACCEPT" in r for r in rules), rules
+    assert stack_containers(marker) == []
 
 
 def _iptables_input() -> list[str]:

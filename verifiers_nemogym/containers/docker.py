@@ -148,18 +148,19 @@ def isolation_gaps(plan: SandboxPlan, host: DockerHost | None) -> list[str]:
 
 
 def check_isolation(
-    plan: SandboxPlan, host: DockerHost | None, allow: bool, log: logging.Logger = logger
+    plan: SandboxPlan, host: DockerHost | None, allow: bool, log: logging.Logger | None = logger
 ) -> list[str]:
     """Isolation fails closed: a ConfigError (one line naming what is missing and the option
     that accepts the risk) if the package cannot isolate `plan`'s containers, unless `allow`;
-    with `allow` one warning saying what is exposed. Returns the gaps (`isolation_gaps`)."""
+    with `allow` one warning on `log` (None: none) saying what is exposed. Returns the gaps
+    (`isolation_gaps`)."""
     gaps = isolation_gaps(plan, host)
     if gaps and not allow:
         raise ConfigError(
             f"cannot isolate the sandbox containers: missing {'; '.join(gaps)}; to run them "
             f"unisolated anyway, accepting that they reach this host's services, set {ACCEPT_RISK}"
         )
-    if gaps:
+    if gaps and log is not None:
         log.warning(
             "sandbox containers run UNISOLATED (opted in with allow_unisolated_containers): "
             "missing %s; they reach every service this host (and the provider's network) "

@@ -427,23 +427,35 @@ async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
 def test_a_start_sweeps_what_a_dead_stack_left(kit: TaskKit) -> None:
     """Containers, networks and firewall rules of a stack whose processes are all gone (its
     starter and supervisor SIGKILLed together) are removed by the next stack's sweep; those of a
-    stack with a live process stay."""
+    stack with a live process stay. A sweep from another PID namespace on the same daemon (a CI
+    job container given the host's docker socket), which sees none of their processes, proves
+    neither dead and touches neither."""
     import subprocess
     import uuid
 
     dead, live = uuid.uuid4().hex, uuid.uuid4().hex
     image = kit.task("swebench_pro").image
+    origins = [arg for label in docker.origin_labels() for arg in ("--label", label)]
     for marker in (dead, live):
         label = f"{STACK_LABEL}={marker}"
         docker.run_docker(
-            "network", "create", "--internal", "--label", label, f"vfng-t{marker[:8]}"
+            "network", "create", "--internal", "--label", label, *origins, f"vfng-t{marker[:8]}"
         )
-        docker.run_docker("run", "-d", "--label", label, "--entrypoint", "sleep", image, "600")
+        docker.run_docker(
+            "run", "-d", "--label", label, *origins, "--entrypoint", "sleep", image, "600"
+        )  # fmt: skip
     rule = ["INPUT", "-i", f"vfng{dead[:11]}", "-m", "comment", "--comment",
             f"{STACK_LABEL}={dead}", "-j", "DROP"]  # fmt: skip
     subprocess.run(["iptables", "-I", *rule], check=True)
     keeper = subprocess.Popen(["sleep", "600"], env={**os.environ, MARKER_ENV_VAR: live})
     try:
+        sweep = "from verifiers_nemogym.containers import docker; print(docker.sweep_dead_stacks())"
+        elsewhere = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", sweep],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        assert elsewhere.stdout.strip() == "[]", elsewhere.stdout
+        assert len(stack_containers(live)) == 1 and len(stack_containers(dead)) == 1
         swept = docker.sweep_dead_stacks()
         assert dead in swept and live not in swept
         assert stack_containers(dead) == [] and len(stack_containers(live)) == 1

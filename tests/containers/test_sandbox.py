@@ -5,10 +5,16 @@ reference it with `sandbox_provider: sandbox`."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from verifiers_nemogym.containers.docker import DockerHost, check_isolation
 from verifiers_nemogym.containers.sandbox import (
     CONTAINER_POLICY_INSTANCE,
     NG_KEEPALIVE,
@@ -229,3 +235,66 @@ def test_a_provider_config_loosens_each_bound(tmp_path: Path) -> None:
         plan, label="l=1", network="n", door=None, workdir=tmp_path, bounds=Bounds(lifetime_s=60)
     )
     assert config["sandbox"]["docker"]["create"]["keepalive_cmd"] == "sleep 60"
+
+
+REFUSE = """
+import logging, sys
+sys.path.insert(0, {tests!r})
+from test_sandbox import DOCKER, SERVERS
+from verifiers_nemogym.containers.docker import DockerHost, check_isolation
+from verifiers_nemogym.containers.sandbox import sandbox_plan
+from verifiers_nemogym.errors import ConfigError
+logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+plan = sandbox_plan([SERVERS, DOCKER])
+try:
+    check_isolation(plan, DockerHost(cpus=1, memory_bytes=0), allow=False)
+except ConfigError as e:
+    print("REFUSED", e)
+check_isolation(plan, DockerHost(cpus=1, memory_bytes=0), allow=True)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_isolation_fails_closed_for_a_second_uid_and_the_opt_in_says_what_is_exposed() -> None:
+    """Run as uid 65534 (a real second uid: no iptables rules for it), the docker containers
+    of a plan cannot be firewalled: refused in one line naming root and the option; with the
+    option, one warning saying what they reach."""
+    code = REFUSE.format(tests=str(Path(__file__).parent))
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    refused, warned = out
+    assert refused.startswith("REFUSED cannot isolate the sandbox containers: missing root")
+    assert "--env.taskset.allow-unisolated-containers true" in refused
+    assert "run UNISOLATED (opted in" in warned and "reach every service this host" in warned
+
+
+def test_isolation_fails_closed_without_iptables_rootless_remote_or_another_provider(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each thing the package needs to isolate containers, missing, is named; a provider it has
+    no isolation for (NeMo Gym's opensandbox here) is refused the same way; an isolated docker
+    plan passes."""
+    plan = sandbox_plan([SERVERS, DOCKER])
+    assert plan is not None
+    host = DockerHost(cpus=1, memory_bytes=0)
+    if os.geteuid() == 0 and shutil.which("iptables"):
+        assert check_isolation(plan, host, allow=False) == []
+    monkeypatch.setenv("PATH", str(tmp_path))  # no iptables on it
+    monkeypatch.setenv("DOCKER_HOST", "tcp://192.0.2.1:2376")
+    with pytest.raises(ConfigError) as caught:
+        check_isolation(plan, replace(host, rootless=True), allow=False)
+    text = str(caught.value)
+    assert "\n" not in text
+    for missing in ("iptables (not on PATH", "a rootful docker daemon", "a local docker daemon"):
+        assert missing in text, text
+    monkeypatch.undo()
+    other = sandbox_plan([SERVERS, {"sandbox": {"opensandbox": {"connection": {}}}}])
+    assert other is not None
+    with pytest.raises(ConfigError, match="'opensandbox' sandbox provider's containers"):
+        check_isolation(other, None, allow=False)
+    assert len(check_isolation(other, None, allow=True, log=None)) == 1

@@ -35,7 +35,16 @@ from verifiers_nemogym.containers.sandbox import (
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, alive, argv_of, environ_of, pids
+from verifiers_nemogym.nemo.supervisor import (
+    MARKER_ENV_VAR,
+    alive,
+    argv_of,
+    container_of,
+    environ_of,
+    kill_processes_mentioning,
+    pids,
+    processes_mentioning,
+)
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.util import run_checked
@@ -342,6 +351,23 @@ def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
         )
         swept.append(marker)
     return swept
+
+
+def stop_rollout(token: str) -> list[str]:
+    """Stop what one rollout left running: SIGKILL the processes whose environment mentions
+    `token` (its rollout id: a coding-agent CLI on this host, or run by `docker exec` in a
+    container, and their children), and force-remove the containers of a stack of ours
+    (`STACK_LABEL`) those processes ran in. Returns the containers removed. A container none of
+    whose processes carries the id (between the agent's commands) ends with its lifetime."""
+    containers = {c for pid in processes_mentioning(token) if (c := container_of(pid))}
+    kill_processes_mentioning(token)
+    if not containers:
+        return []
+    listed = run_docker("ps", "-q", "--no-trunc", "--filter", f"label={STACK_LABEL}")
+    ours = sorted(containers & set(listed.split()))
+    if ours:
+        run_docker("rm", "-f", *ours)
+    return ours
 
 
 class StackContainers:

@@ -309,26 +309,74 @@ async def test_train_mode_records_token_ids_of_every_call_from_the_container(
     await check_train_episodes(env, held)
 
 
-async def test_a_rollout_deadline_is_an_error_and_its_container_goes_with_the_stack(
+FORK_BOMB = r"""
+import os, time
+forked = 0
+while forked < 100000:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(600)
+        os._exit(0)
+    forked += 1
+time.sleep(600)
+"""
+
+
+def pids_in_container(container: str) -> int:
+    """The processes (and threads) the container's pids cgroup counts now (cgroup v1 or v2,
+    docker's cgroupfs or systemd driver)."""
+    root = Path("/sys/fs/cgroup")
+    for folder in (root / "pids" / "docker" / container,
+                   root / "pids" / "system.slice" / f"docker-{container}.scope",
+                   root / "system.slice" / f"docker-{container}.scope"):  # fmt: skip
+        if (folder / "pids.current").exists():
+            return int((folder / "pids.current").read_text())
+    raise AssertionError(f"no pids cgroup for container {container}")
+
+
+async def test_a_rollout_deadline_is_an_error_and_its_container_goes_at_once(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
 ) -> None:
-    """The model's command outlives the rollout's deadline: the rollout is an error (never a
-    reward) naming it, while its container ran under the stack's label."""
+    """The model's command forks until the container's pids limit refuses, then outlives the
+    rollout's deadline: the container carries every bound (`docker inspect`), the fork bomb
+    stops at the limit, the rollout is an error (never a reward) naming the deadline, and the
+    container is gone within seconds of it, its stack still up."""
     (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
-    slow = replace(task, fix="sleep 600")
-    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", task={"run_timeout": 40.0})
+    bomb = base64.b64encode(FORK_BOMB.encode()).decode()
+    slow = replace(task, fix=f"echo {bomb} | base64 -d > /tmp/bomb.py && python3 /tmp/bomb.py")
+    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", task={"run_timeout": 90.0})
     async with FixerPolicy(tasks=[slow]) as policy, env.serving():
         assert held.owns(env)
         rollout = asyncio.ensure_future(
             env.run_episode(next(iter(env.taskset)), model_context(policy))
         )
-        await until(lambda: stack_containers(held.marker), 60, "the rollout's container")
+        (short,) = await until(lambda: stack_containers(held.marker), 60, "the container", 0.5)
+        info = json.loads(docker.run_docker("inspect", "--format", "{{json .}}", short))
+        limits, config = info["HostConfig"], info["Config"]
+        assert limits["PidsLimit"] == 1024, limits["PidsLimit"]
+        assert {"NET_RAW", "MKNOD", "SYS_CHROOT"} <= set(limits["CapDrop"]), limits["CapDrop"]
+        assert "no-new-privileges" in limits["SecurityOpt"], limits["SecurityOpt"]
+        assert limits["AutoRemove"] is True and config["Cmd"][-1] == "sleep 3600", config["Cmd"]
+        assert {docker.BOOT_LABEL, docker.PIDNS_LABEL} <= set(config["Labels"])
+        before = len(os.listdir("/proc"))
+        full = await until(
+            lambda: (n := pids_in_container(info["Id"])) >= 1000 and n, 80, "the fork bomb", 0.5
+        )
+        await asyncio.sleep(2)  # the bomb has stopped at the limit, not slowed down
+        assert full <= pids_in_container(info["Id"]) <= 1024
+        assert len(os.listdir("/proc")) - before < 1024 + 300  # other helpers' processes
         episode = await rollout
+        ended = asyncio.get_running_loop().time()
+        await until(lambda: not stack_containers(held.marker), 20, "the container to go", 0.5)
+        gone_after = asyncio.get_running_loop().time() - ended
     await held.released()
     assert not episode.ok
-    assert "did not return within 40 s" in json.dumps(episode.traces[0].errors[0].message)
+    assert "did not return within 90 s" in json.dumps(episode.traces[0].errors[0].message)
     assert "nemo_gym" not in episode.traces[0].rewards
-    # The stack's teardown (the `held` fixture) checks that no container of it is left.
+    assert gone_after < 20
 
 
 async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(

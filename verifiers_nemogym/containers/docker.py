@@ -451,16 +451,18 @@ class StackContainers:
             "containers); on the host they reach %s: %s, rollout routes only",
             ", ".join(joined), network, reach, self.door.url,
         )  # fmt: skip
+        held: dict[str, list[str]] = {}  # one line per distinct set of bounds
         for instance, create in sorted(creates.items()):
-            self.log.info(
-                "%s's containers: pids limit %s, dropped capabilities %s, security options %s, "
-                "keepalive %r (then removed)",
-                instance,
-                create.get("pids_limit") or "none",
-                ",".join(create.get("cap_drop") or []) or "none",
-                ",".join(create.get("security_opt") or []) or "none",
-                create.get("keepalive_cmd"),
+            bounds = (
+                f"pids limit {create.get('pids_limit') or 'none'}, dropped capabilities "
+                f"{','.join(create.get('cap_drop') or []) or 'none'}, security options "
+                f"{','.join(create.get('security_opt') or []) or 'none'}, keepalive "
+                f"{create.get('keepalive_cmd')!r}"
+                + (" (then removed)" if "--rm" in (create.get("extra_run_args") or []) else "")
             )
+            held.setdefault(bounds, []).append(instance)
+        for bounds, instances in held.items():
+            self.log.info("containers of %s: %s", ", ".join(instances), bounds)
         if host.backing_filesystem != "xfs":
             self.log.info(
                 "no disk bound on containers: docker's overlay2 stores them on %s, and a "

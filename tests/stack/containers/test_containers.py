@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
@@ -44,7 +45,7 @@ import nemo_gym_env
 from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
 
@@ -152,12 +153,14 @@ async def test_container_environments_score_and_never_cross_route(
     for trace in traces:
         assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
     assert all(steps[i] == 2 for i in range(len(cases))), steps  # the fix, then the final turn
-    # The shared stack's host logs how its containers are isolated.
+    # The shared stack's host logs how its containers are isolated and bounded.
     host_text = stack_host_log(tmp_path / "out")
     assert "on the host they reach the door only (firewall)" in host_text
+    assert "pids limit 1024, dropped capabilities NET_RAW," in host_text
+    assert "no-new-privileges, keepalive 'sleep 3600' (then removed)" in host_text
     assert await gone(tag) == []
     # Every container and the network of the run's stack removed (named in its host's log).
-    network = re.search(r"containers join docker network (vfng-\w+)", host_text)
+    network = re.search(r"join docker network (vfng-\w+)", host_text)
     assert network is not None, host_text[-2000:]
     prefix = network.group(1).removeprefix(docker.NETWORK_PREFIX)
     left = [m for m in docker._stack_markers() if m.startswith(prefix)]
@@ -379,22 +382,34 @@ async def test_a_rollout_deadline_is_an_error_and_its_container_goes_at_once(
     assert gone_after < 20
 
 
-async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
+SHORT_LIFETIME_S = 45
+
+
+async def test_ctrl_c_or_sigkill_leaves_no_container(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
-    """Two vf-evals, each with a private stack, one interrupted (Ctrl-C) and one SIGKILLed
-    while its rollout's container runs the model's command: no container, network or process
-    of either is left (the stacks' supervisors remove them; a start after a killed one sweeps
-    what remains). Both at once: each waits on its container, not on the CPU."""
+    """Two vf-evals, each with a private stack, one interrupted (Ctrl-C) while its rollout's
+    container runs the model's command: no container, network or process of it is left (its
+    stack's supervisor removes them). The other is SIGKILLed with every process of its own at
+    once, its stack's supervisor included (a job's cgroup killed): its container, whose
+    lifetime its provider config sets to 45 s, is gone within that bound with no other stack
+    started; the next start's sweep removes its network. Both at once: each waits on its
+    container, not on the CPU."""
     (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    short = tmp_path / "short-lifetime.yaml"
+    short.write_text(
+        f"sandbox:\n  docker:\n    create:\n      keepalive_cmd: sleep {SHORT_LIFETIME_S}\n"
+    )
     before = set(stack_containers())
 
-    async def interrupted(how: signal.Signals) -> str:
+    async def interrupted(how: signal.Signals) -> tuple[str, float]:
         out = tmp_path / how.name
+        paths = config_paths(kit, ("swebench_pro",))
+        paths += [str(short)] if how == signal.SIGKILL else []
         async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
             cmd = vf_eval_command(
                 "policy", policy.base_url, "FIXER_KEY", 1, 1, 1, out,
-                "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
+                "--env.taskset.config-paths", json.dumps(paths),
                 "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
                 "--env.taskset.shared-stack", "false",
                 *runtime_flags(nemo_venv_07),
@@ -407,21 +422,30 @@ async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
             try:
                 await until(lambda: any(c.step == "fix" for c in policy.log), 600, how.name)
                 assert set(stack_containers()) - before  # a rollout's container runs
-                os.kill(proc.pid, how)
+                if how == signal.SIGKILL:
+                    signal_with_env(processes_with_env(tag), tag, signal.SIGKILL)
+                else:
+                    os.kill(proc.pid, how)
+                killed = asyncio.get_running_loop().time()
                 await asyncio.wait_for(proc.wait(), 120)
             finally:
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
-        return tag
+        return tag, killed
 
-    tags = await asyncio.gather(interrupted(signal.SIGINT), interrupted(signal.SIGKILL))
-    for tag in tags:
+    (int_tag, _), (kill_tag, killed) = await asyncio.gather(
+        interrupted(signal.SIGINT), interrupted(signal.SIGKILL)
+    )
+    for tag in (int_tag, kill_tag):
         assert await gone(tag) == []
     left = await until(
-        lambda: not (set(stack_containers()) - before) or None, 60, "the containers to go"
-    )
+        lambda: not (set(stack_containers()) - before) or None,
+        SHORT_LIFETIME_S + 15, "the containers to go",
+    )  # fmt: skip
     assert left
+    assert asyncio.get_running_loop().time() - killed < SHORT_LIFETIME_S + 15
+    assert docker.sweep_dead_stacks()  # the killed stack's network, for the next start
 
 
 async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
@@ -541,3 +565,60 @@ def test_a_sweep_keeps_the_network_of_a_stack_still_starting() -> None:
     finally:
         docker.remove_objects(f"{STACK_LABEL}={starting}")
         docker.remove_objects(f"{STACK_LABEL}={orphaned}")
+
+
+def path_without_iptables(folder: Path) -> str:
+    """A PATH of links to every command of this one but `iptables*`."""
+    folder.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(directory):
+                link = folder / entry.name
+                if not entry.name.startswith("iptables") and not link.exists():
+                    link.symlink_to(entry.path)
+    return str(folder)
+
+
+async def test_without_iptables_the_stack_refuses_unless_opted_in_and_then_says_so(
+    nemo_venv_07: NeMoGymVenv,
+    kit: TaskKit,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """iptables off PATH (the docker firewall cannot be made): every rollout is an error whose
+    one line names what is missing and the option, no model call is made and no stack starts;
+    with `allow_unisolated_containers` a private stack runs, scores, and one warning says the
+    containers are unisolated and what they reach, and no firewall rule is made."""
+    import logging
+
+    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    monkeypatch.setenv("PATH", path_without_iptables(tmp_path / "bin"))
+    before = set(docker._stack_markers())
+    refused = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", shared_stack=False)
+    async with FixerPolicy(tasks=[task]) as policy, refused.serving():
+        episode = await refused.run_episode(next(iter(refused.taskset)), model_context(policy))
+    assert policy.log == [] and not episode.ok
+    message = str(episode.traces[0].errors[0].message).strip()
+    assert "\n" not in message and "cannot isolate the sandbox containers" in message, message
+    assert "iptables (not on PATH" in message, message
+    assert "--env.taskset.allow-unisolated-containers true" in message, message
+    assert set(docker._stack_markers()) == before  # nothing of a stack was made
+    caplog.set_level(logging.INFO, logger="verifiers_nemogym")
+    env = _env(
+        kit, nemo_venv_07, tmp_path / "rows.jsonl", shared_stack=False,
+        allow_unisolated_containers=True,
+    )  # fmt: skip
+    async with FixerPolicy(tasks=[task]) as policy, env.serving():
+        episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
+        rules = [r for r in _iptables_input() if "vf-nemogym.stack=" in r]
+    assert episode.ok and episode.traces[0].rewards["nemo_gym"]["score"] == 1.0
+    warned = [r.getMessage() for r in caplog.records if "run UNISOLATED" in r.getMessage()]
+    assert len(warned) == 1 and "missing iptables (not on PATH" in warned[0], warned
+    assert "reach every service this host" in warned[0]
+    joined = re.search(
+        r"join docker network (vfng-\w+) .* they reach the door, and whatever", caplog.text
+    )
+    assert joined is not None, caplog.text[-2000:]
+    prefix = joined.group(1).removeprefix(docker.NETWORK_PREFIX)
+    assert not [r for r in rules if f"vf-nemogym.stack={prefix}" in r], rules

@@ -209,6 +209,7 @@ async def open_stack(
     start_timeout: float,
     judge: Judge | None = None,
     ray: RayCluster | None = None,
+    allow_unisolated_containers: bool = False,
 ) -> Stack:
     """The stack the taskset config asks for (the module names the four); `remote` is the
     `stack_url` stack (`describe_stack_url`), if one was named. The proxy must be serving
@@ -227,13 +228,14 @@ async def open_stack(
             await attach_or_start(
                 runtime, config_paths, proxy_url=proxy.url, proxy_secret=proxy.secret,
                 idle_timeout=idle_timeout, start_timeout=start_timeout, judge=judge, ray=ray,
-                log=logger,
+                allow_unisolated_containers=allow_unisolated_containers, log=logger,
             )
         )  # fmt: skip
     process = await start_stack(
         lambda seconds: NeMoGymStack(
             runtime, config_paths, policy_host=proxy.host, policy_port=proxy.port,
             start_timeout=seconds, judge=judge, ray=ray,
+            allow_unisolated_containers=allow_unisolated_containers,
         ),
         start_timeout,
     )  # fmt: skip

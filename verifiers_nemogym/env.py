@@ -129,6 +129,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             start_timeout=config.start_timeout,
             judge=judge,
             ray=ray,
+            allow_unisolated_containers=config.allow_unisolated_containers,
         )
         what, where = self._stack.describe()
         logger.info(

@@ -22,10 +22,10 @@ from verifiers.v1.runtimes import ProgramResult, Runtime
 
 from verifiers_nemogym.bridge.proxy import Route
 from verifiers_nemogym.bridge.redact import cut, redact
+from verifiers_nemogym.containers.docker import stop_rollout
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.judge.blame import question_of
-from verifiers_nemogym.nemo.supervisor import kill_processes_mentioning
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
 from verifiers_nemogym.util import cancel_and_wait
 
@@ -123,11 +123,15 @@ async def _run_stopping_leftovers(
 ) -> dict[str, Any]:
     """`_post_run`; when it does not return a result (a deadline, a lost stack, a cancelled
     rollout), NeMo Gym's agent may still run the rollout's coding-agent CLI, and what that
-    started, until the agent's own timeout: they carry the rollout id, so they are stopped."""
+    started, until the agent's own timeout, on this host or in the rollout's container: they
+    carry the rollout id, so they are stopped and that container removed (`stop_rollout`)."""
     try:
         return await _post_run(live, data, url, route)
     except BaseException:
-        await asyncio.shield(asyncio.to_thread(kill_processes_mentioning, route.rollout_id))
+        try:
+            await asyncio.shield(asyncio.to_thread(stop_rollout, route.rollout_id))
+        except StackError as e:  # the rollout's own error is the one to report
+            logger.warning("could not remove the container of a stopped rollout: %s", e)
         raise
 
 

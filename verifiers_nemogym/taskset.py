@@ -20,7 +20,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 from verifiers.v1.dialects.responses import ResponsesDialect
 from verifiers.v1.runtimes import Runtime
 
-from verifiers_nemogym.containers.docker import daemon, missing_images
+from verifiers_nemogym.containers.docker import check_isolation, daemon, missing_images
 from verifiers_nemogym.containers.sandbox import row_image, sandbox_plan
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
@@ -120,6 +120,12 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     stack_idle_grace: float = Field(5.0, ge=0)
     """Seconds a shared stack this process starts stays up after its last user left (a stack
     started with `nemo-gym-env stack up` keeps its own idle timeout)."""
+    allow_unisolated_containers: bool = False
+    """Explicit opt-in to sandbox containers nemo-gym-env cannot isolate (not root, no
+    iptables, a rootless or remote docker daemon, a provider other than docker): without it
+    such a stack is refused in one line naming what is missing; with it the containers reach
+    every service this host serves them and one warning says so. Part of a shared stack's
+    identity (docs/containers.md, "Isolation")."""
     judge: NeMoGymJudgeConfig | None = None
     """The judge for NeMo Gym's LLM-judge environments (`--env.taskset.judge.base-url URL
     --env.taskset.judge.model NAME --env.taskset.judge.api-key-var VAR`). Without one, an
@@ -355,15 +361,19 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
         return known
 
     def check_container_images(self, config_paths: list[Path]) -> None:
-        """For `config_paths` (what `config_paths()` returned) whose servers run rows in docker
-        containers (`containers.sandbox`): a one-line error naming the first row whose image the
-        docker daemon does not have (and how many are missing), or no daemon, before any rollout
-        starts. Reads no image of a provider other than docker."""
+        """For `config_paths` (what `config_paths()` returned) whose servers run rows in
+        containers (`containers.sandbox`), before any rollout starts: a one-line error if they
+        cannot be isolated and `allow_unisolated_containers` is off (`check_isolation`), or
+        naming the first row whose docker image the daemon does not have (and how many are
+        missing), or no daemon. Reads no image of a provider other than docker."""
         catalog = Catalog(self.nemo_venv)
         plan = sandbox_plan(catalog.merged_config(path) for path in config_paths)
-        if plan is None or plan.docker is None:
+        if plan is None:
             return
-        daemon()
+        host = daemon() if plan.docker is not None else None
+        check_isolation(plan, host, self.config.allow_unisolated_containers, log=None)
+        if host is None:
+            return
         wanted: dict[str, str] = {}
         for task in self.load():
             if task.data.agent is not None:

@@ -5,12 +5,21 @@ reference it with `sandbox_provider: sandbox`."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from verifiers_nemogym.containers.docker import DockerHost, check_isolation
 from verifiers_nemogym.containers.sandbox import (
     CONTAINER_POLICY_INSTANCE,
+    NG_KEEPALIVE,
+    Bounds,
+    docker_creates,
     row_image,
     sandbox_plan,
     shadow_servers,
@@ -95,7 +104,7 @@ def test_the_stack_config_labels_isolates_and_routes_through_the_door(tmp_path: 
     create = config["sandbox"]["docker"]["create"]
     assert create["network"] == "vfng-m1"
     # The user's own run arguments stay, ours follow; the provider's other settings stay.
-    assert create["extra_run_args"] == ["--init", "--label", "vf-nemogym.stack=m1"]
+    assert create["extra_run_args"] == ["--init", "--label", "vf-nemogym.stack=m1", "--rm"]
     assert create["use_init"] is True
     assert config["observability_enabled"] is True
     agent = config["agent"]["responses_api_agents"]["opencode_sandboxed_agent"]
@@ -161,3 +170,131 @@ def test_servers_of_a_provider_package_get_its_client_in_their_venv(tmp_path: Pa
     docker_plan = sandbox_plan([{"agent": SERVERS["agent"]}, DOCKER])
     assert docker_plan is not None
     assert shadow_servers(docker_plan, installed, tmp_path / "other", "0.7.0") == []
+
+
+INLINE = {
+    "inline": {"responses_api_agents": {"opencode_sandboxed_agent": {
+        "entrypoint": "app.py",
+        "sandbox_provider": {"docker": {"create": {"extra_run_args": ["--init"],
+                                                   "network": "bridge"},
+                                        "exec": {"concurrency": 4}}},
+        "resources_server": {"type": "resources_servers", "name": "tb"},
+        "model_server": {"type": "responses_api_models", "name": "policy_model"}}}},
+    "anyterm": {"responses_api_agents": {"anyterminal_agent": {"entrypoint": "app.py"}}},
+}  # fmt: skip
+
+
+def test_every_way_of_naming_docker_gets_the_network_labels_and_bounds(tmp_path: Path) -> None:
+    """A block reference, an inline `{docker: {...}}` and an agent's default provider (NeMo
+    Gym 0.7.0's anyterminal_agent: `{"docker": {}}`) all end up with the stack's network,
+    labels and bounds once the stack's config is merged after the user's."""
+    plan = sandbox_plan([SERVERS, DOCKER, INLINE])
+    assert plan is not None
+    assert {s.instance: s.block for s in plan.servers if s.block is None} == {
+        "inline": None,
+        "anyterm": None,
+    }
+    config = stack_config(
+        plan, label="vf-nemogym.stack=m1", network="vfng-m1", door=("172.30.0.1", 4567),
+        workdir=tmp_path, labels=("vf-nemogym.boot=b",),
+    )  # fmt: skip
+    creates = docker_creates(plan, config)
+    assert set(creates) == {"swepro", "agent", "tb", "tb_agent", "inline", "anyterm"}
+    for instance, create in creates.items():
+        assert create["network"] == "vfng-m1", instance
+        args = create["extra_run_args"]
+        assert args[-5:] == ["--label", "vf-nemogym.stack=m1", "--label", "vf-nemogym.boot=b",
+                             "--rm"], instance  # fmt: skip
+        assert create["pids_limit"] == 1024
+        assert "NET_RAW" in create["cap_drop"] and "no-new-privileges" in create["security_opt"]
+        assert create["keepalive_cmd"] == "sleep 3600"
+    inline = config["inline"]["responses_api_agents"]["opencode_sandboxed_agent"]
+    # The inline provider's own settings stay; its agent still reaches the door.
+    assert inline["sandbox_provider"]["docker"]["exec"] == {"concurrency": 4}
+    assert inline["model_server"]["name"] == CONTAINER_POLICY_INSTANCE
+
+
+def test_a_provider_config_loosens_each_bound(tmp_path: Path) -> None:
+    loose = {"sandbox": {"docker": {"create": {
+        "pids_limit": 100000, "cap_drop": [], "security_opt": ["no-new-privileges:false"],
+        "keepalive_cmd": "sleep 86400"}}}}  # fmt: skip
+    plan = sandbox_plan([SERVERS, loose])
+    assert plan is not None
+    config = stack_config(
+        plan, label="l=1", network="n", door=None, workdir=tmp_path, bounds=Bounds(lifetime_s=60)
+    )
+    create = config["sandbox"]["docker"]["create"]
+    assert create["pids_limit"] == 100000 and create["cap_drop"] == []
+    assert create["security_opt"] == ["no-new-privileges:false"]
+    assert create["keepalive_cmd"] == "sleep 86400"
+    # NeMo Gym's own endless keepalive is not a user's choice: the lifetime replaces it.
+    endless = {"sandbox": {"docker": {"create": {"keepalive_cmd": NG_KEEPALIVE}}}}
+    plan = sandbox_plan([SERVERS, endless])
+    assert plan is not None
+    config = stack_config(
+        plan, label="l=1", network="n", door=None, workdir=tmp_path, bounds=Bounds(lifetime_s=60)
+    )
+    assert config["sandbox"]["docker"]["create"]["keepalive_cmd"] == "sleep 60"
+
+
+REFUSE = """
+import logging, sys
+sys.path.insert(0, {tests!r})
+from test_sandbox import DOCKER, SERVERS
+from verifiers_nemogym.containers.docker import DockerHost, check_isolation
+from verifiers_nemogym.containers.sandbox import sandbox_plan
+from verifiers_nemogym.errors import ConfigError
+logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+plan = sandbox_plan([SERVERS, DOCKER])
+try:
+    check_isolation(plan, DockerHost(cpus=1, memory_bytes=0), allow=False)
+except ConfigError as e:
+    print("REFUSED", e)
+check_isolation(plan, DockerHost(cpus=1, memory_bytes=0), allow=True)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_isolation_fails_closed_for_a_second_uid_and_the_opt_in_says_what_is_exposed() -> None:
+    """Run as uid 65534 (a real second uid: no iptables rules for it), the docker containers
+    of a plan cannot be firewalled: refused in one line naming root and the option; with the
+    option, one warning saying what they reach."""
+    code = REFUSE.format(tests=str(Path(__file__).parent))
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    refused, warned = out
+    assert refused.startswith("REFUSED cannot isolate the sandbox containers: missing root")
+    assert "--env.taskset.allow-unisolated-containers true" in refused
+    assert "run UNISOLATED (opted in" in warned and "reach every service this host" in warned
+
+
+def test_isolation_fails_closed_without_iptables_rootless_remote_or_another_provider(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each thing the package needs to isolate containers, missing, is named; a provider it has
+    no isolation for (NeMo Gym's opensandbox here) is refused the same way; an isolated docker
+    plan passes."""
+    plan = sandbox_plan([SERVERS, DOCKER])
+    assert plan is not None
+    host = DockerHost(cpus=1, memory_bytes=0)
+    if os.geteuid() == 0 and shutil.which("iptables"):
+        assert check_isolation(plan, host, allow=False) == []
+    monkeypatch.setenv("PATH", str(tmp_path))  # no iptables on it
+    monkeypatch.setenv("DOCKER_HOST", "tcp://192.0.2.1:2376")
+    with pytest.raises(ConfigError) as caught:
+        check_isolation(plan, replace(host, rootless=True), allow=False)
+    text = str(caught.value)
+    assert "\n" not in text
+    for missing in ("iptables (not on PATH", "a rootful docker daemon", "a local docker daemon"):
+        assert missing in text, text
+    monkeypatch.undo()
+    other = sandbox_plan([SERVERS, {"sandbox": {"opensandbox": {"connection": {}}}}])
+    assert other is not None
+    with pytest.raises(ConfigError, match="'opensandbox' sandbox provider's containers"):
+        check_isolation(other, None, allow=False)
+    assert len(check_isolation(other, None, allow=True, log=None)) == 1

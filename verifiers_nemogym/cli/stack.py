@@ -46,6 +46,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     for named in (up, down):  # the judge and the Ray cluster are part of a stack's identity
         add_judge_arguments(named)
         named.add_argument(
+            "--allow-unisolated-containers",
+            action="store_true",
+            help="run sandbox containers nemo-gym-env cannot isolate (not root, no iptables, "
+            "rootless or remote docker, a provider other than docker): they reach this host's "
+            "services (docs/containers.md)",
+        )
+        named.add_argument(
             "--ray-address",
             default=None,
             metavar="HOST:PORT",
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 judge=judge,
                 listen=args.listen,
                 ray=ray,
+                allow_unisolated_containers=args.allow_unisolated_containers,
             )
         )
         print(_describe(info))
@@ -90,7 +98,13 @@ def run(args: argparse.Namespace) -> int:
             print(_describe_listen(listen))
         return 0
     hosts = asyncio.run(client.list_hosts())
-    wanted = client.stack_key(runtime, config_paths(args.envs), judge, ray) if args.envs else None
+    wanted = (
+        client.stack_key(
+            runtime, config_paths(args.envs), judge, ray, args.allow_unisolated_containers
+        )
+        if args.envs
+        else None
+    )
     stopped = 0
     for host in hosts:
         if wanted is not None and host.directory.name != wanted:

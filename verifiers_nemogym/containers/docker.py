@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +24,27 @@ import yaml
 
 from verifiers_nemogym.containers.door import ModelDoor
 from verifiers_nemogym.containers.sandbox import (
+    ISOLATED_PROVIDERS,
     STACK_LABEL,
+    Bounds,
     SandboxPlan,
     check_providers,
+    docker_creates,
     sandbox_plan,
     shadow_servers,
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, alive, argv_of, environ_of, pids
+from verifiers_nemogym.nemo.supervisor import (
+    MARKER_ENV_VAR,
+    alive,
+    argv_of,
+    container_of,
+    environ_of,
+    kill_processes_mentioning,
+    pids,
+    processes_mentioning,
+)
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.util import run_checked
@@ -46,6 +59,30 @@ BRIDGE_PREFIX = "vfng"
 OWNER_LABEL = "vf-nemogym.owner"
 """On a stack's network: the pid of the process that made it. (A reused pid only keeps a dead
 stack's network until a later sweep.)"""
+BOOT_LABEL = "vf-nemogym.boot"
+"""On a stack's networks and containers: the boot id of the host whose processes own it."""
+PIDNS_LABEL = "vf-nemogym.pidns"
+"""On a stack's networks and containers: the PID namespace its owners run in. The sweep judges
+an object by /proc only from the same boot and PID namespace (`sweep_dead_stacks`)."""
+ACCEPT_RISK = "allow_unisolated_containers (--env.taskset.allow-unisolated-containers true)"
+"""The option that accepts containers the package cannot isolate (`check_isolation`)."""
+
+
+def origin() -> tuple[str, str]:
+    """(boot id, PID namespace) of this process: what `BOOT_LABEL` and `PIDNS_LABEL` carry.
+    Empty strings where Linux does not say (the sweep then removes nothing of ours)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "", ""
+    return boot, pidns
+
+
+def origin_labels() -> tuple[str, ...]:
+    """`key=value` docker labels naming this process's origin (`origin`)."""
+    boot, pidns = origin()
+    return f"{BOOT_LABEL}={boot}", f"{PIDNS_LABEL}={pidns}"
 
 
 @dataclass(frozen=True)
@@ -54,6 +91,10 @@ class DockerHost:
 
     cpus: int
     memory_bytes: int
+    rootless: bool = False
+    backing_filesystem: str = ""
+    """What overlay2 stores containers' layers on (`extfs`, `xfs`...): a container's disk can be
+    bounded (`--storage-opt size=`) only on xfs mounted with pquota."""
 
 
 def docker_cli() -> str:
@@ -83,7 +124,59 @@ def daemon() -> DockerHost:
             "NeMo Gym's docker sandbox provider needs a running docker daemon: "
             f"{'; '.join(map(str, errors or ['`docker info` shows no server']))}"
         )
-    return DockerHost(cpus=int(info["NCPU"]), memory_bytes=int(info.get("MemTotal") or 0))
+    status = dict(pair for pair in info.get("DriverStatus") or [] if len(pair) == 2)
+    return DockerHost(
+        cpus=int(info["NCPU"]),
+        memory_bytes=int(info.get("MemTotal") or 0),
+        rootless=any("rootless" in str(o) for o in info.get("SecurityOptions") or []),
+        backing_filesystem=str(status.get("Backing Filesystem") or ""),
+    )
+
+
+def isolation_gaps(plan: SandboxPlan, host: DockerHost | None) -> list[str]:
+    """What keeps the package from isolating the containers of `plan` (a phrase each; empty:
+    nothing): a provider it has no isolation for (`ISOLATED_PROVIDERS`), and for docker (whose
+    daemon is `host`) no root, no iptables, a rootless daemon or a remote one (`DOCKER_HOST`)."""
+    gaps = [
+        f"the {name!r} sandbox provider's containers (nemo-gym-env isolates docker's only)"
+        for name in sorted(plan.providers)
+        if name not in ISOLATED_PROVIDERS
+    ]
+    if plan.docker is None:
+        return gaps
+    if os.geteuid() != 0:
+        gaps.append("root (the docker firewall is iptables rules; this process is not root)")
+    if shutil.which("iptables") is None:
+        gaps.append("iptables (not on PATH; the docker firewall is iptables rules)")
+    if host is not None and host.rootless:
+        gaps.append("a rootful docker daemon (this one is rootless)")
+    docker_host = os.environ.get("DOCKER_HOST", "")
+    if docker_host and not docker_host.startswith("unix://"):
+        gaps.append("a local docker daemon (DOCKER_HOST names another machine's)")
+    return gaps
+
+
+def check_isolation(
+    plan: SandboxPlan, host: DockerHost | None, allow: bool, log: logging.Logger | None = logger
+) -> list[str]:
+    """Isolation fails closed: a ConfigError (one line naming what is missing and the option
+    that accepts the risk) if the package cannot isolate `plan`'s containers, unless `allow`;
+    with `allow` one warning on `log` (None: none) saying what is exposed. Returns the gaps
+    (`isolation_gaps`)."""
+    gaps = isolation_gaps(plan, host)
+    if gaps and not allow:
+        raise ConfigError(
+            f"cannot isolate the sandbox containers: missing {'; '.join(gaps)}; to run them "
+            f"unisolated anyway, accepting that they reach this host's services, set {ACCEPT_RISK}"
+        )
+    if gaps and log is not None:
+        log.warning(
+            "sandbox containers run UNISOLATED (opted in with allow_unisolated_containers): "
+            "missing %s; they reach every service this host (and the provider's network) "
+            "serves them on any address",
+            "; ".join(gaps),
+        )
+    return gaps
 
 
 def check_requests(plan: SandboxPlan, host: DockerHost) -> None:
@@ -141,8 +234,9 @@ class ContainerNetwork:
         """The network for the stack of `marker`; StackError if docker cannot make one."""
         name, bridge = f"{NETWORK_PREFIX}{marker[:12]}", f"{BRIDGE_PREFIX}{marker[:11]}"
         label = f"{STACK_LABEL}={marker}"
+        origins = [a for o in origin_labels() for a in ("--label", o)]
         run_docker(
-            "network", "create", "--internal", "--label", label,
+            "network", "create", "--internal", "--label", label, *origins,
             "--label", f"{OWNER_LABEL}={os.getpid()}",
             "--opt", f"com.docker.network.bridge.name={bridge}",
             "--opt", "com.docker.network.bridge.enable_icc=false",
@@ -153,7 +247,15 @@ class ContainerNetwork:
         if not gateways:
             remove_objects(label)
             raise StackError(f"docker gave the network {name} no gateway address")
-        return cls(name=name, bridge=bridge, gateway=str(gateways[0]), label=label)
+        gateway = str(gateways[0])
+        if not _local_address(gateway):
+            remove_objects(label)
+            raise StackError(
+                f"docker network {name}'s gateway {gateway} is not an address of this machine "
+                "(a rootless or remote docker daemon): the door its containers call the model "
+                "through cannot listen there"
+            )
+        return cls(name=name, bridge=bridge, gateway=gateway, label=label)
 
     def firewall(self, port: int) -> bool:
         """Drop every packet a container sends to the host except TCP to the gateway's `port`
@@ -173,17 +275,43 @@ class ContainerNetwork:
         return True
 
 
-def _stack_markers() -> dict[str, set[int]]:
-    """Markers of stacks on this host with a docker object (container or network), each with
-    the PIDs that made its networks (`OWNER_LABEL`)."""
-    found: dict[str, set[int]] = {}
-    stack, owner = (f'{{{{.Label "{label}"}}}}' for label in (STACK_LABEL, OWNER_LABEL))
-    for listing, template in ((["ps", "-a"], stack), (["network", "ls"], f"{stack} {owner}")):
+def _local_address(address: str) -> bool:
+    """Whether this machine has `address` (a socket can bind it)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class _Stack:
+    """A stack's docker objects as the sweep reads them."""
+
+    owners: set[int]
+    """PIDs that made its networks (`OWNER_LABEL`)."""
+    origins: set[tuple[str, str]]
+    """(boot id, PID namespace) of each of its objects ("" where a label is missing)."""
+
+
+def _stack_markers() -> dict[str, _Stack]:
+    """Markers of stacks with a docker object (container or network) on the daemon, each with
+    its owners and origins."""
+    found: dict[str, _Stack] = {}
+    stack, boot, pidns, owner = (
+        f'{{{{.Label "{label}"}}}}' for label in (STACK_LABEL, BOOT_LABEL, PIDNS_LABEL, OWNER_LABEL)
+    )
+    common = f"{stack} {boot} {pidns}"
+    for listing, template in ((["ps", "-a"], common), (["network", "ls"], f"{common} {owner}")):
         out = run_docker(*listing, "--filter", f"label={STACK_LABEL}", "--format", template)
         for line in out.splitlines():
-            marker, _, pid = line.strip().partition(" ")
+            marker, boot_id, namespace, pid = [*line.strip().split(" "), "", "", ""][:4]
             if marker:
-                found.setdefault(marker, set()).update([int(pid)] if pid.isdigit() else [])
+                entry = found.setdefault(marker, _Stack(set(), set()))
+                entry.owners.update([int(pid)] if pid.isdigit() else [])
+                entry.origins.add((boot_id, namespace))
     return found
 
 
@@ -201,15 +329,19 @@ def _running(markers: Iterable[str]) -> set[str]:
 
 
 def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
-    """Remove the containers, networks and rules of stacks whose processes are all gone (a
-    starter and its supervisor killed together); the markers swept. A stack still starting
-    (its network made, no process of it yet) lives through the network's maker
-    (`OWNER_LABEL`), so two stacks starting at once keep theirs."""
+    """Remove the containers, networks and rules of stacks proven dead: every object of the
+    stack was made from this boot and PID namespace (`BOOT_LABEL`, `PIDNS_LABEL`; so /proc
+    here sees all its processes) and its processes are all gone (a starter and its supervisor
+    killed together). Another namespace's or host's stack on a shared daemon, and objects
+    without those labels, are never touched. A stack still starting (its network made, no
+    process of it yet) lives through the network's maker (`OWNER_LABEL`), so two stacks
+    starting at once keep theirs. Returns the markers swept."""
     swept = []
-    stacks = _stack_markers()
+    here = origin()
+    stacks = {m: s for m, s in _stack_markers().items() if all(here) and s.origins == {here}}
     running = _running(stacks)
-    for marker, owners in sorted(stacks.items()):
-        if marker in running or any(alive(owner) for owner in owners):
+    for marker, stack in sorted(stacks.items()):
+        if marker in running or any(alive(owner) for owner in stack.owners):
             continue
         left = remove_objects(f"{STACK_LABEL}={marker}")
         log.info(
@@ -221,26 +353,57 @@ def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
     return swept
 
 
+def stop_rollout(token: str) -> list[str]:
+    """Stop what one rollout left running: SIGKILL the processes whose environment mentions
+    `token` (its rollout id: a coding-agent CLI on this host, or run by `docker exec` in a
+    container, and their children), and force-remove the containers of a stack of ours
+    (`STACK_LABEL`) those processes ran in. Returns the containers removed. A container none of
+    whose processes carries the id (between the agent's commands) ends with its lifetime."""
+    containers = {c for pid in processes_mentioning(token) if (c := container_of(pid))}
+    kill_processes_mentioning(token)
+    if not containers:
+        return []
+    listed = run_docker("ps", "-q", "--no-trunc", "--filter", f"label={STACK_LABEL}")
+    ours = sorted(containers & set(listed.split()))
+    if ours:
+        run_docker("rm", "-f", *ours)
+    return ours
+
+
 class StackContainers:
     """What one stack (`marker`) makes for its sandboxes, whose model calls go to `policy_url`:
     `prepare` checks, sweeps, makes the network, starts the door and writes the config that
-    labels, isolates and routes its containers; `stop()` removes what it made."""
+    labels, isolates, bounds and routes its containers; `stop()` removes what it made.
+    `allow_unisolated`: run containers the package cannot isolate (`check_isolation`)."""
 
-    def __init__(self, marker: str, policy_url: str, log: logging.Logger = logger) -> None:
+    def __init__(
+        self,
+        marker: str,
+        policy_url: str,
+        log: logging.Logger = logger,
+        *,
+        allow_unisolated: bool = False,
+        bounds: Bounds | None = None,
+    ) -> None:
         self.marker = marker
         self.policy_url = policy_url
         self.log = log
+        self.allow_unisolated = allow_unisolated
+        self.bounds = bounds or Bounds()
         self.label: str | None = None  # on every container and network, once it uses docker
         self.door: ModelDoor | None = None
 
     async def prepare(
         self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path
     ) -> Path | None:
-        """The config for the sandboxes of `merged` (the stack's merged configs), in `workdir`."""
+        """The config for the sandboxes of `merged` (the stack's merged configs), in `workdir`;
+        ConfigError before anything is made if they cannot be isolated (`check_isolation`)."""
         plan = sandbox_plan(merged)
         if plan is None:
             return None
         check_providers(plan)
+        host = await asyncio.to_thread(daemon) if plan.docker is not None else None
+        check_isolation(plan, host, self.allow_unisolated, self.log)
         self.log.info("servers starting sandboxes: %s", plan.describe())
         if shadowed := shadow_servers(plan, venv.site_packages, workdir, venv.nemo_gym_version):
             self.log.info(
@@ -249,42 +412,63 @@ class StackContainers:
                 ", ".join(shadowed),
                 workdir,
             )
-        if plan.docker is None:
-            self.log.warning(
-                "sandbox provider(s) %s: nemo-gym-env does not isolate their containers; they "
-                "reach what the provider's network allows (docker stacks are isolated)",
-                ", ".join(plan.providers),
-            )
-            name, door = None, None
-        else:
-            host = await asyncio.to_thread(daemon)
+        name, door, reach = None, None, ""
+        if host is not None:
             check_requests(plan, host)
             await asyncio.to_thread(sweep_dead_stacks, self.log)
             self.label = f"{STACK_LABEL}={self.marker}"
             network = await asyncio.to_thread(ContainerNetwork.create, self.marker)
             self.door = ModelDoor(network.gateway, self.policy_url)
             await self.door.start()
-            if await asyncio.to_thread(network.firewall, self.door.port):
-                reach = "the door only (firewall)"
-            else:
-                reach = "the door, and whatever the host serves on all its addresses (no root)"
-                self.log.warning(
-                    "cannot firewall docker network %s (not root or no iptables): its "
-                    "containers reach every host service listening on all addresses",
-                    network.name,
-                )
-            self.log.info(
-                "containers join docker network %s (internal, no traffic between containers); "
-                "on the host they reach %s: %s, rollout routes only",
-                network.name,
-                reach,
-                self.door.url,
+            firewalled = await asyncio.to_thread(network.firewall, self.door.port)
+            reach = (
+                "the door only (firewall)"
+                if firewalled
+                else "the door, and whatever the host serves on all its addresses (no firewall)"
             )
             name, door = network.name, (network.gateway, self.door.port)
-        config = stack_config(plan, label=self.label, network=name, door=door, workdir=workdir)
+        config = stack_config(
+            plan, label=self.label, network=name, door=door, workdir=workdir,
+            labels=origin_labels(), bounds=self.bounds,
+        )  # fmt: skip
+        if host is not None and name is not None:
+            self._describe(plan, config, name, reach, host)
         path = workdir / "vf_nemogym_containers.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def _describe(
+        self, plan: SandboxPlan, config: dict[str, Any], network: str, reach: str, host: DockerHost
+    ) -> None:
+        """Log what the docker containers get, read back from `config` (never claimed)."""
+        creates = docker_creates(plan, config)
+        joined = sorted(i for i, c in creates.items() if c.get("network") == network)
+        if other := sorted(set(creates) - set(joined)):
+            self.log.warning("containers of %s do NOT join the stack's network", ", ".join(other))
+        assert self.door is not None
+        self.log.info(
+            "containers of %s join docker network %s (internal, no traffic between "
+            "containers); on the host they reach %s: %s, rollout routes only",
+            ", ".join(joined), network, reach, self.door.url,
+        )  # fmt: skip
+        held: dict[str, list[str]] = {}  # one line per distinct set of bounds
+        for instance, create in sorted(creates.items()):
+            bounds = (
+                f"pids limit {create.get('pids_limit') or 'none'}, dropped capabilities "
+                f"{','.join(create.get('cap_drop') or []) or 'none'}, security options "
+                f"{','.join(create.get('security_opt') or []) or 'none'}, keepalive "
+                f"{create.get('keepalive_cmd')!r}"
+                + (" (then removed)" if "--rm" in (create.get("extra_run_args") or []) else "")
+            )
+            held.setdefault(bounds, []).append(instance)
+        for bounds, instances in held.items():
+            self.log.info("containers of %s: %s", ", ".join(instances), bounds)
+        if host.backing_filesystem != "xfs":
+            self.log.info(
+                "no disk bound on containers: docker's overlay2 stores them on %s, and a "
+                "container's disk is bounded (--storage-opt size=) only on xfs with pquota",
+                host.backing_filesystem or "an unknown filesystem",
+            )
 
     async def stop(self) -> None:
         """Remove what `prepare` made; idempotent."""

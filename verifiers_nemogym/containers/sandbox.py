@@ -1,9 +1,11 @@
 """What merged NeMo Gym configs (0.7+) ask of sandboxes, and the config a stack adds for them.
 
 A container server names a sandbox provider (`sandbox_provider: sandbox`, a reference to a
-top-level block a provider config defines, or an inline `{<provider>: {...}}`). `sandbox_plan`
-reads what they ask, `row_image` the image a row runs in, and `stack_config` is what a stack adds
-after the user's configs so containers are labelled, isolated and routed (docs/containers.md).
+top-level block a provider config defines, or an inline `{<provider>: {...}}`), or takes its
+server's default (`DEFAULT_PROVIDERS`). `sandbox_plan` reads what they ask, `row_image` the image
+a row runs in, and `stack_config` is what a stack adds after the user's configs so containers are
+labelled, isolated, bounded and routed, whichever way they name their provider
+(docs/containers.md).
 """
 
 from __future__ import annotations
@@ -41,6 +43,24 @@ PROVIDER_COMMANDS: dict[str, str] = {
     "enroot": "enroot",
 }
 """Provider -> the command it runs on the machine (NeMo Gym 0.7.0's providers)."""
+ISOLATED_PROVIDERS: set[str] = {"docker"}
+"""Providers whose containers the package isolates (a module of its own per provider; docker:
+`containers/docker.py`). Any other provider's containers need the explicit opt-in
+(`containers.docker.check_isolation`)."""
+DEFAULT_PROVIDERS: dict[str, str | dict[str, Any]] = {
+    "anyterminal_agent": {"docker": {}},
+    "anyswe_agent": "sandbox",
+    "harness_exa_search": "sandbox",
+    "hermes_sandboxed_agent": "sandbox",
+}
+"""Agent type -> the `sandbox_provider` it takes when its config has none (NeMo Gym 0.7.0's
+defaults for those agents' config fields)."""
+NG_KEEPALIVE = "while :; do sleep 2147483647; done"
+"""NeMo Gym 0.7.0's docker keepalive (its default and its shipped docker.yaml): no end."""
+DROPPED_CAPS = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SETPCAP", "SYS_CHROOT")
+"""Capabilities of docker's default set no task needs (raw packets, device nodes, the audit
+log, file capabilities, capability bounding, chroot); root in the container keeps the rest
+(file ownership, setuid/setgid to drop to a user, kill)."""
 PROVIDER_PACKAGES = frozenset({"opensandbox", "daytona", "e2b", "ecs_fargate"})
 """Providers whose client is a Python package of NeMo Gym's `sandbox` extra. A server's
 requirements ask for it (`-e nemo-gym[dev,sandbox] @ ../..`), but NeMo Gym drops that line when
@@ -103,6 +123,10 @@ class SandboxedServer:
     impl: str
     provider: str
     settings: dict[str, Any] = field(repr=False)
+    block: str | None = None
+    """The top-level provider block it references; None: inline, or its agent's default."""
+    provider_settings: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Its provider's settings (the block's, the inline ones, or the default's)."""
 
     def request(self, key: str) -> float | None:
         """Its `sandbox_config.resources.<key>` (e.g. `cpu`, `memory_mib`), if set."""
@@ -151,13 +175,20 @@ def sandbox_plan(configs: Iterable[dict[str, Any]]) -> SandboxPlan | None:
     for server_type in (AGENTS, RESOURCES_SERVERS, ENVIRONMENT_SERVERS):
         for instance, (impl, settings) in server_blocks(merged, server_type).items():
             ref = settings.get(PROVIDER_REF)
+            if ref is None and server_type == AGENTS:
+                ref = DEFAULT_PROVIDERS.get(impl)
             if ref is None:
                 continue
             name, provider_settings = _resolve(instance, ref, merged)
             providers[name] = provider_settings
-            if isinstance(ref, str):
-                blocks[ref] = name
-            servers.append(SandboxedServer(instance, server_type, impl, name, settings))
+            block = ref if isinstance(ref, str) else None
+            if block is not None:
+                blocks[block] = name
+            servers.append(
+                SandboxedServer(
+                    instance, server_type, impl, name, settings, block, provider_settings
+                )
+            )
     return SandboxPlan(servers, providers, blocks, merged) if servers else None
 
 
@@ -194,6 +225,46 @@ def row_image(row: dict[str, Any], agent: str, merged: dict[str, Any]) -> str | 
     return image(row, settings) if image is not None else None
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What every docker container of a stack is held to, unless its provider config's `create`
+    sets the key itself (a user loosening a bound for a task: `pids_limit`, `cap_drop`,
+    `security_opt` with a `no-new-privileges` entry, `keepalive_cmd`)."""
+
+    pids_limit: int = 1024
+    """Processes (and threads) at once in one container: a fork bomb stops there."""
+    cap_drop: tuple[str, ...] = DROPPED_CAPS
+    no_new_privileges: bool = True
+    """setuid binaries and file capabilities give nothing (`--security-opt no-new-privileges`)."""
+    lifetime_s: int = 3600
+    """Seconds a container lives at most: its keepalive is `sleep <lifetime_s>` and it runs with
+    `--rm`, so it ends and is removed by the daemon alone, its owners dead or not."""
+
+
+def docker_create(
+    settings: dict[str, Any], labels: list[str], network: str | None, bounds: Bounds
+) -> dict[str, Any]:
+    """The docker provider's `create` settings for a provider whose settings are `settings`:
+    its own, plus `labels` (`key=value`) and `--rm` after its `extra_run_args`, `network` (None:
+    its own setting stands) and each bound of `bounds` it does not set itself."""
+    create = dict(settings.get("create") or {})
+    extra = [str(arg) for arg in create.get("extra_run_args") or []]
+    create["extra_run_args"] = [*extra, *(a for label in labels for a in ("--label", label))]
+    create["extra_run_args"].append("--rm")  # a container whose keepalive ends is removed
+    if network is not None:
+        create["network"] = network
+    if create.get("pids_limit") is None:
+        create["pids_limit"] = bounds.pids_limit
+    if "cap_drop" not in create:
+        create["cap_drop"] = list(bounds.cap_drop)
+    options = [str(o) for o in create.get("security_opt") or []]
+    if bounds.no_new_privileges and not any(o.startswith("no-new-privileges") for o in options):
+        create["security_opt"] = [*options, "no-new-privileges"]
+    if create.get("keepalive_cmd") in (None, NG_KEEPALIVE):
+        create["keepalive_cmd"] = f"sleep {bounds.lifetime_s}"
+    return create
+
+
 def stack_config(
     plan: SandboxPlan,
     *,
@@ -201,24 +272,32 @@ def stack_config(
     network: str | None,
     door: tuple[str, int] | None,
     workdir: Path,
+    labels: tuple[str, ...] = (),
+    bounds: Bounds | None = None,
 ) -> dict[str, Any]:
-    """The config entries a stack adds for `plan`: for the docker provider the stack's network and
-    label on every container; for every agent calling the model from a container a
-    `model_server` at the door and an `artifacts_dir` in `workdir`; rollout correlation on, so a
-    container's URL is its rollout's (`/ng-rollout/<rollout id>/v1`). `label`: `key=value` for
-    every docker container; `network`: the docker network they join (None: the provider's
-    own setting stands); `door`: its host and port (None: agents keep their model server);
-    `workdir`: the stack's folder."""
+    """The config entries a stack adds for `plan`: for every server using the docker provider,
+    however it names it (a block reference: the block; inline or by its agent's default: the
+    server's own `sandbox_provider`), the stack's network, labels and bounds
+    (`docker_create`); for every agent calling the model from a container a `model_server` at
+    the door and an `artifacts_dir` in `workdir`; rollout correlation on, so a container's URL
+    is its rollout's (`/ng-rollout/<rollout id>/v1`). `label`: `key=value` for every docker
+    container (None: docker containers get nothing); `labels`: more of them; `network`: the
+    docker network they join (None: the provider's own setting stands); `door`: its host and
+    port (None: agents keep their model server); `workdir`: the stack's folder; `bounds`:
+    default `Bounds()`."""
     config: dict[str, Any] = rollout_correlation(workdir / "model-calls")
-    if plan.docker is not None and label is not None:
-        create = dict(plan.docker.get("create") or {})
-        extra = [str(arg) for arg in create.get("extra_run_args") or []]
-        create["extra_run_args"] = [*extra, "--label", label]
-        if network is not None:
-            create["network"] = network
-        for block, provider in plan.blocks.items():
-            if provider == "docker":
+    if label is not None:
+        every = [label, *labels]
+        held = bounds or Bounds()
+        for block, name in plan.blocks.items():
+            if name == "docker":
+                create = docker_create(plan.merged[block]["docker"] or {}, every, network, held)
                 config[block] = {"docker": {"create": create}}
+        for server in plan.servers:
+            if server.provider == "docker" and server.block is None:
+                create = docker_create(server.provider_settings, every, network, held)
+                inline = {"docker": {**server.provider_settings, "create": create}}
+                _server_settings(config, server)[PROVIDER_REF] = inline
     for agent in plan.model_agents:
         settings: dict[str, Any] = {}
         if door is not None:
@@ -226,13 +305,36 @@ def stack_config(
         if "artifacts_dir" in agent.settings:
             settings["artifacts_dir"] = str(workdir / "artifacts" / agent.instance)
         if settings:
-            config[agent.instance] = {AGENTS: {agent.impl: settings}}
+            _server_settings(config, agent).update(settings)
     if plan.model_agents and door is not None:
         host, port = door
         config[CONTAINER_POLICY_INSTANCE] = {
             MODELS: {PLACEHOLDER_IMPL: {"entrypoint": "app.py", "host": host, "port": port}}
         }
     return config
+
+
+def docker_creates(plan: SandboxPlan, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Docker server instance -> the `create` settings its provider has once `config` (what
+    `stack_config` returned) is merged after the user's configs: what its containers get."""
+    merged = merge_configs([plan.merged, config])
+    found = {}
+    for server in plan.servers:
+        if server.provider != "docker":
+            continue
+        if server.block is not None:
+            block = merged.get(server.block) or {}
+        else:
+            block = _server_settings(merged, server).get(PROVIDER_REF) or {}
+        found[server.instance] = dict((block.get("docker") or {}).get("create") or {})
+    return found
+
+
+def _server_settings(config: dict[str, Any], server: SandboxedServer) -> dict[str, Any]:
+    """`server`'s settings dict in `config` (made if absent)."""
+    by_type = config.setdefault(server.instance, {}).setdefault(server.server_type, {})
+    settings: dict[str, Any] = by_type.setdefault(server.impl, {})
+    return settings
 
 
 def shadow_servers(

@@ -170,7 +170,8 @@ class NeMoGymStack:
     `judge`, every judge reference of the configs is served by that judge through a relay this
     stack runs (`judge/relay.py`, checked at start; the judge's key never reaches NeMo Gym).
     With `ray`, NeMo Gym's servers join that Ray cluster (`nemo/ray_cluster.py`, checked first,
-    before anything starts) instead of the stack's private Ray."""
+    before anything starts) instead of the stack's private Ray. Sandbox containers it cannot
+    isolate are refused unless `allow_unisolated_containers` (`containers/docker.py`)."""
 
     def __init__(
         self,
@@ -185,6 +186,7 @@ class NeMoGymStack:
         judge: Judge | None = None,
         on_judge_failure: Callable[[JudgeFailure], None] | None = None,
         ray: RayCluster | None = None,
+        allow_unisolated_containers: bool = False,
         log: logging.Logger = logger,
     ) -> None:
         if not config_paths:
@@ -229,7 +231,12 @@ class NeMoGymStack:
         self._started = False
         self._failed = False
         self._merged: list[dict[str, Any]] | None = None
-        self.containers = StackContainers(self.marker, f"http://{policy_host}:{policy_port}", log)
+        self.containers = StackContainers(
+            self.marker,
+            f"http://{policy_host}:{policy_port}",
+            log,
+            allow_unisolated=allow_unisolated_containers,
+        )
 
     @property
     def log_path(self) -> Path:

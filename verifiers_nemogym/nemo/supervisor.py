@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import itertools
 import os
+import re
 import select
 import shlex
 import shutil
@@ -107,6 +108,20 @@ def kill_processes_mentioning(token: str) -> list[int]:
     return _signal_checked(
         processes_mentioning(token), signal.SIGKILL, lambda pid: _mentions(pid, needle)
     )
+
+
+_CONTAINER_ID = re.compile(r"docker[-/]([0-9a-f]{64})")
+
+
+def container_of(pid: int) -> str | None:
+    """The full id of the docker container `pid` runs in (its cgroup path names it, cgroup v1
+    `/docker/<id>` or v2 `docker-<id>.scope`); None if none, or if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as handle:
+            found = _CONTAINER_ID.search(handle.read())
+    except OSError:
+        return None
+    return found.group(1) if found else None
 
 
 def pids() -> list[int]:

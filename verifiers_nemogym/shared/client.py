@@ -74,10 +74,12 @@ def stack_key(
     config_paths: list[Path],
     judge: Judge | None = None,
     ray: RayCluster | None = None,
+    allow_unisolated_containers: bool = False,
 ) -> str:
     """The identity of a stack: same runtime, same set of config files with the same contents,
-    the same judge (`Judge.identity`: endpoint and a digest of its key) and the same Ray (the
-    stack's private one, or the cluster at one address) = same stack (an edited config starts a
+    the same judge (`Judge.identity`: endpoint and a digest of its key), the same Ray (the
+    stack's private one, or the cluster at one address) and the same consent to unisolated
+    containers = same stack (an edited config starts a
     stack of its own instead of attaching to one that runs the old file). Files a config
     includes are not followed."""
     files = sorted({Path(p).absolute() for p in config_paths})
@@ -92,6 +94,8 @@ def stack_key(
         ident["judge"] = judge.identity()
     if ray is not None:
         ident["ray_address"] = ray.address  # absent for a private Ray: existing keys stay
+    if allow_unisolated_containers:  # a user who did not opt in never attaches to such a stack
+        ident["allow_unisolated_containers"] = True
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -260,6 +264,7 @@ def host_spec(
     persistent: bool = False,
     judge: Judge | None = None,
     ray: RayCluster | None = None,
+    allow_unisolated_containers: bool = False,
 ) -> HostSpec:
     """The spec of a host serving `config_paths` on `venv`'s release and Python."""
     return HostSpec(
@@ -272,6 +277,7 @@ def host_spec(
         below_floor=venv.below_floor,
         judge=judge.to_dict() if judge is not None else None,
         ray=ray.to_dict() if ray is not None else None,
+        allow_unisolated_containers=allow_unisolated_containers,
     )
 
 
@@ -395,6 +401,7 @@ async def attach_or_start(
     start_timeout: float = 900,
     judge: Judge | None = None,
     ray: RayCluster | None = None,
+    allow_unisolated_containers: bool = False,
     log: logging.Logger = logger,
 ) -> Lease:
     """A lease on the shared stack for `config_paths` on `venv`, started if none runs.
@@ -406,8 +413,11 @@ async def attach_or_start(
     `ray`, the user's Ray cluster the stack joins (`check_ray`).
     """
     deadline = time.monotonic() + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths, judge, ray))
-    spec = host_spec(venv, config_paths, idle_timeout, start_timeout, judge=judge, ray=ray)
+    directory = stack_dir(stack_key(venv, config_paths, judge, ray, allow_unisolated_containers))
+    spec = host_spec(
+        venv, config_paths, idle_timeout, start_timeout, judge=judge, ray=ray,
+        allow_unisolated_containers=allow_unisolated_containers,
+    )  # fmt: skip
     check_stack_dir(directory)
     await check_ray(venv, ray)
     async with stack_lock(directory, deadline, "attach or start"):
@@ -493,6 +503,7 @@ async def bring_up(
     judge: Judge | None = None,
     listen: str | None = None,
     ray: RayCluster | None = None,
+    allow_unisolated_containers: bool = False,
 ) -> dict[str, Any]:
     """`stack up`: a persistent stack for `config_paths` (started, or an automatic one made
     persistent) that stays until `stack down` or `idle_timeout` seconds without users
@@ -502,10 +513,11 @@ async def bring_up(
     status (with `listen`: the URL, the certificate's pin, the token's file)."""
     check_idle_timeout(idle_timeout)
     deadline = time.monotonic() + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths, judge, ray))
+    directory = stack_dir(stack_key(venv, config_paths, judge, ray, allow_unisolated_containers))
     spec = host_spec(
-        venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge, ray=ray
-    )
+        venv, config_paths, idle_timeout, start_timeout, persistent=True, judge=judge, ray=ray,
+        allow_unisolated_containers=allow_unisolated_containers,
+    )  # fmt: skip
     check_stack_dir(directory)
     await check_ray(venv, ray)
     async with stack_lock(directory, deadline, "stack up"):

@@ -127,6 +127,7 @@ class StackHost:
                     judge=self.spec.judge_with(self.secrets),
                     on_judge_failure=self._tell_judge_failure,
                     ray=self.spec.ray_with(self.secrets),
+                    allow_unisolated_containers=self.spec.allow_unisolated_containers,
                 ),
                 self.spec.start_timeout,
                 logger,

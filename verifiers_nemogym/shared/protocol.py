@@ -77,6 +77,8 @@ class HostSpec:
     ray: dict[str, Any] | None = None
     """The user's Ray cluster the stack joins (`RayCluster.to_dict`: no token; a token given
     by value reaches the host on its stdin, `host_secrets`), or None for a private Ray."""
+    allow_unisolated_containers: bool = False
+    """Sandbox containers the package cannot isolate run anyway (the explicit opt-in)."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

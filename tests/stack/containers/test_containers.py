@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 from collections import Counter
@@ -44,7 +46,7 @@ import nemo_gym_env
 from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
 
@@ -152,12 +154,14 @@ async def test_container_environments_score_and_never_cross_route(
     for trace in traces:
         assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
     assert all(steps[i] == 2 for i in range(len(cases))), steps  # the fix, then the final turn
-    # The shared stack's host logs how its containers are isolated.
+    # The shared stack's host logs how its containers are isolated and bounded.
     host_text = stack_host_log(tmp_path / "out")
     assert "on the host they reach the door only (firewall)" in host_text
+    assert "pids limit 1024, dropped capabilities NET_RAW," in host_text
+    assert "no-new-privileges, keepalive 'sleep 3600' (then removed)" in host_text
     assert await gone(tag) == []
     # Every container and the network of the run's stack removed (named in its host's log).
-    network = re.search(r"containers join docker network (vfng-\w+)", host_text)
+    network = re.search(r"join docker network (vfng-\w+)", host_text)
     assert network is not None, host_text[-2000:]
     prefix = network.group(1).removeprefix(docker.NETWORK_PREFIX)
     left = [m for m in docker._stack_markers() if m.startswith(prefix)]
@@ -410,11 +414,14 @@ async def test_the_code_the_model_writes_reaches_only_its_own_route(
     assert stack_containers(marker) == []
 
 
+IPTABLES = shutil.which("iptables") or "iptables"
+
+
 def _iptables_input() -> list[str]:
     import subprocess
 
     return subprocess.run(
-        ["iptables", "-S", "INPUT"], capture_output=True, text=True, check=True
+        [IPTABLES, "-S", "INPUT"], capture_output=True, text=True, check=True
     ).stdout.splitlines()
 
 
@@ -428,44 +435,104 @@ async def test_train_mode_records_token_ids_of_every_call_from_the_container(
     await check_train_episodes(env, held)
 
 
-async def test_a_rollout_deadline_is_an_error_and_its_container_goes_with_the_stack(
+FORK_BOMB = r"""
+import os, time
+forked = 0
+while forked < 100000:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(600)
+        os._exit(0)
+    forked += 1
+time.sleep(600)
+"""
+
+
+def pids_in_container(container: str) -> int:
+    """The processes (and threads) the container's pids cgroup counts now (cgroup v1 or v2,
+    docker's cgroupfs or systemd driver)."""
+    root = Path("/sys/fs/cgroup")
+    for folder in (root / "pids" / "docker" / container,
+                   root / "pids" / "system.slice" / f"docker-{container}.scope",
+                   root / "system.slice" / f"docker-{container}.scope"):  # fmt: skip
+        if (folder / "pids.current").exists():
+            return int((folder / "pids.current").read_text())
+    raise AssertionError(f"no pids cgroup for container {container}")
+
+
+async def test_a_rollout_deadline_is_an_error_and_its_container_goes_at_once(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
 ) -> None:
-    """The model's command outlives the rollout's deadline: the rollout is an error (never a
-    reward) naming it, while its container ran under the stack's label."""
+    """The model's command forks until the container's pids limit refuses, then outlives the
+    rollout's deadline: the container carries every bound (`docker inspect`), the fork bomb
+    stops at the limit, the rollout is an error (never a reward) naming the deadline, and the
+    container is gone within seconds of it, its stack still up."""
     (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
-    slow = replace(task, fix="sleep 600")
-    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", task={"run_timeout": 40.0})
+    bomb = base64.b64encode(FORK_BOMB.encode()).decode()
+    slow = replace(task, fix=f"echo {bomb} | base64 -d > /tmp/bomb.py && python3 /tmp/bomb.py")
+    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", task={"run_timeout": 90.0})
     async with FixerPolicy(tasks=[slow]) as policy, env.serving():
         assert held.owns(env)
         rollout = asyncio.ensure_future(
             env.run_episode(next(iter(env.taskset)), model_context(policy))
         )
-        await until(lambda: stack_containers(held.marker), 60, "the rollout's container")
+        (short,) = await until(lambda: stack_containers(held.marker), 60, "the container", 0.5)
+        info = json.loads(docker.run_docker("inspect", "--format", "{{json .}}", short))
+        limits, config = info["HostConfig"], info["Config"]
+        assert limits["PidsLimit"] == 1024, limits["PidsLimit"]
+        assert {"CAP_NET_RAW", "CAP_MKNOD", "CAP_SYS_CHROOT"} <= set(limits["CapDrop"]), limits
+        assert "no-new-privileges" in limits["SecurityOpt"], limits["SecurityOpt"]
+        assert limits["AutoRemove"] is True and config["Cmd"][-1] == "sleep 3600", config["Cmd"]
+        assert {docker.BOOT_LABEL, docker.PIDNS_LABEL} <= set(config["Labels"])
+        before = len(os.listdir("/proc"))
+        full = await until(
+            lambda: (n := pids_in_container(info["Id"])) >= 1000 and n, 80, "the fork bomb", 0.5
+        )
+        await asyncio.sleep(2)  # the bomb has stopped at the limit, not slowed down
+        assert full <= pids_in_container(info["Id"]) <= 1024
+        assert len(os.listdir("/proc")) - before < 1024 + 300  # other helpers' processes
         episode = await rollout
+        ended = asyncio.get_running_loop().time()
+        await until(lambda: not stack_containers(held.marker), 20, "the container to go", 0.5)
+        gone_after = asyncio.get_running_loop().time() - ended
     await held.released()
     assert not episode.ok
-    assert "did not return within 40 s" in json.dumps(episode.traces[0].errors[0].message)
+    assert "did not return within 90 s" in json.dumps(episode.traces[0].errors[0].message)
     assert "nemo_gym" not in episode.traces[0].rewards
-    # The stack's teardown (the `held` fixture) checks that no container of it is left.
+    assert gone_after < 20
 
 
-async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
+SHORT_LIFETIME_S = 45
+
+
+async def test_ctrl_c_or_sigkill_leaves_no_container(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
-    """Two vf-evals, each with a private stack, one interrupted (Ctrl-C) and one SIGKILLed
-    while its rollout's container runs the model's command: no container, network or process
-    of either is left (the stacks' supervisors remove them; a start after a killed one sweeps
-    what remains). Both at once: each waits on its container, not on the CPU."""
+    """Two vf-evals, each with a private stack, one interrupted (Ctrl-C) while its rollout's
+    container runs the model's command: no container, network or process of it is left (its
+    stack's supervisor removes them). The other is SIGKILLed with every process of its own at
+    once, its stack's supervisor included (a job's cgroup killed): its container, whose
+    lifetime its provider config sets to 45 s, is gone within that bound with no other stack
+    started; the next start's sweep removes its network. Both at once: each waits on its
+    container, not on the CPU."""
     (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    short = tmp_path / "short-lifetime.yaml"
+    short.write_text(
+        f"sandbox:\n  docker:\n    create:\n      keepalive_cmd: sleep {SHORT_LIFETIME_S}\n"
+    )
     before = set(stack_containers())
 
-    async def interrupted(how: signal.Signals) -> str:
+    async def interrupted(how: signal.Signals) -> tuple[str, float]:
         out = tmp_path / how.name
+        paths = config_paths(kit, ("swebench_pro",))
+        paths += [str(short)] if how == signal.SIGKILL else []
         async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
             cmd = vf_eval_command(
                 "policy", policy.base_url, "FIXER_KEY", 1, 1, 1, out,
-                "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
+                "--env.taskset.config-paths", json.dumps(paths),
                 "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
                 "--env.taskset.shared-stack", "false",
                 *runtime_flags(nemo_venv_07),
@@ -478,21 +545,30 @@ async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
             try:
                 await until(lambda: any(c.step == "fix" for c in policy.log), 600, how.name)
                 assert set(stack_containers()) - before  # a rollout's container runs
-                os.kill(proc.pid, how)
+                if how == signal.SIGKILL:
+                    signal_with_env(processes_with_env(tag), tag, signal.SIGKILL)
+                else:
+                    os.kill(proc.pid, how)
+                killed = asyncio.get_running_loop().time()
                 await asyncio.wait_for(proc.wait(), 120)
             finally:
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
-        return tag
+        return tag, killed
 
-    tags = await asyncio.gather(interrupted(signal.SIGINT), interrupted(signal.SIGKILL))
-    for tag in tags:
+    (int_tag, _), (kill_tag, killed) = await asyncio.gather(
+        interrupted(signal.SIGINT), interrupted(signal.SIGKILL)
+    )
+    for tag in (int_tag, kill_tag):
         assert await gone(tag) == []
     left = await until(
-        lambda: not (set(stack_containers()) - before) or None, 60, "the containers to go"
-    )
+        lambda: not (set(stack_containers()) - before) or None,
+        SHORT_LIFETIME_S + 15, "the containers to go",
+    )  # fmt: skip
     assert left
+    assert asyncio.get_running_loop().time() - killed < SHORT_LIFETIME_S + 15
+    assert docker.sweep_dead_stacks()  # the killed stack's network, for the next start
 
 
 async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
@@ -546,23 +622,35 @@ async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
 def test_a_start_sweeps_what_a_dead_stack_left(kit: TaskKit) -> None:
     """Containers, networks and firewall rules of a stack whose processes are all gone (its
     starter and supervisor SIGKILLed together) are removed by the next stack's sweep; those of a
-    stack with a live process stay."""
+    stack with a live process stay. A sweep from another PID namespace on the same daemon (a CI
+    job container given the host's docker socket), which sees none of their processes, proves
+    neither dead and touches neither."""
     import subprocess
     import uuid
 
     dead, live = uuid.uuid4().hex, uuid.uuid4().hex
     image = kit.task("swebench_pro").image
+    origins = [arg for label in docker.origin_labels() for arg in ("--label", label)]
     for marker in (dead, live):
         label = f"{STACK_LABEL}={marker}"
         docker.run_docker(
-            "network", "create", "--internal", "--label", label, f"vfng-t{marker[:8]}"
+            "network", "create", "--internal", "--label", label, *origins, f"vfng-t{marker[:8]}"
         )
-        docker.run_docker("run", "-d", "--label", label, "--entrypoint", "sleep", image, "600")
+        docker.run_docker(
+            "run", "-d", "--label", label, *origins, "--entrypoint", "sleep", image, "600"
+        )  # fmt: skip
     rule = ["INPUT", "-i", f"vfng{dead[:11]}", "-m", "comment", "--comment",
             f"{STACK_LABEL}={dead}", "-j", "DROP"]  # fmt: skip
     subprocess.run(["iptables", "-I", *rule], check=True)
     keeper = subprocess.Popen(["sleep", "600"], env={**os.environ, MARKER_ENV_VAR: live})
     try:
+        sweep = "from verifiers_nemogym.containers import docker; print(docker.sweep_dead_stacks())"
+        elsewhere = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", sweep],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        assert elsewhere.stdout.strip() == "[]", elsewhere.stdout
+        assert len(stack_containers(live)) == 1 and len(stack_containers(dead)) == 1
         swept = docker.sweep_dead_stacks()
         assert dead in swept and live not in swept
         assert stack_containers(dead) == [] and len(stack_containers(live)) == 1
@@ -600,3 +688,60 @@ def test_a_sweep_keeps_the_network_of_a_stack_still_starting() -> None:
     finally:
         docker.remove_objects(f"{STACK_LABEL}={starting}")
         docker.remove_objects(f"{STACK_LABEL}={orphaned}")
+
+
+def path_without_iptables(folder: Path) -> str:
+    """A PATH of links to every command of this one but `iptables*`."""
+    folder.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(directory):
+                link = folder / entry.name
+                if not entry.name.startswith("iptables") and not link.exists():
+                    link.symlink_to(entry.path)
+    return str(folder)
+
+
+async def test_without_iptables_the_stack_refuses_unless_opted_in_and_then_says_so(
+    nemo_venv_07: NeMoGymVenv,
+    kit: TaskKit,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """iptables off PATH (the docker firewall cannot be made): every rollout is an error whose
+    one line names what is missing and the option, no model call is made and no stack starts;
+    with `allow_unisolated_containers` a private stack runs, scores, and one warning says the
+    containers are unisolated and what they reach, and no firewall rule is made."""
+    import logging
+
+    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    monkeypatch.setenv("PATH", path_without_iptables(tmp_path / "bin"))
+    before = set(docker._stack_markers())
+    refused = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl", shared_stack=False)
+    async with FixerPolicy(tasks=[task]) as policy, refused.serving():
+        episode = await refused.run_episode(next(iter(refused.taskset)), model_context(policy))
+    assert policy.log == [] and not episode.ok
+    message = str(episode.traces[0].errors[0].message).strip()
+    assert "\n" not in message and "cannot isolate the sandbox containers" in message, message
+    assert "iptables (not on PATH" in message, message
+    assert "--env.taskset.allow-unisolated-containers true" in message, message
+    assert set(docker._stack_markers()) == before  # nothing of a stack was made
+    caplog.set_level(logging.INFO, logger="verifiers_nemogym")
+    env = _env(
+        kit, nemo_venv_07, tmp_path / "rows.jsonl", shared_stack=False,
+        allow_unisolated_containers=True,
+    )  # fmt: skip
+    async with FixerPolicy(tasks=[task]) as policy, env.serving():
+        episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
+        rules = [r for r in _iptables_input() if "vf-nemogym.stack=" in r]
+    assert episode.ok and episode.traces[0].rewards["nemo_gym"]["score"] == 1.0
+    warned = [r.getMessage() for r in caplog.records if "run UNISOLATED" in r.getMessage()]
+    assert len(warned) == 1 and "missing iptables (not on PATH" in warned[0], warned
+    assert "reach every service this host" in warned[0]
+    joined = re.search(
+        r"join docker network (vfng-\w+) .* they reach the door, and whatever", caplog.text
+    )
+    assert joined is not None, caplog.text[-2000:]
+    prefix = joined.group(1).removeprefix(docker.NETWORK_PREFIX)
+    assert not [r for r in rules if f"vf-nemogym.stack={prefix}" in r], rules

@@ -67,7 +67,7 @@ TOOL_NAME = "bash"
 _ROLLOUT = re.compile(r"/ng-rollout/([^/]+)/")
 
 WRITTEN_REWARD = "1000000"
-"""What `REWARD_WRITER` writes: a reward no honest rollout earns (NeMo Gym's graders give 0 or 1)."""
+"""What `REWARD_WRITER` writes: a reward no honest rollout earns (NeMo Gym's grader: 0 or 1)."""
 REWARD_WRITER = (
     "nohup sh -c 'while :; do echo "
     + WRITTEN_REWARD

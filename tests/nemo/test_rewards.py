@@ -12,6 +12,8 @@ from verifiers_nemogym.nemo.release import release_files
 from verifiers_nemogym.nemo.rewards import RewardRange, declared_ranges
 from verifiers_nemogym.taskset import NeMoGymTasksetConfig
 
+pytestmark = pytest.mark.verifiers_dev  # the taskset's config is verifiers'
+
 
 @pytest.fixture(scope="module")
 def release_07() -> Path:

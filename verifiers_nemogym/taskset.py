@@ -119,8 +119,9 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """Inclusive `[low, high]` every NeMo Gym reward of the run must fall in (e.g. `[0, 1]`); a
     reward outside it is no measurement, and its rollout an error naming the reward and the
     range, never that reward. Default: per agent, the range NeMo Gym's own manifests declare for
-    its resources server (`reward.range` of its benchmarks' `manifest.yaml`, NeMo Gym 0.7+), and
-    no bound (any finite number) for agents no manifest covers. Recorded in every trace."""
+    its resources server (`reward.range` of its benchmarks' `manifest.yaml`, NeMo Gym 0.7+), else
+    the range of a pass/fail grader read from NeMo Gym's code (swe_next: 0 or 1), else no bound
+    (any finite number). Recorded in every trace."""
     shared_stack: bool = True
     """Share one NeMo Gym stack with every env process on this machine that asks for the same
     one (same nemo-gym version, Python and configs): attach to it, or start it for all. False

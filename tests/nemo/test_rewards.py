@@ -37,7 +37,8 @@ def _pairing(agent: str, agent_impl: str, server: str, server_impl: str) -> dict
 
 def test_ranges_nemo_gyms_manifests_declare(release_07: Path) -> None:
     """terminal_bench_2_1 and swebench_pro with OpenCode: [0, 1], from the manifest naming both
-    the resources server and the agent; swe_next ships no manifest: no range."""
+    the resources server and the agent; swe_next ships no manifest: [0, 1] from its grader's
+    code, only while the installed file gives the reward by that line."""
     merged = [
         _pairing("tb", "opencode_sandboxed_agent", "tb_rs", "terminal_bench_2_1"),
         _pairing("pro", "opencode_sandboxed_agent", "pro_rs", "swebench_pro"),
@@ -49,6 +50,13 @@ def test_ranges_nemo_gyms_manifests_declare(release_07: Path) -> None:
             0.0, 1.0, "NeMo Gym's benchmarks/terminal_bench_2_1/opencode/manifest.yaml"
         ),
         "pro": RewardRange(0.0, 1.0, "NeMo Gym's benchmarks/swebench/pro/opencode/manifest.yaml"),
+        # No manifest: its grader's own line, `1.0 if result.resolved else 0.0`.
+        "next": RewardRange(
+            0.0,
+            1.0,
+            "NeMo Gym's resources_servers/swe_next/app.py "
+            '(pass/fail: "reward": 1.0 if result.resolved else 0.0)',
+        ),
     }
     # An agent no manifest pairs with the server: every manifest of the server, combined.
     (other,) = declared_ranges(
@@ -73,3 +81,11 @@ def test_reward_range_option_checks(value: str, message: str) -> None:
     assert NeMoGymTasksetConfig(reward_range="[-1, 2.5]").reward_range == (-1.0, 2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=message):
         NeMoGymTasksetConfig(reward_range=value)  # type: ignore[arg-type]
+
+
+def test_a_grader_range_needs_its_line_in_the_installed_code(tmp_path: Path) -> None:
+    app = tmp_path / "resources_servers" / "swe_next" / "app.py"
+    app.parent.mkdir(parents=True)
+    app.write_text('reward = 2.0 * score  # "reward" changed\n')
+    merged = [_pairing("next", "opencode_sandboxed_agent", "next_rs", "swe_next")]
+    assert declared_ranges(tmp_path, merged) == {}

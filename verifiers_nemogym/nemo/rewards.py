@@ -22,6 +22,13 @@ from verifiers_nemogym.nemo.catalog import AGENTS, RESOURCES_SERVERS, server_blo
 MANIFEST_ROOTS = ("benchmarks", "environments")
 """Folders of NeMo Gym's install holding its `manifest.yaml` files."""
 OPTION = "--env.taskset.reward-range"
+GRADER_RANGES: dict[str, tuple[float, float, str, str]] = {
+    "swe_next": (0.0, 1.0, "resources_servers/swe_next/app.py",
+                 '"reward": 1.0 if result.resolved else 0.0'),
+}  # fmt: skip
+"""Resources server folder -> (low, high, its file, the line that gives the reward) for pass/fail
+graders NeMo Gym ships no manifest for (read from NeMo Gym 0.7.0's code). Used only when the
+installed file still has that line, once, and no manifest covers the agent."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,8 @@ def declared_ranges(install: Path, merged: Iterable[dict[str, Any]]) -> dict[str
     """Agent instance of the configs `merged` (each a config's merged mapping) -> the reward
     range NeMo Gym's manifests in `install` declare for it: those naming its resources server's
     folder and its own agent folder, else those naming the resources server alone; where they
-    differ, the smallest range holding all of them. Agents no manifest covers are left out."""
+    differ, the smallest range holding all of them; for a server no manifest names, the range
+    its pass/fail grader gives (`GRADER_RANGES`). Other agents are left out."""
     configs = list(merged)
     resources: dict[str, str] = {}
     for config in configs:
@@ -116,4 +124,20 @@ def declared_ranges(install: Path, merged: Iterable[dict[str, Any]]) -> dict[str
                 low, high = min(m.low for m in chosen), max(m.high for m in chosen)
                 source = "NeMo Gym's " + ", ".join(m.path for m in chosen)
                 ranges[agent] = RewardRange(low, high, source)
+            elif (graded := _grader_range(install, server)) is not None:
+                ranges[agent] = graded
     return ranges
+
+
+def _grader_range(install: Path, server: str) -> RewardRange | None:
+    """`GRADER_RANGES[server]` if the installed grader still gives its reward by that line."""
+    if server not in GRADER_RANGES:
+        return None
+    low, high, path, line = GRADER_RANGES[server]
+    try:
+        code = (install / path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if code.count(line) != 1:
+        return None
+    return RewardRange(low, high, f"NeMo Gym's {path} (pass/fail: {line})")

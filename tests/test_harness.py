@@ -20,6 +20,7 @@ from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError
 from verifiers_nemogym.harness import _post_run, record
+from verifiers_nemogym.nemo.rewards import RewardRange
 from verifiers_nemogym.net import serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.taskset import parse_row
@@ -59,7 +60,12 @@ async def run_server() -> AsyncIterator[tuple[list[Any], list[dict[str, Any]], s
 
 
 async def _run(
-    url: str, result: dict[str, Any], results: list[Any], *, model_call: bool = True
+    url: str,
+    result: dict[str, Any],
+    results: list[Any],
+    *,
+    model_call: bool = True,
+    **ranges: Any,
 ) -> dict[str, Any]:
     results.append(result)
     async with (
@@ -70,7 +76,7 @@ async def _run(
         MODEL_URL.clear()
         if model_call:
             MODEL_URL["model"] = proxy.url
-        live = RolloutContext(proxy=proxy, run_urls={"a": url}, http=http, run_timeout=30)
+        live = RolloutContext(proxy=proxy, run_urls={"a": url}, http=http, run_timeout=30, **ranges)
         data = parse_row(json.dumps(ROW), "rows.jsonl:1", None)
         route = proxy.open_route(policy.base_url, "bearer-secret")
         try:
@@ -169,6 +175,33 @@ async def test_a_reward_that_is_not_a_finite_number_is_an_error(run_server, rewa
     results, _, url = run_server
     with pytest.raises(AgentRunError, match="no `reward` that is a finite number"):
         await _run(url, json.loads(f'{{"reward": {reward}}}'), results)
+
+
+async def test_a_reward_outside_the_rollouts_range_is_an_error(run_server):
+    """A finite reward outside the range NeMo Gym declares for the row's agent (or the one the
+    user states, which wins) is no measurement: an error naming it and the range; its bounds
+    are inclusive, and an agent without a range takes any finite number."""
+    results, _, url = run_server
+    declared = {"a": RewardRange(0.0, 1.0, "NeMo Gym's benchmarks/x/manifest.yaml")}
+    with pytest.raises(AgentRunError) as caught:
+        await _run(url, {"reward": 1000000.0}, results, reward_ranges=declared)
+    assert str(caught.value) == (
+        "rows.jsonl:1: agent 'a' /run returned reward 1000000.0, outside the reward range "
+        "[0, 1] (NeMo Gym's benchmarks/x/manifest.yaml): no honest rollout earns it"
+    )
+    with pytest.raises(AgentRunError, match=r"reward -0.5, outside the reward range \[0, 1\]"):
+        await _run(url, {"reward": -0.5}, results, reward_ranges=declared)
+    for reward in (0.0, 1.0, 0.25):
+        assert (await _run(url, {"reward": reward}, results, reward_ranges=declared))[
+            "reward"
+        ] == reward
+    stated = RewardRange(-1.0, 2.0, "--env.taskset.reward-range")
+    got = await _run(url, {"reward": 2.0}, results, reward_ranges=declared, reward_range=stated)
+    assert got["reward"] == 2.0
+    with pytest.raises(AgentRunError, match=r"\[-1, 2\] \(--env.taskset.reward-range\)"):
+        await _run(url, {"reward": 3.0}, results, reward_ranges=declared, reward_range=stated)
+    other = {"b": RewardRange(0.0, 1.0, "x")}
+    assert (await _run(url, {"reward": 1e300}, results, reward_ranges=other))["reward"] == 1e300
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import aiohttp
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.judge.blame import JudgeStatus
+from verifiers_nemogym.nemo.rewards import RewardRange
 from verifiers_nemogym.util import Latch
 
 
@@ -39,6 +40,11 @@ class RolloutContext:
     """The stack's judge (who it is, its recent failures), when it has one; each rollout copies
     who it is to `trace.info["nemo_gym_judge"]`, and is an error quoting a judge failure that
     is charged to it (`JudgeStatus.failure_for`)."""
+    reward_range: RewardRange | None = None
+    """The user's reward range (`--env.taskset.reward-range`), for every agent."""
+    reward_ranges: dict[str, RewardRange] = field(default_factory=dict)
+    """Agent instance -> the reward range NeMo Gym's manifests declare for it (used without
+    `reward_range`). A reward outside its agent's range makes the rollout an error."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
     death: Latch = field(default_factory=Latch)

@@ -95,6 +95,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         if config.stack_url is None:
             # Rows whose container image is missing: one line now, not an error per rollout.
             await asyncio.to_thread(taskset.check_container_images, config_paths)
+        reward_ranges = await asyncio.to_thread(taskset.reward_ranges, config_paths)
         logger.info(
             "NeMo Gym %s on Python %s%s (runtime %s)",
             runtime.nemo_gym_version,
@@ -149,6 +150,8 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             runtime=runtime.info,
             keep_ng_trajectory=config.keep_ng_trajectory,
             judge=self._stack.judge,
+            reward_range=taskset.stated_range(),
+            reward_ranges=reward_ranges,
         )
         config.task._live = context
         self._watchdog = asyncio.create_task(_fail_when_lost(self._stack, context))

@@ -26,6 +26,7 @@ from verifiers_nemogym.containers.docker import stop_rollout
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.judge.blame import question_of
+from verifiers_nemogym.nemo.rewards import RewardRange
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
 from verifiers_nemogym.util import cancel_and_wait
 
@@ -86,6 +87,8 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
             trace.info["nemo_gym_row_sampling"] = sampling
             _warn_once(live, "sampling", sampling)
         trace.info["nemo_gym_runtime"] = dict(live.runtime)
+        if (bounds := reward_range(live, data)) is not None:
+            trace.info["nemo_gym_reward_range"] = bounds.info()
         if live.judge is not None:
             trace.info["nemo_gym_judge"] = dict(live.judge.judge)
         # verifiers' train client records token ids but accepts only Chat Completions: the
@@ -135,6 +138,12 @@ async def _run_stopping_leftovers(
         raise
 
 
+def reward_range(live: RolloutContext, data: NeMoGymData) -> RewardRange | None:
+    """The range the rollout's reward must fall in: the user's, else the one NeMo Gym's
+    manifests declare for the row's agent, else None (any finite number)."""
+    return live.reward_range or live.reward_ranges.get(data.agent or "")
+
+
 def _stop_condition(trace: vf.Trace) -> str | None:
     """verifiers' stop condition of the rollout: every refusal of a model call by verifiers (turn
     limit, `@vf.stop`) sets it before the refusal is sent, and nothing else sets it while the
@@ -146,9 +155,10 @@ async def _post_run(
     live: RolloutContext, data: NeMoGymData, url: str, route: Route
 ) -> dict[str, Any]:
     """POST the row, tagged for `route`, to the agent's `/run`; raise `AgentRunError` unless
-    it returns a result whose reward is a finite number and at least one model call of the
-    rollout came through `route`. Raced against the stack's death, the route's first provider
-    error and `run_timeout`: whichever comes first ends the wait."""
+    it returns a result whose reward is a finite number within the rollout's `reward_range` and
+    at least one model call of the rollout came through `route`. Raced against the stack's
+    death, the route's first provider error and `run_timeout`: whichever comes first ends the
+    wait."""
     where = f"{data.source}: agent {data.agent!r} /run"
     if live.failure is not None:
         raise AgentRunError(f"{where} not started: {live.failure}")
@@ -193,6 +203,14 @@ async def _post_run(
         # NaN, Infinity (Python's JSON reads them) and booleans are no measurement either.
         raise AgentRunError(
             f"{where} returned no `reward` that is a finite number: {cut(text, 500)}"
+        )
+    bounds = reward_range(live, data)
+    if bounds is not None and not bounds.holds(result["reward"]):
+        # A reward no honest rollout earns (e.g. a reward file the model's code rewrote): no
+        # measurement, so an error, never that reward.
+        raise AgentRunError(
+            f"{where} returned reward {result['reward']!r}, outside the reward range "
+            f"{bounds.describe()}: no honest rollout earns it"
         )
     if route.calls == 0:
         # Every NeMo Gym agent calls its policy model at least once (none is model-free): a

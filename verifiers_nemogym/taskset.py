@@ -29,6 +29,8 @@ from verifiers_nemogym.nemo.catalog import AGENTS, Catalog, load_config, server_
 from verifiers_nemogym.nemo.judges import JudgeRef, active, judge_refs
 from verifiers_nemogym.nemo.ray_cluster import parse_ray_address
 from verifiers_nemogym.nemo.release import ReleaseFiles, check_release, release_files
+from verifiers_nemogym.nemo.rewards import OPTION as REWARD_RANGE_OPTION
+from verifiers_nemogym.nemo.rewards import RewardRange, check_range, declared_ranges
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, check_interpreter, default_version, ensure_venv
 from verifiers_nemogym.shared.tls import parse_pin
 
@@ -113,6 +115,13 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     """Keep NeMo Gym's own trajectory records in `trace.info["nemo_gym"]` when a `/run` result
     carries them (`ng_trajectory`, `ng_agent_observations`, `ng_model_call_capture`: NeMo Gym
     >= 0.7 with observability or token capture on); they repeat what verifiers records."""
+    reward_range: tuple[float, float] | None = None
+    """Inclusive `[low, high]` every NeMo Gym reward of the run must fall in (e.g. `[0, 1]`); a
+    reward outside it is no measurement, and its rollout an error naming the reward and the
+    range, never that reward. Default: per agent, the range NeMo Gym's own manifests declare for
+    its resources server (`reward.range` of its benchmarks' `manifest.yaml`, NeMo Gym 0.7+), else
+    the range of a pass/fail grader read from NeMo Gym's code (swe_next: 0 or 1), else no bound
+    (any finite number). Recorded in every trace."""
     shared_stack: bool = True
     """Share one NeMo Gym stack with every env process on this machine that asks for the same
     one (same nemo-gym version, Python and configs): attach to it, or start it for all. False
@@ -142,6 +151,22 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
         if not isinstance(items, list):
             return value
         return [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+
+    @field_validator("reward_range", mode="before")
+    @classmethod
+    def _reward_range(cls, value: Any) -> Any:
+        if isinstance(value, str):  # a flag's text, `[0, 1]`
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(
+                    f"{REWARD_RANGE_OPTION} takes [low, high], got {value!r}"
+                ) from None
+        if value is None:
+            return None
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{REWARD_RANGE_OPTION} takes [low, high], got {value!r}")
+        return check_range(value)
 
     @field_validator("ray_address")
     @classmethod
@@ -386,6 +411,19 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
                 f"{wanted[missing[0]]}: the row runs in image {missing[0]!r}, which the docker "
                 f"daemon does not have; build or load it first{more}"
             )
+
+    def reward_ranges(self, config_paths: list[Path]) -> dict[str, RewardRange]:
+        """Agent instance of `config_paths` (what `config_paths()` returned) -> the reward
+        range NeMo Gym's manifests declare for it (`nemo.rewards.declared_ranges`)."""
+        catalog = Catalog(self.nemo_venv)
+        merged = [catalog.merged_config(path) for path in config_paths]
+        return declared_ranges(self.nemo_venv.site_packages, merged)
+
+    def stated_range(self) -> RewardRange | None:
+        """The user's `reward_range`, for every agent of the run."""
+        if self.config.reward_range is None:
+            return None
+        return RewardRange(*self.config.reward_range, source=REWARD_RANGE_OPTION)
 
     def judge_refs(self) -> dict[str, list[JudgeRef]]:
         """Environment (or extra config) -> the judge references a judge must serve on this

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from verifiers_nemogym.containers import sandbox
 from verifiers_nemogym.containers.docker import DockerHost, check_isolation
 from verifiers_nemogym.containers.sandbox import (
     CONTAINER_POLICY_INSTANCE,
+    GUARDED_VERIFY,
     NG_KEEPALIVE,
     Bounds,
     docker_creates,
@@ -298,3 +300,34 @@ def test_isolation_fails_closed_without_iptables_rootless_remote_or_another_prov
     with pytest.raises(ConfigError, match="'opensandbox' sandbox provider's containers"):
         check_isolation(other, None, allow=False)
     assert len(check_isolation(other, None, allow=True, log=None)) == 1
+
+
+def test_terminal_bench_on_docker_runs_the_verify_guard_as_its_app(tmp_path: Path) -> None:
+    """terminal_bench_2_1 grades in the agent's container: on docker its `app.py` in the
+    stack's folder is a copy of the guard (NeMo Gym's server whose `/verify` first ends the
+    rollout's leftover processes), its other entries links; on another provider it keeps NeMo
+    Gym's own `app.py`."""
+    installed = tmp_path / "site-packages"
+    tb = installed / "resources_servers" / "terminal_bench_2_1"
+    tb.mkdir(parents=True)
+    (tb / "app.py").write_text("nemo gym's app")
+    (tb / "requirements.txt").write_text("-e nemo-gym[dev,sandbox] @ ../..\n")
+    servers = {"tb": SERVERS["tb"]}
+    plan = sandbox_plan([servers, DOCKER])
+    assert plan is not None
+    workdir = tmp_path / "stack"
+    assert shadow_servers(plan, installed, workdir, "0.7.0") == [
+        "resources_servers/terminal_bench_2_1"
+    ]
+    app = workdir / "resources_servers" / "terminal_bench_2_1" / "app.py"
+    guard = Path(sandbox.__file__).with_name(GUARDED_VERIFY["terminal_bench_2_1"])
+    assert not app.is_symlink() and app.read_text() == guard.read_text()
+    assert "class GuardedTerminalBench21ResourcesServer(TerminalBench21ResourcesServer)" in (
+        app.read_text()
+    )
+    assert (app.parent / "requirements.txt").is_symlink()
+    remote = sandbox_plan([servers, {"sandbox": {"opensandbox": {"connection": {}}}}])
+    assert remote is not None
+    shadow_servers(remote, installed, tmp_path / "remote", "0.7.0")
+    kept = tmp_path / "remote" / "resources_servers" / "terminal_bench_2_1" / "app.py"
+    assert kept.is_symlink() and kept.read_text() == "nemo gym's app"

@@ -18,7 +18,9 @@ import pytest
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.policies.fixer import (
     FINAL_REPLY,
+    REWARD_WRITER,
     SIDE_REPLY,
+    WRITTEN_REWARD,
     FixerPolicy,
     FixTask,
     load_fix_tasks,
@@ -143,6 +145,19 @@ async def test_wrong_task_runs_its_useless_edit(policy: FixerPolicy, stream: boo
     assert json.loads(calls[0]["arguments"])["command"] == "sed bad-b"
     [call] = policy.log
     assert (call.task, call.wrong, call.step, call.rollout_id) == (WRONG_TASK, True, "fix", None)
+
+
+async def test_writer_task_leaves_a_reward_writer_after_its_useless_edit() -> None:
+    """A `writer` task: its useless edit, then the background loop rewriting the reward file."""
+    async with FixerPolicy(tasks=TASKS, writer=frozenset({WRONG_TASK})) as writer:
+        _, calls, _ = await turn(client(writer, "ses_w"), prompt(WRONG_TASK), False)
+    command = json.loads(calls[0]["arguments"])["command"]
+    assert command == f"sed bad-b; {REWARD_WRITER}"
+    assert f"echo {WRITTEN_REWARD} > /logs/verifier/reward.txt" in command
+    [call] = writer.log
+    assert (call.task, call.wrong, call.writer, call.step) == (WRONG_TASK, True, True, "fix")
+    with pytest.raises(ConfigError, match=r"writer tasks \[7\] are not in the table"):
+        FixerPolicy(tasks=TASKS, writer=frozenset({7}))
 
 
 @pytest.mark.parametrize("stream", [False, True])

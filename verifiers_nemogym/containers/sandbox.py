@@ -109,6 +109,10 @@ WRITES_IN_ITS_FOLDER: dict[str, tuple[str, ...]] = {
 """Resources server type -> the folders it writes inside its own folder (NeMo Gym 0.7.0:
 `Path(__file__).parent / "logs"`, its verifier logs), which `shadow_servers` moves into the
 stack's folder."""
+GUARDED_VERIFY: dict[str, str] = {"terminal_bench_2_1": "verify_guard.py"}
+"""Resources server type -> the file of this folder that `shadow_servers` runs as its `app.py`
+when every instance of it uses the docker provider: NeMo Gym's server whose `/verify` first
+ends the processes the agent's rollout left in the container it grades in (`verify_guard`)."""
 READS_BESIDE: dict[str, tuple[str, ...]] = {"swebench_pro": ("swebench",)}
 """Resources server type -> the sibling server folders it reads files of (swebench_pro runs
 `../swebench/anti_cheat_setup.sh`)."""
@@ -348,7 +352,10 @@ def shadow_servers(
       its folder, so its `__file__` is the link's path); the sibling folders it reads
       (`READS_BESIDE`) are linked beside it;
     - for a server whose provider is a Python package (`PROVIDER_PACKAGES`), `requirements.txt`:
-      the installed one plus `nemo-gym[sandbox]==<nemo_gym_version>`, so its venv has the client.
+      the installed one plus `nemo-gym[sandbox]==<nemo_gym_version>`, so its venv has the client;
+    - for a resources server of `GUARDED_VERIFY` all of whose instances use docker, `app.py`:
+      a copy of the guard (a copy, not a link: Python puts a script's real folder first on
+      `sys.path`).
     Returns `<type>/<name>` of each server so run."""
     shadowed = []
     for server_type, impl in sorted({(s.server_type, s.impl) for s in plan.servers}):
@@ -357,12 +364,17 @@ def shadow_servers(
         }
         writes = WRITES_IN_ITS_FOLDER.get(impl, ()) if server_type == RESOURCES_SERVERS else ()
         client = bool(providers & PROVIDER_PACKAGES)
+        docker_only = server_type == RESOURCES_SERVERS and providers == {"docker"}
+        guard = GUARDED_VERIFY.get(impl) if docker_only else None
         source = installed / server_type / impl
-        if not (writes or client) or not source.is_dir():
+        if not (writes or client or guard) or not source.is_dir():
             continue
         target = workdir / server_type / impl
         target.mkdir(parents=True, exist_ok=True)
         own = {*writes, "requirements.txt"} if client else set(writes)
+        if guard is not None:
+            own.add("app.py")
+            (target / "app.py").write_text(Path(__file__).with_name(guard).read_text())
         for entry in source.iterdir():
             if entry.name not in own and not entry.name.startswith("."):
                 (target / entry.name).symlink_to(entry)

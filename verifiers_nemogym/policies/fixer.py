@@ -10,7 +10,9 @@ it); the longest key found wins. Then, by the conversation so far:
 - no `tool` message yet, and a `bash` tool offered: one `bash` tool call (arguments
   `{"command": ..., "description": ...}`, as OpenCode's `bash` tool takes them) running the
   task's `fix` command, or its `wrong` command (a real but useless edit) for the tasks chosen
-  `wrong`; finish_reason `tool_calls`;
+  `wrong`, or for the tasks chosen `writer` the `wrong` command followed by `REWARD_WRITER` (a
+  process left running in the background that keeps writing `WRITTEN_REWARD` to
+  terminal_bench_2_1's reward file); finish_reason `tool_calls`;
 - a `tool` message present (the command's result came back): a final plain assistant message,
   finish_reason `stop`, which ends OpenCode's loop;
 - no known task, or no `bash` tool offered (OpenCode's title and summary calls): a short text.
@@ -64,6 +66,16 @@ TOOL_NAME = "bash"
 
 _ROLLOUT = re.compile(r"/ng-rollout/([^/]+)/")
 
+WRITTEN_REWARD = "1000000"
+"""What `REWARD_WRITER` writes: a reward no honest rollout earns (NeMo Gym's grader: 0 or 1)."""
+REWARD_WRITER = (
+    "nohup sh -c 'while :; do echo "
+    + WRITTEN_REWARD
+    + " > /logs/verifier/reward.txt; sleep .05; done' >/dev/null 2>&1 &"
+)
+"""A background loop the model leaves in its container, rewriting the reward file that
+terminal_bench_2_1 (NeMo Gym 0.7.0) reads after running the tests in that same container."""
+
 
 @dataclass(frozen=True)
 class FixTask:
@@ -110,6 +122,8 @@ class FixerCall(RecordedCall):
     """Index in the table of the task the request carried (None: no known task)."""
     wrong: bool = False
     """Whether the task's `wrong` command was (or would have been) chosen."""
+    writer: bool = False
+    """Whether `REWARD_WRITER` was (or would have been) added to it."""
     step: Step = "unknown"
     command: str | None = None
     """The command of the `bash` tool call answered (step `fix`)."""
@@ -122,9 +136,11 @@ class FixerPolicy(KeyedPolicy):
 
     `tasks`: the table (e.g. `load_fix_tasks(path)`); `wrong`: indices into `tasks` of those
     answered with their `wrong` command (ConfigError if one is not a task, or a task's key is
-    blank). `calls` (typed: `log`) holds `FixerCall`s."""
+    blank); `writer`: indices of tasks answered with their `wrong` command and `REWARD_WRITER`
+    (ConfigError if one is not a task). `calls` (typed: `log`) holds `FixerCall`s."""
 
     tasks: list[FixTask] = field(default_factory=list)
+    writer: frozenset[int] = frozenset()
     model_id: ClassVar[str] = "fixer"
     answer_paths: ClassVar[tuple[str, ...]] = (
         "/v1/chat/completions",
@@ -138,6 +154,8 @@ class FixerPolicy(KeyedPolicy):
         empty = [i for i, t in enumerate(self.tasks) if not t.key.strip()]
         if empty:
             raise ConfigError(f"fixer tasks {empty} have an empty key")
+        if bad := sorted(i for i in self.writer if not 0 <= i < len(self.tasks)):
+            raise ConfigError(f"writer tasks {bad} are not in the table (0..{len(self.tasks) - 1})")
 
     def keys(self) -> list[str]:
         return [t.key for t in self.tasks]
@@ -162,13 +180,15 @@ class FixerPolicy(KeyedPolicy):
             return body
         stream = body.get("stream") is True
         task = self.match(body)
-        wrong = task is not None and task in self.wrong
+        writer = task is not None and task in self.writer
+        wrong = task is not None and (task in self.wrong or writer)
         step = _step(body, task)
         command = None
         if step == "fix" and task is not None:
             command = self.tasks[task].wrong if wrong else self.tasks[task].fix
-        self._record(self._call(request, body, stream=stream, task=task, wrong=wrong, step=step,
-                           command=command))  # fmt: skip
+            command = f"{command}; {REWARD_WRITER}" if writer else command
+        self._record(self._call(request, body, stream=stream, task=task, wrong=wrong,
+                                writer=writer, step=step, command=command))  # fmt: skip
         model = body["model"] if isinstance(body.get("model"), str) else self.model_id
         prompt_tokens = max(1, len(request_text(body)) // 4)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -48,7 +48,7 @@ from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
+from verifiers_nemogym.policies.fixer import WRITTEN_REWARD, FixerPolicy, FixTask
 
 ENVS = ("swebench_pro", "terminal_bench_2_1", "swe_next")
 DOCKER_CONFIG = PROVIDER_CONFIG.format(name="docker")
@@ -102,6 +102,20 @@ def wrong_cases(cases: list[tuple[str, bool]]) -> frozenset[int]:
     return frozenset(i for i, (_, right) in enumerate(cases) if not right)
 
 
+WRITER_CASE = ("terminal_bench_2_1", False)
+"""The case whose model makes the useless edit and leaves a background loop writing
+`WRITTEN_REWARD` to the reward file terminal_bench_2_1 reads in the agent's own container."""
+
+
+def check_reward_writer(trace: dict[str, Any]) -> None:
+    """The writer's rollout scored its honest reward (0.0: the edit is useless), never the
+    written one: its leftover processes were ended before NeMo Gym ran the tests, and NeMo
+    Gym's declared reward range for terminal_bench_2_1 was on its trace."""
+    assert trace["errors"] == [], trace["errors"]
+    assert trace["rewards"]["nemo_gym"]["score"] == 0.0 != float(WRITTEN_REWARD)
+    assert trace["info"]["nemo_gym_reward_range"]["range"] == [0.0, 1.0], trace["info"]
+
+
 def case_of(trace: dict[str, Any], table: list[FixTask]) -> int:
     """The case a trace's task carries (the longest key it quotes)."""
     text = json.dumps(trace["task"])
@@ -124,11 +138,13 @@ async def test_container_environments_score_and_never_cross_route(
     log), every turn in the trace, and afterwards no container, network or process of the
     stack."""
     cases = [(env, right) for right in (True, False) for env in ENVS]
+    cases.append(WRITER_CASE)
     table = case_rows(kit, cases, tmp_path / "rows.jsonl")
     # swebench_pro writes verifier logs beside its code: in the stack's folder, not the runtime.
     runtime_logs = nemo_venv_07.site_packages / "resources_servers" / "swebench_pro" / "logs"
     logs_before = set(runtime_logs.rglob("*"))
-    async with FixerPolicy(tasks=table, wrong=wrong_cases(cases)) as policy:
+    writer = frozenset({len(cases) - 1})
+    async with FixerPolicy(tasks=table, wrong=wrong_cases(cases), writer=writer) as policy:
         cmd = vf_eval_command(
             "policy", policy.base_url, "FIXER_KEY", len(cases), 1, 3, tmp_path / "out",
             "--env.taskset.config-paths", json.dumps(config_paths(kit, ENVS)),
@@ -139,6 +155,8 @@ async def test_container_environments_score_and_never_cross_route(
         tag, traces = await eval_traces(cmd, tmp_path / "out", len(cases), 1500, FIXER_KEY="unused")
     for trace in traces:
         case = case_of(trace, table)
+        if case in writer:
+            check_reward_writer(trace)
         expected = 1.0 if cases[case][1] else 0.0
         assert trace["rewards"]["nemo_gym"]["score"] == expected, (cases[case], trace["errors"])
     # Every call came through the interception session of the rollout whose case it quotes.

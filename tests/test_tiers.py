@@ -138,6 +138,8 @@ NOT_ON_PRERELEASE = {
     "containers/test_images.py": "task images and hand-made tasks: no verifiers code",
     "containers/test_sandbox.py": "what configs ask of sandboxes: no verifiers code",
     "containers/test_sweep.py": "which stacks the container sweep keeps: no verifiers code",
+    "containers/test_names.py": "the containers' refusing name server: no verifiers code",
+    "test_phases.py": "a rollout's phase arithmetic: no verifiers code",
     "test_util.py": "the package's process helpers: no verifiers code",
     "nemo/test_release_versions.py": ALL_NEMO,
     "policies/test_fixer.py": "a model server of the package: no verifiers code",

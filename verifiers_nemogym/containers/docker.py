@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 
 from verifiers_nemogym.containers.door import ModelDoor
+from verifiers_nemogym.containers.names import PORT as NAMES_PORT
+from verifiers_nemogym.containers.names import RefusingNameServer
 from verifiers_nemogym.containers.sandbox import (
     STACK_LABEL,
     SandboxPlan,
@@ -167,10 +169,19 @@ class ContainerNetwork:
             ["-i", self.bridge, *comment, "-j", "DROP"],
             ["-i", self.bridge, "-p", "tcp", "-d", self.gateway, "--dport", str(port),
              *comment, "-j", "ACCEPT"],
+            *self._names_rules(comment),
         ]  # fmt: skip
         for rule in rules:  # each inserted first: the ACCEPT ends up above the DROP
             run_checked([iptables, "-I", "INPUT", *rule], "iptables (the container firewall)", 60)
         return True
+
+    def _names_rules(self, comment: list[str]) -> list[list[str]]:
+        """The ACCEPT for the stack's refusing name server (`containers.names`), UDP to the
+        gateway's port 53: lookups fail at once instead of timing out."""
+        return [
+            ["-i", self.bridge, "-p", "udp", "-d", self.gateway, "--dport", str(NAMES_PORT),
+             *comment, "-j", "ACCEPT"],
+        ]  # fmt: skip
 
 
 def _stack_markers() -> dict[str, set[int]]:
@@ -232,6 +243,7 @@ class StackContainers:
         self.log = log
         self.label: str | None = None  # on every container and network, once it uses docker
         self.door: ModelDoor | None = None
+        self.names: RefusingNameServer | None = None
 
     async def prepare(
         self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path
@@ -266,6 +278,7 @@ class StackContainers:
             await self.door.start()
             if await asyncio.to_thread(network.firewall, self.door.port):
                 reach = "the door only (firewall)"
+                self.names = await self._start_names(network.gateway)
             else:
                 reach = "the door, and whatever the host serves on all its addresses (no root)"
                 self.log.warning(
@@ -281,10 +294,28 @@ class StackContainers:
                 self.door.url,
             )
             name, door = network.name, (network.gateway, self.door.port)
-        config = stack_config(plan, label=self.label, network=name, door=door, workdir=workdir)
+        dns = self.names.host if self.names is not None else None
+        config = stack_config(
+            plan, label=self.label, network=name, door=door, workdir=workdir, dns=dns
+        )
         path = workdir / "vf_nemogym_containers.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    async def _start_names(self, gateway: str) -> RefusingNameServer | None:
+        """The refusing name server on `gateway` (None, with a warning, if it cannot bind)."""
+        names = RefusingNameServer(gateway)
+        try:
+            await names.start()
+        except OSError as e:
+            self.log.warning(
+                "no name server for the containers (%s): each lookup they make waits out "
+                "its timeouts (~10 s) before failing",
+                e,
+            )
+            return None
+        self.log.info("containers' name lookups: refused at once by %s:%d", gateway, names.port)
+        return names
 
     async def stop(self) -> None:
         """Remove what `prepare` made; idempotent."""
@@ -293,3 +324,5 @@ class StackContainers:
             await asyncio.to_thread(remove_objects, self.label)
         if self.door is not None:
             await self.door.stop()
+        if self.names is not None:
+            await self.names.stop()

@@ -201,6 +201,7 @@ def stack_config(
     network: str | None,
     door: tuple[str, int] | None,
     workdir: Path,
+    dns: str | None = None,
 ) -> dict[str, Any]:
     """The config entries a stack adds for `plan`: for the docker provider the stack's network and
     label on every container; for every agent calling the model from a container a
@@ -208,12 +209,13 @@ def stack_config(
     container's URL is its rollout's (`/ng-rollout/<rollout id>/v1`). `label`: `key=value` for
     every docker container; `network`: the docker network they join (None: the provider's
     own setting stands); `door`: its host and port (None: agents keep their model server);
-    `workdir`: the stack's folder."""
+    `workdir`: the stack's folder; `dns`: the containers' upstream name server (docker's
+    `--dns`, `containers.names`), None to leave docker's."""
     config: dict[str, Any] = rollout_correlation(workdir / "model-calls")
     if plan.docker is not None and label is not None:
         create = dict(plan.docker.get("create") or {})
         extra = [str(arg) for arg in create.get("extra_run_args") or []]
-        create["extra_run_args"] = [*extra, "--label", label]
+        create["extra_run_args"] = [*extra, "--label", label, *(["--dns", dns] if dns else [])]
         if network is not None:
             create["network"] = network
         for block, provider in plan.blocks.items():

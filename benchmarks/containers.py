@@ -344,7 +344,7 @@ async def run_ours(
                 if trace.errors:
                     raise RuntimeError(f"a rollout failed: {trace.errors[0].message[:1000]}")
                 phases = {k: float(v) for k, v in trace.info["nemo_gym_phases"].items()}
-                return Rollout(t0, time.time(), case, float(trace.rewards["nemo_gym"]), phases)
+                return Rollout(t0, time.time(), case, float(trace.reward), phases)
 
             measured, first = await timed_levels(one, len(table), levels)
         log = policy.log

@@ -334,7 +334,7 @@ async def test_a_rollouts_phases_add_up_and_its_lookups_fail_at_once(
     await held.released()
     assert episode.ok, [t.errors for t in episode.traces]
     (trace,) = episode.traces
-    assert trace.rewards["nemo_gym"] == 1.0
+    assert trace.reward == 1.0
     phases = trace.info["nemo_gym_phases"]
     assert phases["model_calls"] == len(policy.log) == 2, phases
     assert all(phases[p] >= 0 for p in PHASES) and phases["model"] > 0, phases

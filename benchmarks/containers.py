@@ -362,8 +362,10 @@ SIDES = {"native": run_native, "ours": run_ours}
 
 
 async def measure(
-    envs: list[str] | None, sides: list[str], levels: tuple[int, ...]
+    envs: list[str] | None, sides: list[str], levels: tuple[int, ...], path: Path
 ) -> dict[str, Any]:
+    """The result (module contract), also written to `path` after each side (a run cut short
+    keeps what it measured)."""
     runtime = ensure_venv(NEMO_GYM_VERSION, allow_below_floor=True)
     kit: TaskKit = await asyncio.to_thread(make_tasks, cache_root() / "bench-containers-kit")
     chosen = [t for t in kit.tasks if envs is None or t.env in envs]
@@ -392,7 +394,8 @@ async def measure(
                 except Exception as e:  # one side failing is a result, not the end
                     entry[side] = {"error": f"{type(e).__name__}: {str(e)[-3000:]}"}
                 print(f"{task.env} {side}: {json.dumps(entry[side])[:600]}", flush=True)
-            out["envs"][task.env] = entry
+                out["envs"][task.env] = entry
+                path.write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 
@@ -481,10 +484,9 @@ def main() -> None:
     if not levels or levels[0] != 1 or min(levels) < 1:
         parser.error("--levels must start with 1 (the phases are measured one at a time)")
     sides = args.side or ["native", "ours"]
-    result = asyncio.run(measure(args.env or None, sides, levels))
     day = datetime.date.today().isoformat()
     path = args.output or RESULTS / f"{day}-containers.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    result = asyncio.run(measure(args.env or None, sides, levels, path))
     print("\n".join([*table(result), "", *phase_table(result), "", *rate_table(result)]))
     print(f"written to {path}")
 

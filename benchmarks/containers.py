@@ -1,33 +1,34 @@
 """NeMo Gym's container environments, natively and through nemo-gym-env, in one run:
-`uv run python -m benchmarks.containers [--env ENV ...] [--side native|ours ...] [--repeats N]`
+`uv run python -m benchmarks.containers [--env ENV ...] [--side native|ours ...] [--levels 1,2,4]`
 
 Each container environment of the hand-made task kit (`containers.tasks.make_tasks`: swebench_pro
-`tinycalc`, terminal_bench_2_1 `wordstats`, and any other environment the kit provides) runs
-OpenCode inside the task's docker container, against the fixer policy (`policies.fixer`). Its
-row is duplicated per case, the problem tagged with the case (so the fixer tells the rows
-apart), and each case has its own fixer entry: case 0 gets the right fix (NeMo Gym's reward
-1.0), case 1 a real but useless edit (0.0). Both sides get the same rows, images, NeMo Gym
-configs and fixer table; rollouts run one at a time.
+`tinycalc`, terminal_bench_2_1 `wordstats`, swe_next `textkit`) runs OpenCode inside the task's
+docker container, against the fixer policy (`policies.fixer`). Its row is duplicated per case,
+the problem tagged with the case (so the fixer tells the rows apart), and each case has its own
+fixer entry: case 0 gets the right fix (NeMo Gym's reward 1.0), case 1 a real but useless edit
+(0.0). Both sides get the same rows, images, NeMo Gym configs and fixer table, and the same timed
+batches: per level `c` of `--levels`, every row `c` times with `c` rollouts in flight (rollouts
+per minute, median seconds per rollout, the host's CPU busy share and load average over the
+batch; level 1 first, its rollouts one at a time give the phases).
 
 - `native`: plain NeMo Gym 0.7 as a user runs it. `gym env start` with NeMo Gym's pairing
   (`benchmarks/<...>/opencode.yaml`), the docker provider config, the kit's override, and a
   native override (`sandbox.docker.create.network: host`, so the container reaches the
   127.0.0.1 model server; the agent's `artifacts_dir` in the run's folder); `policy_model` is
-  NeMo Gym's own `openai_model` on the env.yaml keys, pointing at the fixer. Rewards come from
-  `gym eval run --no-serve` (one rollout in flight); seconds per rollout from the same rows
-  posted to the environment's `/run` one at a time afterwards (`--repeats` passes). The stack
-  is stopped by our supervisor (Ray's token in a private file). Every container NeMo Gym's
-  docker provider creates also gets a label of this run (its `extra_run_args`), so the ones
-  left afterwards, and only those, are counted in the result, then removed (others may be
-  running NeMo Gym on the same daemon).
-- `ours`: `vf-eval nemo-gym-env` with `--env.taskset.config-paths <pairing> <docker.yaml>
-  <override>`, `--env.taskset.jsonl-path <rows>`, `--env.taskset.agent <agent>`, the fixer as
-  the model, `-c 1 -r <repeats>`: rewards and seconds per rollout (a trace's boot start to its
-  scoring end) from the traces vf-eval wrote; the containers of its stack left afterwards (the
-  stack's label, found by the network its host log names) are counted.
+  NeMo Gym's own `openai_model` on the env.yaml keys, pointing at the fixer. Each rollout is the
+  row posted to the environment's `/run` (what `gym eval run` posts); its phases come from
+  `/run`'s times and the times the fixer saw the calls (`verifiers_nemogym.phases`, no proxy:
+  a call's hop is in `tools`). The stack is stopped by our supervisor. Every container NeMo
+  Gym's docker provider creates also gets a label of this run (its `extra_run_args`), so the
+  ones left afterwards, and only those, are counted, then removed.
+- `ours`: nemo-gym-env's environment (`load_environment` with the pairing, docker.yaml and the
+  kit's override as `config_paths`, the rows, the agent; what `vf-eval nemo-gym-env` runs)
+  serving its own stack, each rollout `env.run_episode` with the fixer as the model; phases from
+  the trace (`trace.info["nemo_gym_phases"]`), `other` the wall time beyond `/run`; the
+  containers of its stack left afterwards are counted.
 
-Writes `benchmarks/results/<date>-containers.json` (or `-o`); `table()` renders the docs table
-from it.
+Writes `benchmarks/results/<date>-containers.json` (or `-o`); `table()`, `phase_table()` and
+`rate_table()` render the docs' tables from it.
 """
 
 from __future__ import annotations
@@ -37,27 +38,24 @@ import asyncio
 import datetime
 import json
 import os
-import re
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
-from benchmarks.harnesses import (
-    NativeHarnessStack,
-    report_head,
-    run_native_stack,
-)
+from benchmarks.harnesses import NativeHarnessStack, _post_run, report_head
 from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.containers.tasks import KitTask, TaskKit, make_tasks
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
+from verifiers_nemogym.phases import PHASES, rollout_phases
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
 from verifiers_nemogym.util import cache_root
 
@@ -137,55 +135,160 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+LEVELS = (1, 2, 4)
+"""Rollouts in flight (`-c`) of the timed batches; each batch runs every row that many times."""
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of all the host's CPUs since boot (/proc/stat; idle and iowait are
+    not busy)."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+@dataclass
+class Rollout:
+    """One timed rollout: wall-clock start and end (seconds), its case, its reward, and (ours)
+    the phases on its trace."""
+
+    began: float
+    ended: float
+    case: int
+    reward: float
+    phases: dict[str, float] | None = None
+
+
+async def timed_levels(
+    one: Callable[[int], Awaitable[Rollout]], cases: int, levels: tuple[int, ...]
+) -> tuple[dict[str, Any], list[Rollout]]:
+    """For each level `c` of `levels`, every case run `c` times with `c` rollouts in flight
+    (`one(case)` runs one): rollouts per minute, median seconds per rollout, the rewards, the
+    host's CPU busy share and load average over the batch. Also the rollouts of level 1."""
+    out: dict[str, Any] = {}
+    first: list[Rollout] = []
+    for level in levels:
+        gate = asyncio.Semaphore(level)
+
+        async def limited(case: int, gate: asyncio.Semaphore = gate) -> Rollout:
+            async with gate:
+                return await one(case)
+
+        order = [case for _ in range(level) for case in range(cases)]
+        load_before, (busy0, total0), t0 = load(), cpu_times(), time.time()
+        rollouts = await asyncio.gather(*(limited(case) for case in order))
+        wall = time.time() - t0
+        busy1, total1 = cpu_times()
+        per_case: list[list[float]] = [[] for _ in range(cases)]
+        for r in rollouts:
+            per_case[r.case].append(r.reward)
+        out[str(level)] = {
+            "rollouts": len(rollouts),
+            "wall_s": round(wall, 1),
+            "per_minute": round(len(rollouts) * 60 / wall, 2),
+            "s_per_rollout": round(statistics.median(r.ended - r.began for r in rollouts), 2),
+            "rollout_s": [round(r.ended - r.began, 2) for r in rollouts],
+            "timed_rewards": [[per_case[i][k] for i in range(cases)] for k in range(level)],
+            "cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1.0), 3),
+            "load_before": load_before,
+            "load_after": load(),
+        }
+        if level == levels[0]:
+            first = list(rollouts)
+    return out, first
+
+
+def median_phases(rollouts: list[Rollout]) -> dict[str, float]:
+    """Medians over `rollouts` of their phases (`PHASES`, `run`), the wall time (`wall`) and
+    what the wall time holds beyond NeMo Gym's `/run` (`other`: verifiers' own work, ours)."""
+    phased = [r for r in rollouts if r.phases is not None]
+    if not phased:
+        return {}
+    out = {k: statistics.median(float(r.phases[k]) for r in phased) for k in (*PHASES, "run")}  # type: ignore[index]
+    out["wall"] = statistics.median(r.ended - r.began for r in phased)
+    out["other"] = statistics.median(r.ended - r.began - float(r.phases["run"]) for r in phased)  # type: ignore[index]
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def _side(
+    levels: dict[str, Any], first: list[Rollout], log: list[Any], cases: int
+) -> dict[str, Any]:
+    timed = [rewards for level in levels.values() for rewards in level["timed_rewards"]]
+    return {
+        "rewards": timed[0],
+        "timed_rewards": timed,
+        "s_per_rollout": levels[min(levels, key=int)]["s_per_rollout"],
+        "levels": levels,
+        "phases": median_phases(first),
+        "policy_calls": {"total": len(log)},
+        "calls_by_case": _calls_by_case(log, cases),
+    }
+
+
+def _native_phases(rollouts: list[Rollout], log: list[Any]) -> None:
+    """Native rollouts one at a time: their phases from `/run`'s times and the times the fixer
+    saw each call (no proxy to time a call's hop: `model` is 0, the hop is in `tools`)."""
+    for r in rollouts:
+        seen = [(c.at, c.at) for c in log if r.began <= c.at <= r.ended]
+        r.phases = {k: float(v) for k, v in rollout_phases(r.began, r.ended, seen).items()}
+
+
 async def run_native(
     runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask],
-    repeats: int,
+    levels: tuple[int, ...],
 ) -> dict[str, Any]:  # fmt: skip
     """`task`'s environment on plain NeMo Gym (module contract)."""
     site = runtime.site_packages
     openai_model = site / "responses_api_models/openai_model/configs/openai_model.yaml"
     run_label = f"{RUN_LABEL}={uuid.uuid4().hex}"
     load_before = load()
+    lines = [json.loads(line) for line in rows.read_text().splitlines() if line]
     try:
         async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
             with tempfile.TemporaryDirectory(prefix="containers-native-") as tmp:
                 native = Path(tmp, "native.yaml")
                 impl = {"opencode_sandboxed_agent": {"artifacts_dir": str(Path(tmp, "artifacts"))}}
+                create = {"network": "host", "extra_run_args": ["--label", run_label]}
                 native.write_text(
                     yaml.safe_dump(
-                        {
-                            "sandbox": {
-                                "docker": {
-                                    "create": {
-                                        "network": "host",
-                                        "extra_run_args": ["--label", run_label],
-                                    }
-                                }
-                            },
-                            agent: {"responses_api_agents": impl},
-                        }
+                        {"sandbox": {"docker": {"create": create}}, agent: {AGENTS: impl}}
                     )
                 )
                 configs = [site / p for p in task.config_paths]
                 configs += [site / DOCKER_CONFIG, task.override, native, openai_model]
-                run = await run_native_stack(
-                    NativeContainerStack, runtime, configs, [], policy, POLICY_KEY, agent, rows,
-                    tmp, in_flight=1, repeats=repeats,
+                workdir = Path(tmp, "stack")
+                workdir.mkdir()
+                env_yaml = {"policy_base_url": policy.base_url, "policy_api_key": POLICY_KEY,
+                            "policy_model_name": policy.model_id}  # fmt: skip
+                (workdir / "env.yaml").write_text(yaml.safe_dump(env_yaml))
+                stack = NativeContainerStack(
+                    runtime, configs, policy_host=policy.host, policy_port=policy.port,
+                    workdir=workdir, start_timeout=1800, overrides=[],
                 )  # fmt: skip
+                began = time.monotonic()
+                await stack.start()
+                try:
+                    start_s = time.monotonic() - began
+                    url = stack.run_urls[agent]
+                    timeout = aiohttp.ClientTimeout(total=1800)
+                    async with aiohttp.ClientSession(timeout=timeout) as http:
+
+                        async def one(case: int) -> Rollout:
+                            t0 = time.time()
+                            reward = await _post_run(http, url, lines[case])
+                            return Rollout(t0, time.time(), case, reward)
+
+                        measured, first = await timed_levels(one, len(table), levels)
+                finally:
+                    await stack.stop()
             log = policy.log
     finally:
         left = containers(run_label)
         if left:
             docker.run_docker("rm", "-f", *sorted(left))
+    _native_phases(first, log)
     return {
-        "rewards": run.rewards,
-        "timed_rewards": run.timed,
-        "s_per_rollout": round(statistics.median(run.rollout_s), 2),
-        "rollout_s": [round(s, 2) for s in run.rollout_s],
-        "start_s": round(run.start_s, 1),
-        "collect_s": round(run.collect_s, 1),
-        "policy_calls": {"collect": run.collected, "total": len(log)},
-        "calls_by_case": _calls_by_case(log, len(table)),
+        **_side(measured, first, log, len(table)),
+        "start_s": round(start_s, 1),
         "containers_left": len(left),
         "load_before": load_before,
         "load_after": load(),
@@ -201,105 +304,55 @@ def _calls_by_case(log: list[Any], cases: int) -> list[dict[str, int]]:
     return out
 
 
-def _stack_containers_left(out: Path) -> int | None:
-    """Containers of the stack a vf-eval run (`out`) used that are still there: the stack host's
-    log (named in eval.log) names the stack's docker network, `vfng-<marker prefix>`, and each
-    container carries `<STACK_LABEL>=<marker>`. None (unknown) if the logs name no network."""
-    eval_log = next(out.glob("*/logs/latest/eval.log")).read_text()
-    host_log = re.search(r"log: (\S+host\.log)", eval_log)
-    if host_log is None:
-        return None
-    network = re.search(r"docker network (vfng-\w+)", Path(host_log.group(1)).read_text())
-    if network is None:
-        return None
-    prefix = network.group(1).removeprefix("vfng-")
-    template = '{{.Label "%s"}}' % STACK_LABEL  # noqa: UP031 (a Go template's braces)
-    labels = docker.run_docker(
-        "ps", "-a", "--filter", f"label={STACK_LABEL}", "--format", template
-    ).split()
-    return sum(1 for marker in labels if marker.startswith(prefix))
-
-
-def _case_of(trace: dict[str, Any], table: list[FixTask]) -> int:
-    """The case a trace's task quotes (the longest key found)."""
-    text = json.dumps(trace["task"])
-    found = [i for i, t in enumerate(table) if json.dumps(t.key)[1:-1] in text]
-    if not found:
-        raise RuntimeError("a trace quotes no case")
-    return max(found, key=lambda i: len(table[i].key))
-
-
-def _trace_seconds(trace: dict[str, Any]) -> float:
-    """Seconds from the rollout's boot to the end of its last phase (scoring)."""
-    timing = trace["timing"]
-    phases = ("boot", "setup", "agent", "finalize", "scoring")
-    return max(float(timing[p]["end"]) for p in phases) - float(timing["boot"]["start"])
-
-
 async def run_ours(
     runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask],
-    repeats: int,
+    levels: tuple[int, ...],
 ) -> dict[str, Any]:  # fmt: skip
-    """`task`'s environment through vf-eval nemo-gym-env (module contract)."""
+    """`task`'s environment through nemo-gym-env (module contract)."""
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import EvalClientConfig
+
+    import nemo_gym_env
+
     configs = [*task.config_paths, DOCKER_CONFIG, str(task.override)]
     load_before = load()
+    os.environ.setdefault("VF_NEMOGYM_BENCH_KEY", "unused")
     async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
-        with tempfile.TemporaryDirectory(prefix="containers-ours-") as tmp:
-            out = Path(tmp, "out")
-            command = [
-                str(Path(sys.executable).with_name("vf-eval")), "nemo-gym-env", "-m", MODEL,
-                "--client.base-url", policy.base_url, "--client.api-key-var", "FIXER_KEY",
-                "-n", str(len(table)), "-r", str(repeats), "-c", "1", "--no-push",
-                "-o", str(out),
-                "--env.taskset.config-paths", json.dumps(configs),
-                "--env.taskset.jsonl-path", str(rows),
-                "--env.taskset.agent", agent,
-                "--env.taskset.stack-idle-grace", "0",
-                "--env.taskset.nemo-gym-version", runtime.nemo_gym_version,
-                "--env.taskset.python", str(runtime.python),
-                "--env.taskset.allow-python-below-floor", str(runtime.below_floor).lower(),
-            ]  # fmt: skip
-            began = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(
-                *command,
-                env={**os.environ, "FIXER_KEY": "unused"},
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-            try:
-                output, _ = await asyncio.wait_for(proc.communicate(), 3600)
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
-            eval_s = time.monotonic() - began
-            if proc.returncode != 0:
-                text = output.decode(errors="replace")
-                raise RuntimeError(f"vf-eval exit {proc.returncode}:\n{text[-3000:]}")
-            left = _stack_containers_left(out)
-            (traces_file,) = out.glob("*/traces.jsonl")
-            episodes = [json.loads(line) for line in traces_file.read_text().splitlines() if line]
+        env = nemo_gym_env.load_environment(
+            config_paths=configs,
+            jsonl_path=str(rows),
+            agent=agent,
+            shared_stack=False,
+            nemo_gym_version=runtime.nemo_gym_version,
+            python=str(runtime.python),
+            allow_python_below_floor=runtime.below_floor,
+        )
+        tasks = list(env.taskset)
+        client = EvalClientConfig(base_url=policy.base_url, api_key_var="VF_NEMOGYM_BENCH_KEY")
+        ctx = vf.ModelContext(model=MODEL, client=client)
+        began = time.monotonic()
+        async with env.serving():
+            start_s = time.monotonic() - began
+            if env.start_error is not None:
+                raise RuntimeError(env.start_error)
+            marker = env.stack_marker
+
+            async def one(case: int) -> Rollout:
+                t0 = time.time()
+                episode = await env.run_episode(tasks[case], ctx)
+                (trace,) = episode.traces
+                if trace.errors:
+                    raise RuntimeError(f"a rollout failed: {trace.errors[0].message[:1000]}")
+                phases = {k: float(v) for k, v in trace.info["nemo_gym_phases"].items()}
+                return Rollout(t0, time.time(), case, float(trace.reward), phases)
+
+            measured, first = await timed_levels(one, len(table), levels)
         log = policy.log
-    traces = [t for e in episodes for t in e["traces"]]
-    errors = [t["errors"] for t in traces if t.get("errors")]
-    if errors:
-        raise RuntimeError(f"{len(errors)} rollouts failed: {json.dumps(errors[0])[:1000]}")
-    per_case: list[list[float]] = [[] for _ in table]
-    seconds = []
-    for trace in sorted(traces, key=lambda t: float(t["timing"]["boot"]["start"])):
-        per_case[_case_of(trace, table)].append(float(trace["rewards"]["nemo_gym"]["score"]))
-        seconds.append(_trace_seconds(trace))
-    if any(len(r) != repeats for r in per_case):
-        raise RuntimeError(f"rollouts per case {[len(r) for r in per_case]}, wanted {repeats}")
+    left = containers(f"{STACK_LABEL}={marker}") if marker else set()
     return {
-        "rewards": [r[0] for r in per_case],
-        "timed_rewards": [[r[k] for r in per_case] for k in range(repeats)],
-        "s_per_rollout": round(statistics.median(seconds), 2),
-        "rollout_s": [round(s, 2) for s in seconds],
-        "eval_s": round(eval_s, 1),
-        "policy_calls": {"total": len(log)},
-        "calls_by_case": _calls_by_case(log, len(table)),
-        "containers_left": left,
+        **_side(measured, first, log, len(table)),
+        "start_s": round(start_s, 1),
+        "containers_left": len(left),
         "load_before": load_before,
         "load_after": load(),
     }
@@ -308,7 +361,11 @@ async def run_ours(
 SIDES = {"native": run_native, "ours": run_ours}
 
 
-async def measure(envs: list[str] | None, sides: list[str], repeats: int) -> dict[str, Any]:
+async def measure(
+    envs: list[str] | None, sides: list[str], levels: tuple[int, ...], path: Path
+) -> dict[str, Any]:
+    """The result (module contract), also written to `path` after each side (a run cut short
+    keeps what it measured)."""
     runtime = ensure_venv(NEMO_GYM_VERSION, allow_below_floor=True)
     kit: TaskKit = await asyncio.to_thread(make_tasks, cache_root() / "bench-containers-kit")
     chosen = [t for t in kit.tasks if envs is None or t.env in envs]
@@ -316,7 +373,8 @@ async def measure(envs: list[str] | None, sides: list[str], repeats: int) -> dic
         **report_head(runtime),
         "cases": ["right" if right else "wrong" for right in CASES],
         "expected_rewards": expected_rewards(),
-        "repeats": repeats,
+        "levels": list(levels),
+        "cpus": os.cpu_count(),
         "envs": {},
     }
     with tempfile.TemporaryDirectory(prefix="containers-rows-") as folder:
@@ -332,11 +390,12 @@ async def measure(envs: list[str] | None, sides: list[str], repeats: int) -> dic
             }
             for side in sides:
                 try:
-                    entry[side] = await SIDES[side](runtime, task, agent, rows, table, repeats)
+                    entry[side] = await SIDES[side](runtime, task, agent, rows, table, levels)
                 except Exception as e:  # one side failing is a result, not the end
                     entry[side] = {"error": f"{type(e).__name__}: {str(e)[-3000:]}"}
                 print(f"{task.env} {side}: {json.dumps(entry[side])[:600]}", flush=True)
-            out["envs"][task.env] = entry
+                out["envs"][task.env] = entry
+                path.write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 
@@ -351,9 +410,9 @@ def _seconds(side: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    """The markdown table docs/harnesses.md quotes: per environment, the per-row rewards (in row
-    order: the right fix, then the useless edit) and the median seconds per rollout, native and
-    ours."""
+    """The markdown table docs/containers.md quotes: per environment, the per-row rewards (in row
+    order: the right fix, then the useless edit) and the median seconds per rollout one at a
+    time, native and ours."""
     lines = [
         "| environment | rewards native | rewards ours | s/rollout native | s/rollout ours |",
         "|---|---|---|---|---|",
@@ -367,21 +426,68 @@ def table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def phase_table(result: dict[str, Any]) -> list[str]:
+    """Per environment and side, the median phases of a rollout run one at a time, in seconds:
+    the rollout's wall time, `/run`'s start, model, tools and finish (`verifiers_nemogym.
+    phases`), and the rest of the wall time (`other`: verifiers' own work around `/run`)."""
+    lines = [
+        "| environment | side | s/rollout | start | model | tools | finish | other |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in result["envs"].items():
+        for side in ("native", "ours"):
+            p = entry.get(side, {}).get("phases")
+            if not p:
+                continue
+            cells = [f"{p[k]:.1f}" for k in ("wall", *PHASES, "other")]
+            lines.append(f"| {name} | {side} | {' | '.join(cells)} |")
+    return lines
+
+
+def rate_table(result: dict[str, Any]) -> list[str]:
+    """Per environment and level (`-c`), rollouts per minute native and ours, their ratio, and
+    the host's CPU busy share during each batch (all processes of the machine)."""
+    lines = [
+        "| environment | -c | per minute native | per minute ours | ours / native "
+        "| CPU busy native | CPU busy ours |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in result["envs"].items():
+        native = entry.get("native", {}).get("levels", {})
+        ours = entry.get("ours", {}).get("levels", {})
+        for level in result.get("levels", []):
+            n, o = native.get(str(level)), ours.get(str(level))
+            if n is None or o is None:
+                continue
+            lines.append(
+                f"| {name} | {level} | {n['per_minute']:.1f} | {o['per_minute']:.1f} | "
+                f"{o['per_minute'] / n['per_minute']:.2f} | {n['cpu_busy']:.0%} | "
+                f"{o['cpu_busy']:.0%} |"
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--env", action="append", default=[], help="an environment of the kit")
     parser.add_argument("--side", action="append", choices=sorted(SIDES), default=[])
-    parser.add_argument("--repeats", type=int, default=1, help="timed passes over the rows")
+    parser.add_argument(
+        "--levels", default=",".join(map(str, LEVELS)),
+        help="rollouts in flight per timed batch, comma-separated, the first 1 (default 1,2,4)",
+    )  # fmt: skip
     parser.add_argument("-o", "--output", type=Path, default=None)
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    try:
+        levels = tuple(int(x) for x in args.levels.split(","))
+    except ValueError:
+        parser.error(f"--levels: not comma-separated integers: {args.levels!r}")
+    if not levels or levels[0] != 1 or min(levels) < 1:
+        parser.error("--levels must start with 1 (the phases are measured one at a time)")
     sides = args.side or ["native", "ours"]
-    result = asyncio.run(measure(args.env or None, sides, args.repeats))
     day = datetime.date.today().isoformat()
     path = args.output or RESULTS / f"{day}-containers.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n".join(table(result)))
+    result = asyncio.run(measure(args.env or None, sides, levels, path))
+    print("\n".join([*table(result), "", *phase_table(result), "", *rate_table(result)]))
     print(f"written to {path}")
 
 

@@ -1,6 +1,6 @@
 """The container benchmark's committed result (fast tier, nothing started): native NeMo Gym and
-nemo-gym-env gave every row the same reward, the one its fixer case calls for, and the docs quote
-the result's table."""
+nemo-gym-env gave every row the same reward, the one its fixer case calls for, at every level of
+rollouts in flight; each side's phases add up; and the docs quote the result's tables."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 from benchmarks import containers
+from verifiers_nemogym.phases import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULT = ROOT / "benchmarks/results/2026-11-27-containers.json"
+RESULT = ROOT / "benchmarks/results/2026-11-28-containers.json"
 
 
 def test_rewards_are_equal_native_and_ours() -> None:
@@ -19,24 +20,43 @@ def test_rewards_are_equal_native_and_ours() -> None:
     for name, entry in result["envs"].items():
         native, ours = entry["native"], entry["ours"]
         assert native["rewards"] == ours["rewards"] == result["expected_rewards"], name
-        # Every timed pass too, and nothing of either side was left running.
+        # Every timed rollout too, and nothing of either side was left running.
         for rewards in native["timed_rewards"] + ours["timed_rewards"]:
             assert rewards == result["expected_rewards"], name
         assert native["containers_left"] == ours["containers_left"] == 0, name
+        for side in (native, ours):
+            assert [int(k) for k in side["levels"]] == result["levels"], name
 
 
-def test_table_renders_and_the_docs_quote_it() -> None:
-    """docs/containers.md's container table is `table()` of the committed result, row for row (a
-    rerun that changes a figure fails here until the page quotes it)."""
+def test_each_sides_phases_add_up_to_its_rollouts_time() -> None:
+    """The phases of `/run` add up to it, and `/run` plus the rest is the rollout's wall time."""
     result = json.loads(RESULT.read_text())
-    lines = containers.table(result)
-    assert len(lines) == 2 + len(result["envs"])
-    assert lines[2].startswith("| swebench_pro | 1, 0 | 1, 0 | ")
+    for name, entry in result["envs"].items():
+        for side in ("native", "ours"):
+            phases = entry[side]["phases"]
+            assert abs(sum(phases[p] for p in PHASES) - phases["run"]) <= 0.05, (name, side)
+            assert abs(phases["run"] + phases["other"] - phases["wall"]) <= 0.05, (name, side)
+
+
+def test_tables_render_and_the_docs_quote_them() -> None:
+    """docs/containers.md quotes the parity table and docs/performance.md the phase and rate
+    tables of the committed result, row for row (a rerun that changes a figure fails here until
+    the pages quote it)."""
+    result = json.loads(RESULT.read_text())
+    parity = containers.table(result)
+    assert len(parity) == 2 + len(result["envs"])
+    assert parity[2].startswith(("| swebench_pro | 1, 0 | 1, 0 | ", "| terminal_bench_2_1 | 1, 0"))
     doc = (ROOT / "docs/containers.md").read_text().splitlines()
-    assert [row for row in lines if row not in doc] == []
+    assert [row for row in parity if row not in doc] == []
+    phases, rates = containers.phase_table(result), containers.rate_table(result)
+    assert len(phases) == 2 + 2 * len(result["envs"])
+    assert len(rates) == 2 + len(result["levels"]) * len(result["envs"])
+    performance = (ROOT / "docs/performance.md").read_text().splitlines()
+    assert [row for row in phases + rates if row not in performance] == []
 
 
 def test_table_shows_a_failed_side() -> None:
     ours = {"rewards": [1.0, 0.0], "s_per_rollout": 2.345}
     result = {"envs": {"x": {"native": {"error": "boom"}, "ours": ours}}}
     assert containers.table(result)[2] == "| x | error | 1, 0 | error | 2.3 |"
+    assert containers.phase_table(result) == containers.phase_table({"envs": {}})

@@ -27,6 +27,7 @@ from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.judge.blame import question_of
 from verifiers_nemogym.nemo.rewards import RewardRange
+from verifiers_nemogym.phases import rollout_phases
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
 from verifiers_nemogym.util import cancel_and_wait
 
@@ -112,6 +113,7 @@ class NeMoGymHarness(vf.Harness[NeMoGymHarnessConfig]):
                 # Some judge environments score a failed judge call (0, 0.5, a fallback) instead
                 # of failing: no measurement, so an error, never that reward.
                 raise AgentRunError(f"{judged}; NeMo Gym scored the rollout anyway: no reward")
+        trace.info["nemo_gym_phases"] = rollout_phases(began, time.time(), route.call_times)
         record(trace, result, keep_ng_trajectory=live.keep_ng_trajectory)
         return ProgramResult(exit_code=0, stdout="", stderr="")
 

@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,8 @@ class Route:
         """Set when `failure` is."""
         self.inflight: set[asyncio.Future[tuple[int, bytes]]] = set()
         """Its calls now upstream (cancelled when the route closes)."""
+        self.call_times: list[tuple[float, float]] = []
+        """(arrived, answered) wall-clock seconds of each call (`phases`)."""
 
     @property
     def rollout_id(self) -> str:
@@ -342,7 +345,11 @@ class NeMoGymModelProxy(AppServer):
         route.calls += 1
         self.calls += 1
         self.rollout_path_calls += "rollout_id" in request.match_info
-        return await self._call(route, request.match_info["tail"], body)
+        arrived = time.time()
+        try:
+            return await self._call(route, request.match_info["tail"], body)
+        finally:
+            route.call_times.append((arrived, time.time()))
 
     async def _call(self, route: Route, tail: str, body: dict[str, Any]) -> web.Response:
         if route.train and tail in _CARRIED:

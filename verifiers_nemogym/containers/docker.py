@@ -23,6 +23,8 @@ from typing import Any
 import yaml
 
 from verifiers_nemogym.containers.door import ModelDoor
+from verifiers_nemogym.containers.names import PORT as NAMES_PORT
+from verifiers_nemogym.containers.names import RefusingNameServer
 from verifiers_nemogym.containers.sandbox import (
     ISOLATED_PROVIDERS,
     STACK_LABEL,
@@ -269,10 +271,19 @@ class ContainerNetwork:
             ["-i", self.bridge, *comment, "-j", "DROP"],
             ["-i", self.bridge, "-p", "tcp", "-d", self.gateway, "--dport", str(port),
              *comment, "-j", "ACCEPT"],
+            *self._names_rules(comment),
         ]  # fmt: skip
         for rule in rules:  # each inserted first: the ACCEPT ends up above the DROP
             run_checked([iptables, "-I", "INPUT", *rule], "iptables (the container firewall)", 60)
         return True
+
+    def _names_rules(self, comment: list[str]) -> list[list[str]]:
+        """The ACCEPT for the stack's refusing name server (`containers.names`), UDP to the
+        gateway's port 53: lookups fail at once instead of timing out."""
+        return [
+            ["-i", self.bridge, "-p", "udp", "-d", self.gateway, "--dport", str(NAMES_PORT),
+             *comment, "-j", "ACCEPT"],
+        ]  # fmt: skip
 
 
 def _local_address(address: str) -> bool:
@@ -392,6 +403,7 @@ class StackContainers:
         self.bounds = bounds or Bounds()
         self.label: str | None = None  # on every container and network, once it uses docker
         self.door: ModelDoor | None = None
+        self.names: RefusingNameServer | None = None
 
     async def prepare(
         self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path
@@ -421,6 +433,8 @@ class StackContainers:
             self.door = ModelDoor(network.gateway, self.policy_url)
             await self.door.start()
             firewalled = await asyncio.to_thread(network.firewall, self.door.port)
+            if firewalled:
+                self.names = await self._start_names(network.gateway)
             reach = (
                 "the door only (firewall)"
                 if firewalled
@@ -430,6 +444,7 @@ class StackContainers:
         config = stack_config(
             plan, label=self.label, network=name, door=door, workdir=workdir,
             labels=origin_labels(), bounds=self.bounds,
+            dns=self.names.host if self.names is not None else None,
         )  # fmt: skip
         if host is not None and name is not None:
             self._describe(plan, config, name, reach, host)
@@ -470,6 +485,21 @@ class StackContainers:
                 host.backing_filesystem or "an unknown filesystem",
             )
 
+    async def _start_names(self, gateway: str) -> RefusingNameServer | None:
+        """The refusing name server on `gateway` (None, with a warning, if it cannot bind)."""
+        names = RefusingNameServer(gateway)
+        try:
+            await names.start()
+        except OSError as e:
+            self.log.warning(
+                "no name server for the containers (%s): each lookup they make waits out "
+                "its timeouts (~10 s) before failing",
+                e,
+            )
+            return None
+        self.log.info("containers' name lookups: refused at once by %s:%d", gateway, names.port)
+        return names
+
     async def stop(self) -> None:
         """Remove what `prepare` made; idempotent."""
         if self.label is not None:
@@ -477,3 +507,5 @@ class StackContainers:
             await asyncio.to_thread(remove_objects, self.label)
         if self.door is not None:
             await self.door.stop()
+        if self.names is not None:
+            await self.names.stop()

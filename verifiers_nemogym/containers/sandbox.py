@@ -246,14 +246,21 @@ class Bounds:
 
 
 def docker_create(
-    settings: dict[str, Any], labels: list[str], network: str | None, bounds: Bounds
+    settings: dict[str, Any],
+    labels: list[str],
+    network: str | None,
+    bounds: Bounds,
+    dns: str | None = None,
 ) -> dict[str, Any]:
     """The docker provider's `create` settings for a provider whose settings are `settings`:
-    its own, plus `labels` (`key=value`) and `--rm` after its `extra_run_args`, `network` (None:
-    its own setting stands) and each bound of `bounds` it does not set itself."""
+    its own, plus `labels` (`key=value`), `--dns dns` (when given) and `--rm` after its
+    `extra_run_args`, `network` (None: its own setting stands) and each bound of `bounds` it
+    does not set itself."""
     create = dict(settings.get("create") or {})
     extra = [str(arg) for arg in create.get("extra_run_args") or []]
     create["extra_run_args"] = [*extra, *(a for label in labels for a in ("--label", label))]
+    if dns is not None:
+        create["extra_run_args"] += ["--dns", dns]
     create["extra_run_args"].append("--rm")  # a container whose keepalive ends is removed
     if network is not None:
         create["network"] = network
@@ -278,6 +285,7 @@ def stack_config(
     workdir: Path,
     labels: tuple[str, ...] = (),
     bounds: Bounds | None = None,
+    dns: str | None = None,
 ) -> dict[str, Any]:
     """The config entries a stack adds for `plan`: for every server using the docker provider,
     however it names it (a block reference: the block; inline or by its agent's default: the
@@ -288,18 +296,21 @@ def stack_config(
     container (None: docker containers get nothing); `labels`: more of them; `network`: the
     docker network they join (None: the provider's own setting stands); `door`: its host and
     port (None: agents keep their model server); `workdir`: the stack's folder; `bounds`:
-    default `Bounds()`."""
+    default `Bounds()`; `dns`: the containers' name server (docker's `--dns`,
+    `containers.names`), None to leave docker's."""
     config: dict[str, Any] = rollout_correlation(workdir / "model-calls")
     if label is not None:
         every = [label, *labels]
         held = bounds or Bounds()
         for block, name in plan.blocks.items():
             if name == "docker":
-                create = docker_create(plan.merged[block]["docker"] or {}, every, network, held)
+                create = docker_create(
+                    plan.merged[block]["docker"] or {}, every, network, held, dns
+                )
                 config[block] = {"docker": {"create": create}}
         for server in plan.servers:
             if server.provider == "docker" and server.block is None:
-                create = docker_create(server.provider_settings, every, network, held)
+                create = docker_create(server.provider_settings, every, network, held, dns)
                 inline = {"docker": {**server.provider_settings, "create": create}}
                 _server_settings(config, server)[PROVIDER_REF] = inline
     for agent in plan.model_agents:

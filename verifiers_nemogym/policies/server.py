@@ -9,6 +9,7 @@ verifiers' `X-Session-ID`) is kept in `calls` first. Subclasses decide the answe
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,6 +27,8 @@ class Call:
     body: dict[str, Any]
     retry_count: str | None = None
     """The OpenAI SDK's `x-stainless-retry-count` header, if the caller sent one (a retry)."""
+    at: float = field(default_factory=time.time, compare=False)
+    """When the server recorded it (wall clock, seconds): the benchmarks' phase timings."""
 
     @property
     def prompt(self) -> str:

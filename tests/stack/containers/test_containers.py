@@ -48,6 +48,7 @@ from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.phases import PHASES
 from verifiers_nemogym.policies.fixer import WRITTEN_REWARD, FixerPolicy, FixTask
 
 ENVS = ("swebench_pro", "terminal_bench_2_1", "swe_next")
@@ -479,6 +480,44 @@ def pids_in_container(container: str) -> int:
         if (folder / "pids.current").exists():
             return int((folder / "pids.current").read_text())
     raise AssertionError(f"no pids cgroup for container {container}")
+
+
+LOOKUP = (
+    "python3 -c 'import socket, time; t = time.time()\n"
+    'try: socket.getaddrinfo("deb.debian.org", 80); r = "resolved"\n'
+    "except OSError as e: r = type(e).__name__\n"
+    'print("LOOKUP %.3f %s" % (time.time() - t, r))\''
+)
+
+
+async def test_a_rollouts_phases_add_up_and_its_lookups_fail_at_once(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
+) -> None:
+    """A container rollout's trace says where its time went (`trace.info["nemo_gym_phases"]`:
+    start, model, tools, finish, in seconds, adding up to NeMo Gym's `/run` and to within 5 % of
+    verifiers' own agent time), and a name lookup in its container fails within a second (the
+    stack's refusing name server; docker's embedded DNS alone leaves it ~10 s to time out)."""
+    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
+    timed = replace(task, fix=f"{LOOKUP} && {task.fix}")
+    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl")
+    async with FixerPolicy(tasks=[timed]) as policy, env.serving():
+        assert held.owns(env)
+        episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
+    await held.released()
+    assert episode.ok, [t.errors for t in episode.traces]
+    (trace,) = episode.traces
+    assert trace.reward == 1.0
+    phases = trace.info["nemo_gym_phases"]
+    assert phases["model_calls"] == len(policy.log) == 2, phases
+    assert all(phases[p] >= 0 for p in PHASES) and phases["model"] > 0, phases
+    assert abs(sum(phases[p] for p in PHASES) - phases["run"]) < 0.01, phases
+    agent = trace.timing.agent.end - trace.timing.agent.start
+    assert 0.95 * agent <= phases["run"] <= agent, (phases, agent)
+    final = next(c for c in policy.log if c.step == "final")
+    tool = next(m for m in final.body["messages"] if m.get("role") == "tool")
+    content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
+    seconds, outcome = content[content.index("LOOKUP ") + 7 :].split()[:2]
+    assert outcome == "gaierror" and float(seconds) < 1.0, (seconds, outcome)
 
 
 async def test_a_rollout_deadline_is_an_error_and_its_container_goes_at_once(

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from verifiers_nemogym.containers.door import ModelDoor
+from verifiers_nemogym.containers.providers import ALLOW_UNISOLATED_ENV, Provider, remote_provider
 from verifiers_nemogym.containers.sandbox import (
     STACK_LABEL,
     SandboxPlan,
@@ -31,6 +32,7 @@ from verifiers_nemogym.containers.sandbox import (
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.harnesses import merge_configs
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, alive, argv_of, environ_of, pids
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -226,12 +228,25 @@ class StackContainers:
     `prepare` checks, sweeps, makes the network, starts the door and writes the config that
     labels, isolates and routes its containers; `stop()` removes what it made."""
 
-    def __init__(self, marker: str, policy_url: str, log: logging.Logger = logger) -> None:
+    def __init__(
+        self,
+        marker: str,
+        policy_url: str,
+        log: logging.Logger = logger,
+        *,
+        allow_unisolated: bool | None = None,
+    ) -> None:
         self.marker = marker
         self.policy_url = policy_url
         self.log = log
         self.label: str | None = None  # on every container and network, once it uses docker
         self.door: ModelDoor | None = None
+        self.remote: Provider | None = None  # a provider of `containers.providers`, once used
+        self.allow_unisolated = (
+            os.environ.get(ALLOW_UNISOLATED_ENV) == "1"
+            if allow_unisolated is None
+            else allow_unisolated
+        )
 
     async def prepare(
         self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path
@@ -249,6 +264,8 @@ class StackContainers:
                 ", ".join(shadowed),
                 workdir,
             )
+        if (remote := remote_provider(plan, self.marker, self.log)) is not None:
+            return await self._prepare_remote(remote, plan, workdir)
         if plan.docker is None:
             self.log.warning(
                 "sandbox provider(s) %s: nemo-gym-env does not isolate their containers; they "
@@ -282,14 +299,40 @@ class StackContainers:
             )
             name, door = network.name, (network.gateway, self.door.port)
         config = stack_config(plan, label=self.label, network=name, door=door, workdir=workdir)
-        path = workdir / "vf_nemogym_containers.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
+        return _write_config(config, workdir)
+
+    async def _prepare_remote(self, remote: Provider, plan: SandboxPlan, workdir: Path) -> Path:
+        """`prepare` for a provider of `containers.providers`: its checks, its sweep of dead
+        stacks, the door where its sandboxes reach it, its config entries."""
+        await remote.check(plan, allow_unisolated=self.allow_unisolated)
+        self.remote = remote
+        await remote.sweep()
+        prepared = await remote.prepare(plan, workdir)
+        door = None
+        if prepared.door_host is not None:
+            self.door = ModelDoor(prepared.door_host, self.policy_url)
+            await self.door.start()
+            door = (prepared.door_host, self.door.port)
+        self.log.warning(
+            "%s; model calls go to the door %s, rollout routes only",
+            remote.isolation(),
+            self.door.url if self.door else "(none)",
+        )
+        config = stack_config(plan, label=None, network=None, door=door, workdir=workdir)
+        return _write_config(merge_configs([config, prepared.config]), workdir)
 
     async def stop(self) -> None:
         """Remove what `prepare` made; idempotent."""
+        if self.remote is not None:
+            await self.remote.stop()
         if self.label is not None:
             # The stack's supervisor removed them; this covers a start that failed before it ran.
             await asyncio.to_thread(remove_objects, self.label)
         if self.door is not None:
             await self.door.stop()
+
+
+def _write_config(config: dict[str, Any], workdir: Path) -> Path:
+    path = workdir / "vf_nemogym_containers.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

@@ -12,15 +12,12 @@ checking that no sandbox is left (its list API) and no container of it (docker).
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -133,9 +130,12 @@ class OpenSandboxServer:
         self.stop()
         raise RuntimeError(f"opensandbox-server not healthy in {timeout:.0f} s")
 
-    def call(self, method: str, path: str) -> Any:
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """The JSON answer of the lifecycle API (urllib's HTTPError for a 4xx/5xx)."""
+        headers = {"OPEN-SANDBOX-API-KEY": self.key, "Content-Type": "application/json"}
+        data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            f"{self.url}{path}", method=method, headers={"OPEN-SANDBOX-API-KEY": self.key}
+            f"{self.url}{path}", data=data, method=method, headers=headers
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             body = response.read()
@@ -144,6 +144,15 @@ class OpenSandboxServer:
     def sandboxes(self) -> list[dict[str, Any]]:
         """Every sandbox the server lists (first 200)."""
         return list(self.call("GET", "/v1/sandboxes?pageSize=200").get("items") or [])
+
+    def create(self, image: str, metadata: dict[str, str]) -> str:
+        """A sandbox of `image` carrying `metadata` (idle: `tail -f /dev/null`); its id."""
+        made = self.call(
+            "POST", "/v1/sandboxes",
+            {"image": {"uri": image}, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 600,
+             "resourceLimits": {"cpu": "500m", "memory": "256Mi"}, "metadata": metadata},
+        )  # fmt: skip
+        return str(made["id"])
 
     def stop(self) -> None:
         """Stop the server by its PID (SIGTERM, then SIGKILL after 30 s)."""

@@ -19,6 +19,7 @@ The API key is sent only in the `OPEN-SANDBOX-API-KEY` header, never logged or p
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -141,8 +142,6 @@ class Server:
 
 
 def _json(body: bytes) -> Any:
-    import json
-
     try:
         return json.loads(body)
     except ValueError:
@@ -150,18 +149,37 @@ def _json(body: bytes) -> Any:
 
 
 def bridge_gateway() -> str:
-    """Docker's default bridge gateway (where the server's docker runtime puts sandboxes)."""
+    """The host's address on docker's default bridge (where the server's docker runtime puts
+    sandboxes): its IPAM gateway, else (docker leaves it out for the default bridge) the
+    address of its interface (`docker0` unless the network names another)."""
     from verifiers_nemogym.containers.docker import run_docker
 
-    gateway = run_docker(
-        "network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}"
-    ).strip()
-    if not gateway:
+    inspected = json.loads(run_docker("network", "inspect", "bridge", "--format", "{{json .}}"))
+    configs = (inspected.get("IPAM") or {}).get("Config") or []
+    gateways = [c["Gateway"] for c in configs if c.get("Gateway")]
+    if gateways:
+        return str(gateways[0])
+    options = inspected.get("Options") or {}
+    interface = options.get("com.docker.network.bridge.name") or "docker0"
+    try:
+        return interface_address(interface)
+    except OSError:
         raise StackError(
-            f"docker's default bridge has no gateway; set {DOOR_HOST_ENV} to the address the "
-            "OpenSandbox sandboxes reach this machine at"
-        )
-    return gateway
+            f"docker's default bridge names no gateway and {interface} has no IPv4 address; set "
+            f"{DOOR_HOST_ENV} to the address the OpenSandbox sandboxes reach this machine at"
+        ) from None
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface `name` (OSError if it has none)."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        packed = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+    return socket.inet_ntoa(packed[20:24])
 
 
 class OpenSandbox:

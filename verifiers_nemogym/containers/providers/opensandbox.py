@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from verifiers_nemogym.containers.providers import DOOR_HOST_ENV, Prepared
 from verifiers_nemogym.containers.sandbox import SandboxPlan
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
+from verifiers_nemogym.util import run_checked
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +154,13 @@ def bridge_gateway() -> str:
     """The host's address on docker's default bridge (where the server's docker runtime puts
     sandboxes): its IPAM gateway, else (docker leaves it out for the default bridge) the
     address of its interface (`docker0` unless the network names another)."""
-    from verifiers_nemogym.containers.docker import run_docker
-
-    inspected = json.loads(run_docker("network", "inspect", "bridge", "--format", "{{json .}}"))
+    docker = shutil.which("docker")
+    if docker is None:
+        raise StackError(f"no `docker` CLI to find docker's default bridge; set {DOOR_HOST_ENV}")
+    inspected = json.loads(
+        run_checked([docker, "network", "inspect", "bridge", "--format", "{{json .}}"],
+                    "`docker network inspect bridge`", 60)
+    )  # fmt: skip
     configs = (inspected.get("IPAM") or {}).get("Config") or []
     gateways = [c["Gateway"] for c in configs if c.get("Gateway")]
     if gateways:

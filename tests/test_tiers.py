@@ -137,6 +137,7 @@ NOT_ON_PRERELEASE = {
     "cli/test_list_judges.py": "`list`'s reading of the surveys' data: no verifiers code",
     "containers/test_images.py": "task images and hand-made tasks: no verifiers code",
     "containers/test_sandbox.py": "what configs ask of sandboxes: no verifiers code",
+    "containers/test_opensandbox_execd.py": "the stand-in execd, provider config: no verifiers",
     "containers/test_sweep.py": "which stacks the container sweep keeps: no verifiers code",
     "test_util.py": "the package's process helpers: no verifiers code",
     "nemo/test_release_versions.py": ALL_NEMO,

@@ -357,9 +357,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    """Serve on 0.0.0.0:44772 (or argv[1]) until killed."""
+    """Serve on 0.0.0.0:44772 (or `[port [host]]` from the command line) until killed."""
     port = int(sys.argv[1]) if len(sys.argv) > 1 else PORT
-    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    host = sys.argv[2] if len(sys.argv) > 2 else "0.0.0.0"
+    server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     server.serve_forever()
 

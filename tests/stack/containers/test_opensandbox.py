@@ -37,9 +37,12 @@ from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
 OPENSANDBOX_CONFIG = PROVIDER_CONFIG.format(name="opensandbox")
 
 
+ENVS = ("swebench_pro", "terminal_bench_2_1")
+
+
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> TaskKit:
-    return make_tasks(tmp_path_factory.mktemp("kit"), envs=("swebench_pro",))
+    return make_tasks(tmp_path_factory.mktemp("kit"), envs=ENVS)
 
 
 @pytest.fixture(scope="session")
@@ -73,13 +76,14 @@ def provider_env(server: OpenSandboxServer, **extra: str) -> dict[str, str]:
     }
 
 
-def cases(kit: TaskKit, rights: list[bool], path: Path) -> list[FixTask]:
-    """One swebench_pro row per case, its problem tagged with the case index (so the fixer tells
-    rollouts apart), written to `path`; the fixer's table in the same order."""
-    task = kit.task("swebench_pro")
-    row = task.rows.read_text().splitlines()[0]
+def cases(kit: TaskKit, chosen: list[tuple[str, bool]], path: Path) -> list[FixTask]:
+    """One row per case (`(env, right)`), its problem tagged with the case index (so the fixer
+    tells rollouts apart), naming NeMo Gym's paired agent, written to `path`; the fixer's table
+    in the same order."""
     table, lines = [], []
-    for i, _ in enumerate(rights):
+    for i, (env, _) in enumerate(chosen):
+        task = kit.task(env)
+        row = task.rows.read_text().splitlines()[0]
         tagged = f"{task.fix.key} (case {i})"
         text = row.replace(json.dumps(task.fix.key)[1:-1], json.dumps(tagged)[1:-1])
         assert text != row
@@ -91,46 +95,65 @@ def cases(kit: TaskKit, rights: list[bool], path: Path) -> list[FixTask]:
     return table
 
 
-def config_paths(kit: TaskKit) -> list[str]:
-    """swebench_pro's pairing, NeMo Gym's shipped opensandbox provider config, the kit's
-    override: as a NeMo Gym user composes them."""
-    task = kit.task("swebench_pro")
-    return [*task.config_paths, OPENSANDBOX_CONFIG, str(task.override)]
+def config_paths(kit: TaskKit, envs: tuple[str, ...] = ENVS) -> list[str]:
+    """The environments' pairings, NeMo Gym's shipped opensandbox provider config, the kit's
+    overrides: as a NeMo Gym user composes them."""
+    tasks = [kit.task(env) for env in envs]
+    return [
+        *(p for t in tasks for p in t.config_paths),
+        OPENSANDBOX_CONFIG,
+        *(str(t.override) for t in tasks),
+    ]
 
 
-async def test_swebench_pro_through_opensandbox_scores_right_fix_and_useless_edit(
+async def test_container_environments_through_opensandbox_score_right_fix_and_useless_edit(
     nemo_venv_07: NeMoGymVenv,
     kit: TaskKit,
     server: OpenSandboxServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Two rollouts at once through vf-eval, OpenCode in OpenSandbox sandboxes: NeMo Gym's
-    reward 1.0 for the right fix and 0.0 for the useless edit, every model call from a sandbox
-    through the door on its rollout's route; the stack says its sandboxes are unisolated (opted
-    in), and afterwards the server lists no sandbox and docker has no container of one."""
-    rights = [True, False]
-    table = cases(kit, rights, tmp_path / "rows.jsonl")
+    """swebench_pro and terminal_bench_2_1 mixed on one stack through vf-eval, two rollouts at
+    once, OpenCode in OpenSandbox sandboxes: NeMo Gym's reward 1.0 for the right fix and 0.0 for
+    the useless edit, every model call from a sandbox through the door on its rollout's route;
+    the stack says its sandboxes are unisolated (opted in), and afterwards the server lists no
+    sandbox and docker has no container of one."""
+    chosen = [(env, right) for right in (True, False) for env in ENVS]
+    table = cases(kit, chosen, tmp_path / "rows.jsonl")
+    # One uvicorn worker per agent (NeMo Gym's pairing asks for 4): uvicorn kills a worker that
+    # is not up within 5 s, and on a loaded 2-core machine importing the sandbox clients
+    # (opensandbox, daytona, e2b, boto3) takes longer, so the workers were restarted for ever.
+    workers = tmp_path / "workers.yaml"
+    workers.write_text(
+        "".join(
+            f"{kit.task(env).agent}:\n  responses_api_agents:\n    opencode_sandboxed_agent:\n"
+            "      num_workers: 1\n"
+            for env in ENVS
+        )
+    )
     for name, value in provider_env(server).items():
         monkeypatch.setenv(name, value)
-    async with FixerPolicy(tasks=table, wrong=frozenset({1})) as policy:
+    wrong = frozenset(i for i, (_, right) in enumerate(chosen) if not right)
+    async with FixerPolicy(tasks=table, wrong=wrong) as policy:
         cmd = vf_eval_command(
-            "policy", policy.base_url, "FIXER_KEY", len(rights), 1, 2, tmp_path / "out",
-            "--env.taskset.config-paths", json.dumps(config_paths(kit)),
+            "policy", policy.base_url, "FIXER_KEY", len(chosen), 1, 2, tmp_path / "out",
+            "--env.taskset.config-paths", json.dumps([*config_paths(kit), str(workers)]),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
             *runtime_flags(nemo_venv_07),
         )  # fmt: skip
-        tag, traces = await eval_traces(cmd, tmp_path / "out", 2, 1500, FIXER_KEY="unused")
+        tag, traces = await eval_traces(cmd, tmp_path / "out", len(chosen), 1800, FIXER_KEY="x")
     for trace in traces:
-        case = next(i for i, t in enumerate(table) if json.dumps(t.key)[1:-1] in json.dumps(trace))
-        assert trace["rewards"]["nemo_gym"]["score"] == (1.0 if rights[case] else 0.0), (
-            case,
-            trace["errors"],
+        text = json.dumps(trace["task"])
+        case = max(
+            (i for i, t in enumerate(table) if json.dumps(t.key)[1:-1] in text),
+            key=lambda i: len(table[i].key),
         )
+        expected = 1.0 if chosen[case][1] else 0.0
+        assert trace["rewards"]["nemo_gym"]["score"] == expected, (chosen[case], trace["errors"])
     sessions = {t["id"] for t in traces}
     assert policy.log and all(call.session_id in sessions for call in policy.log)
-    assert {call.task for call in policy.log if call.step == "fix"} == {0, 1}
+    assert {call.task for call in policy.log if call.step == "fix"} == set(range(len(chosen)))
     host = stack_host_log(tmp_path / "out")
     assert "OpenSandbox sandboxes run UNISOLATED (allow_unisolated_containers)" in host
     assert await gone(tag) == []
@@ -139,12 +162,14 @@ async def test_swebench_pro_through_opensandbox_scores_right_fix_and_useless_edi
 
 def _merged(nemo_venv_07: NeMoGymVenv, kit: TaskKit) -> list[dict[str, Any]]:
     catalog = Catalog(nemo_venv_07)
-    return [catalog.merged_config(catalog.config_path(p)) for p in config_paths(kit)]
+    paths = config_paths(kit, ("swebench_pro",))
+    return [catalog.merged_config(catalog.config_path(p)) for p in paths]
 
 
 async def _prepare(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, workdir: Path, marker: str, **options: Any
 ) -> StackContainers:
+    options.setdefault("allow_unisolated", True)
     containers = StackContainers(marker, "http://127.0.0.1:9", **options)
     workdir.mkdir(parents=True, exist_ok=True)
     try:

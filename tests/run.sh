@@ -4,7 +4,8 @@
 #     the project venv (.venv), two test files at a time (pytest-xdist). Meanwhile, in the
 #     background: the NeMo Gym runtimes the stack tier uses (`nemo-gym-env setup`, into
 #     $VF_NEMOGYM_CACHE), the container tests' images (`nemo-gym-env make-tasks`: a Debian base
-#     from debootstrap, the hand-made tasks on it) and the pre-release venv (.venv-verifiers-dev:
+#     from debootstrap, the hand-made tasks on it), the OpenSandbox server's venv
+#     (tests/opensandbox_server.py) and the pre-release venv (.venv-verifiers-dev:
 #     the same lock, then the verifiers of tests/verifiers-prerelease.txt installed over it).
 #  2. The stack tier (tests/stack/), two test files at a time: a stack test waits on much besides
 #     CPU (model and CLI round trips, containers, deadlines, Ray's node); each worker keeps its
@@ -43,6 +44,10 @@ RUNTIMES_PID=$!
 # once here, reused from docker by the tests (which build them themselves if this failed).
 .venv/bin/nemo-gym-env make-tasks "$BACKGROUND_LOGS/kit" >"$BACKGROUND_LOGS/images.log" 2>&1 &
 IMAGES_PID=$!
+# The OpenSandbox server (from the package registry, in a venv of its own under the cache) for the
+# OpenSandbox tests, which build it themselves if this failed.
+.venv/bin/python tests/opensandbox_server.py install >"$BACKGROUND_LOGS/opensandbox.log" 2>&1 &
+OPENSANDBOX_PID=$!
 (
     UV_PROJECT_ENVIRONMENT="$DEV_VENV" uv sync --locked --quiet &&
         uv pip install --quiet --python "$DEV_VENV/bin/python" -r tests/verifiers-prerelease.txt
@@ -65,6 +70,10 @@ fi
 if ! wait "$IMAGES_PID"; then
     cat "$BACKGROUND_LOGS/images.log" >&2
     echo "tests/run.sh: building the container tests' images failed (the tests retry)" >&2
+fi
+if ! wait "$OPENSANDBOX_PID"; then
+    cat "$BACKGROUND_LOGS/opensandbox.log" >&2
+    echo "tests/run.sh: installing the OpenSandbox server failed (its tests retry)" >&2
 fi
 if ! wait "$DEV_VENV_PID"; then
     cat "$BACKGROUND_LOGS/dev-venv.log" >&2

@@ -152,6 +152,10 @@ def test_list_offline_status_uses_conformance_data(catalog_07: Catalog) -> None:
         "ran here with --env.taskset.config-paths benchmarks/swebench/pro/opencode.yaml"
     ), why
     assert "needs a docker daemon" in why
+    assert why.endswith(
+        "; also ran through opensandbox (opensandbox-server 1.1.1 on this "
+        "machine, docker runtime, the stand-in execd; unisolated, opted in)"
+    ), why
     ok, why = offline_status("swerl_gen", None, entries["swerl_gen"].facts, "0.7.0")
     assert not ok and "singularity" in why
     judged = [e for e in entries.values() if "judge" in e.facts]

@@ -103,7 +103,8 @@ HARNESSES: dict[str, dict[str, dict[str, str]]] = _RELEASES["harnesses"]
 or `why` it does not run here (tables.toml)."""
 CONTAINERS: dict[str, dict[str, dict[str, str]]] = _RELEASES["containers"]
 """Release -> container environment -> `ran` (date of the run here with hand-made tasks), the
-agent `pairing` and what it `needs`, or `why` it does not run here (tables.toml)."""
+agent `pairing` and what it `needs`, the other sandbox `providers` it ran through, or `why` it
+does not run here (tables.toml)."""
 
 
 def offline_status(
@@ -120,10 +121,11 @@ def offline_status(
     if (container := (containers or {}).get(name)) is not None:
         if "ran" not in container:
             return False, container["why"]
+        also = f"; also ran through {container['providers']}" if "providers" in container else ""
         return True, (
             f"ran here with --env.taskset.config-paths {container['pairing']} and the docker "
             f"provider config (container survey, NeMo Gym {source}, {container['ran']}); "
-            f"needs {container['needs']}"
+            f"needs {container['needs']}{also}"
         )
     if problem:
         return False, problem

@@ -25,6 +25,7 @@ import yaml
 from verifiers_nemogym.containers.door import ModelDoor
 from verifiers_nemogym.containers.names import PORT as NAMES_PORT
 from verifiers_nemogym.containers.names import RefusingNameServer
+from verifiers_nemogym.containers.providers import ALLOW_UNISOLATED_ENV, Provider, remote_provider
 from verifiers_nemogym.containers.sandbox import (
     ISOLATED_PROVIDERS,
     STACK_LABEL,
@@ -37,6 +38,7 @@ from verifiers_nemogym.containers.sandbox import (
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.harnesses import merge_configs
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
     alive,
@@ -399,11 +401,13 @@ class StackContainers:
         self.marker = marker
         self.policy_url = policy_url
         self.log = log
-        self.allow_unisolated = allow_unisolated
+        # The option, or (for processes started without it) the environment's opt-in.
+        self.allow_unisolated = allow_unisolated or os.environ.get(ALLOW_UNISOLATED_ENV) == "1"
         self.bounds = bounds or Bounds()
         self.label: str | None = None  # on every container and network, once it uses docker
         self.door: ModelDoor | None = None
         self.names: RefusingNameServer | None = None
+        self.remote: Provider | None = None  # a provider of `containers.providers`, once used
 
     async def prepare(
         self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path
@@ -414,8 +418,12 @@ class StackContainers:
         if plan is None:
             return None
         check_providers(plan)
+        # A provider with a module of its own (`containers.providers`) checks its isolation
+        # itself (`Provider.check`); docker's and the passed-through ones' is `check_isolation`.
+        remote = remote_provider(plan, self.marker, self.log)
         host = await asyncio.to_thread(daemon) if plan.docker is not None else None
-        check_isolation(plan, host, self.allow_unisolated, self.log)
+        if remote is None:
+            check_isolation(plan, host, self.allow_unisolated, self.log)
         self.log.info("servers starting sandboxes: %s", plan.describe())
         if shadowed := shadow_servers(plan, venv.site_packages, workdir, venv.nemo_gym_version):
             self.log.info(
@@ -424,6 +432,8 @@ class StackContainers:
                 ", ".join(shadowed),
                 workdir,
             )
+        if remote is not None:
+            return await self._prepare_remote(remote, plan, workdir)
         name, door, reach = None, None, ""
         if host is not None:
             check_requests(plan, host)
@@ -448,9 +458,27 @@ class StackContainers:
         )  # fmt: skip
         if host is not None and name is not None:
             self._describe(plan, config, name, reach, host)
-        path = workdir / "vf_nemogym_containers.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
+        return _write_config(config, workdir)
+
+    async def _prepare_remote(self, remote: Provider, plan: SandboxPlan, workdir: Path) -> Path:
+        """`prepare` for a provider of `containers.providers`: its checks, its sweep of dead
+        stacks, the door where its sandboxes reach it, its config entries."""
+        await remote.check(plan, allow_unisolated=self.allow_unisolated)
+        self.remote = remote
+        await remote.sweep()
+        prepared = await remote.prepare(plan, workdir)
+        door = None
+        if prepared.door_host is not None:
+            self.door = ModelDoor(prepared.door_host, self.policy_url)
+            await self.door.start()
+            door = (prepared.door_host, self.door.port)
+        self.log.warning(
+            "%s; model calls go to the door %s, rollout routes only",
+            remote.isolation(),
+            self.door.url if self.door else "(none)",
+        )
+        config = stack_config(plan, label=None, network=None, door=door, workdir=workdir)
+        return _write_config(merge_configs([config, prepared.config]), workdir)
 
     def _describe(
         self, plan: SandboxPlan, config: dict[str, Any], network: str, reach: str, host: DockerHost
@@ -502,6 +530,15 @@ class StackContainers:
 
     async def stop(self) -> None:
         """Remove what `prepare` made; idempotent."""
+        if self.remote is not None:
+            try:
+                await self.remote.stop()
+            except (ConfigError, StackError) as e:  # the rest of the teardown still runs
+                self.log.warning(
+                    "could not remove the stack's %s sandboxes (a later start does): %s",
+                    self.remote.name,
+                    e,
+                )
         if self.label is not None:
             # The stack's supervisor removed them; this covers a start that failed before it ran.
             await asyncio.to_thread(remove_objects, self.label)
@@ -509,3 +546,9 @@ class StackContainers:
             await self.door.stop()
         if self.names is not None:
             await self.names.stop()
+
+
+def _write_config(config: dict[str, Any], workdir: Path) -> Path:
+    path = workdir / "vf_nemogym_containers.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

@@ -400,3 +400,56 @@ def image_base_commit(tag: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise StackError(f"{tag}: {BASE_COMMIT_FILE} holds no commit id ({commit[:60]!r})")
     return commit
+
+
+# ------------------------------------------------------------------------------------ execd
+
+EXECD_REPOSITORY = "vf-nemogym/opensandbox-execd"
+"""Repository of the stand-in execd images `execd_image` builds (tag: a hash of their files)."""
+EXECD_BOOTSTRAP = (
+    "#!/bin/sh\n"
+    "# The stand-in execd's bootstrap (docs/containers.md): execd in the background, then the\n"
+    "# sandbox's own command (or a wait when it has none).\n"
+    "/opt/opensandbox/execd >/tmp/opensandbox-execd.log 2>&1 &\n"
+    'if [ "$#" -eq 0 ]; then wait; else exec "$@"; fi\n'
+)
+
+
+def execd_image(log: logging.Logger = logger, *, base: str | None = None) -> str:
+    """The tag of an "execd image" for OpenSandbox's server (`[runtime] execd_image`): `base`
+    (default `base_image(log)`, whose `python3` the stand-in needs) plus `/execd` (the package's
+    stand-in, `containers.opensandbox_execd`) and `/bootstrap.sh`, labelled `LABEL=execd`. Its
+    tag is a hash of both files, so a changed stand-in is a new image (the server reads the
+    image once per start); reused while the daemon has it."""
+    from hashlib import sha256
+
+    from verifiers_nemogym.containers import opensandbox_execd
+
+    execd = Path(opensandbox_execd.__file__).read_bytes()
+    digest = sha256(execd + b"\0" + EXECD_BOOTSTRAP.encode()).hexdigest()[:12]
+    tag = f"{EXECD_REPOSITORY}:{digest}"
+    if image_exists(tag):
+        return tag
+    base = base or base_image(log)
+    cli = docker()
+    with tempfile.TemporaryDirectory(prefix="execd-", dir=private_cache("images")) as scratch:
+        folder = Path(scratch)
+        (folder / "execd").write_bytes(execd)
+        (folder / "bootstrap.sh").write_text(EXECD_BOOTSTRAP)
+        for name in ("execd", "bootstrap.sh"):
+            (folder / name).chmod(0o755)
+        what = f"building the execd image {tag}"
+        container = run_checked(
+            [cli, "create", "--label", f"{LABEL}=execd", base, "tail", "-f", "/dev/null"],
+            what, BUILD_TIMEOUT,
+        ).strip()  # fmt: skip
+        try:
+            for name in ("execd", "bootstrap.sh"):
+                run_checked([cli, "cp", str(folder / name), f"{container}:/{name}"], what, 120)
+            run_checked(
+                [cli, "commit", "-c", f"LABEL {LABEL}=execd", container, tag], what, BUILD_TIMEOUT
+            )
+        finally:
+            run_checked([cli, "rm", "-f", container], what, 120)
+    log.info("built the execd image %s (the stand-in execd)", tag)
+    return tag

@@ -1,0 +1,240 @@
+"""NeMo Gym 0.7's container environments through its `opensandbox` sandbox provider, on the real
+chain: vf-eval -> NeMoGymHarness -> NeMo Gym's servers, their `OpenSandboxProvider` (its shipped
+`configs/opensandbox.yaml`, the real `opensandbox` SDK from `nemo-gym[sandbox]`) -> the real
+`opensandbox-server` 1.1.1 (docker runtime, on loopback) -> a sandbox container of the hand-made
+task image, OpenCode inside -> the door on docker's default bridge -> the model proxy -> the
+fixer policy. The one double besides the model is OpenSandbox's in-sandbox daemon: the package's
+stand-in execd (`containers.opensandbox_execd`, docs/containers.md says what it does not cover).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import eval_traces, gone, runtime_flags, stack_host_log, vf_eval_command
+from opensandbox_server import OpenSandboxServer
+
+from verifiers_nemogym.containers import images
+from verifiers_nemogym.containers.docker import StackContainers, run_docker
+from verifiers_nemogym.containers.providers import ALLOW_UNISOLATED_ENV
+from verifiers_nemogym.containers.providers.opensandbox import STACK_KEY
+from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG
+from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
+from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.catalog import Catalog
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
+
+OPENSANDBOX_CONFIG = PROVIDER_CONFIG.format(name="opensandbox")
+
+
+ENVS = ("swebench_pro", "terminal_bench_2_1")
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> TaskKit:
+    return make_tasks(tmp_path_factory.mktemp("kit"), envs=ENVS)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSandboxServer]:
+    """The real server on loopback with the stand-in execd image; afterwards no sandbox is left
+    (its list API) and no container of one (docker), and the server process is gone."""
+    running = OpenSandboxServer(images.execd_image(), tmp_path_factory.mktemp("opensandbox"))
+    running.start()
+    try:
+        yield running
+        left = running.sandboxes()
+    finally:
+        running.stop()
+    assert left == []
+    assert sandbox_containers() == []
+
+
+def sandbox_containers(marker: str | None = None) -> list[str]:
+    """Docker containers of sandboxes made for one stack (`marker`) or for any of ours."""
+    label = STACK_KEY if marker is None else f"{STACK_KEY}={marker}"
+    return run_docker("ps", "-aq", "--filter", f"label={label}").split()
+
+
+def provider_env(server: OpenSandboxServer, **extra: str) -> dict[str, str]:
+    """What NeMo Gym's shipped opensandbox.yaml reads, plus the opt-in to unisolated sandboxes."""
+    return {
+        "OPENSANDBOX_DOMAIN": server.url,
+        "OPENSANDBOX_API_KEY": server.key,
+        ALLOW_UNISOLATED_ENV: "1",
+        **extra,
+    }
+
+
+def cases(kit: TaskKit, chosen: list[tuple[str, bool]], path: Path) -> list[FixTask]:
+    """One row per case (`(env, right)`), its problem tagged with the case index (so the fixer
+    tells rollouts apart), naming NeMo Gym's paired agent, written to `path`; the fixer's table
+    in the same order."""
+    table, lines = [], []
+    for i, (env, _) in enumerate(chosen):
+        task = kit.task(env)
+        row = task.rows.read_text().splitlines()[0]
+        tagged = f"{task.fix.key} (case {i})"
+        text = row.replace(json.dumps(task.fix.key)[1:-1], json.dumps(tagged)[1:-1])
+        assert text != row
+        data = json.loads(text)
+        data["agent_ref"] = {"type": "responses_api_agents", "name": task.agent}
+        lines.append(json.dumps(data))
+        table.append(replace(task.fix, key=tagged, name=f"{task.fix.name}-{i}"))
+    path.write_text("\n".join(lines) + "\n")
+    return table
+
+
+def config_paths(kit: TaskKit, envs: tuple[str, ...] = ENVS) -> list[str]:
+    """The environments' pairings, NeMo Gym's shipped opensandbox provider config, the kit's
+    overrides: as a NeMo Gym user composes them."""
+    tasks = [kit.task(env) for env in envs]
+    return [
+        *(p for t in tasks for p in t.config_paths),
+        OPENSANDBOX_CONFIG,
+        *(str(t.override) for t in tasks),
+    ]
+
+
+async def test_container_environments_through_opensandbox_score_right_fix_and_useless_edit(
+    nemo_venv_07: NeMoGymVenv,
+    kit: TaskKit,
+    server: OpenSandboxServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """swebench_pro and terminal_bench_2_1 mixed on one stack through vf-eval, two rollouts at
+    once, OpenCode in OpenSandbox sandboxes: NeMo Gym's reward 1.0 for the right fix and 0.0 for
+    the useless edit, every model call from a sandbox through the door on its rollout's route;
+    the stack says its sandboxes are unisolated (opted in), and afterwards the server lists no
+    sandbox and docker has no container of one."""
+    chosen = [(env, right) for right in (True, False) for env in ENVS]
+    table = cases(kit, chosen, tmp_path / "rows.jsonl")
+    # One uvicorn worker per agent (NeMo Gym's pairing asks for 4): uvicorn kills a worker that
+    # is not up within 5 s, and on a loaded 2-core machine importing the sandbox clients
+    # (opensandbox, daytona, e2b, boto3) takes longer, so the workers were restarted for ever.
+    workers = tmp_path / "workers.yaml"
+    workers.write_text(
+        "".join(
+            f"{kit.task(env).agent}:\n  responses_api_agents:\n    opencode_sandboxed_agent:\n"
+            "      num_workers: 1\n"
+            for env in ENVS
+        )
+    )
+    for name, value in provider_env(server).items():
+        monkeypatch.setenv(name, value)
+    wrong = frozenset(i for i, (_, right) in enumerate(chosen) if not right)
+    async with FixerPolicy(tasks=table, wrong=wrong) as policy:
+        cmd = vf_eval_command(
+            "policy", policy.base_url, "FIXER_KEY", len(chosen), 1, 2, tmp_path / "out",
+            "--env.taskset.config-paths", json.dumps([*config_paths(kit), str(workers)]),
+            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            "--env.taskset.stack-idle-grace", "0",
+            *runtime_flags(nemo_venv_07),
+        )  # fmt: skip
+        tag, traces = await eval_traces(cmd, tmp_path / "out", len(chosen), 1800, FIXER_KEY="x")
+    for trace in traces:
+        text = json.dumps(trace["task"])
+        case = max(
+            (i for i, t in enumerate(table) if json.dumps(t.key)[1:-1] in text),
+            key=lambda i: len(table[i].key),
+        )
+        expected = 1.0 if chosen[case][1] else 0.0
+        assert trace["rewards"]["nemo_gym"]["score"] == expected, (chosen[case], trace["errors"])
+    sessions = {t["id"] for t in traces}
+    assert policy.log and all(call.session_id in sessions for call in policy.log)
+    assert {call.task for call in policy.log if call.step == "fix"} == set(range(len(chosen)))
+    host = stack_host_log(tmp_path / "out")
+    assert "OpenSandbox sandboxes run UNISOLATED (allow_unisolated_containers)" in host
+    assert await gone(tag) == []
+    assert server.sandboxes() == [] and sandbox_containers() == []
+
+
+def _merged(nemo_venv_07: NeMoGymVenv, kit: TaskKit) -> list[dict[str, Any]]:
+    catalog = Catalog(nemo_venv_07)
+    paths = config_paths(kit, ("swebench_pro",))
+    return [catalog.merged_config(catalog.config_path(p)) for p in paths]
+
+
+async def _prepare(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, workdir: Path, marker: str, **options: Any
+) -> StackContainers:
+    options.setdefault("allow_unisolated", True)
+    containers = StackContainers(marker, "http://127.0.0.1:9", **options)
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        await containers.prepare(_merged(nemo_venv_07, kit), nemo_venv_07, workdir)
+    finally:
+        await containers.stop()
+    return containers
+
+
+async def test_what_opensandbox_cannot_give_is_one_line_naming_it_before_any_sandbox(
+    nemo_venv_07: NeMoGymVenv,
+    kit: TaskKit,
+    server: OpenSandboxServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stack's container preparation (what runs before any rollout) refuses with one line
+    naming the provider: no opt-in to unisolated sandboxes, no API key, a wrong key, no server
+    at the domain."""
+    for name, value in provider_env(server).items():
+        monkeypatch.setenv(name, value)
+
+    async def refusal(**options: Any) -> str:
+        with pytest.raises((ConfigError, StackError)) as caught:
+            await _prepare(
+                nemo_venv_07, kit, tmp_path / uuid.uuid4().hex, uuid.uuid4().hex, **options
+            )
+        message = str(caught.value)
+        assert "\n" not in message and server.key not in message, message
+        return message
+
+    assert "allow_unisolated_containers" in await refusal(allow_unisolated=False)
+    monkeypatch.delenv("OPENSANDBOX_API_KEY")
+    assert "set OPENSANDBOX_API_KEY" in await refusal()
+    monkeypatch.setenv("OPENSANDBOX_API_KEY", "not-the-key")
+    assert "refused the API key" in await refusal()
+    monkeypatch.setenv("OPENSANDBOX_API_KEY", server.key)
+    monkeypatch.setenv("OPENSANDBOX_DOMAIN", f"http://127.0.0.1:{server.port + 1}")
+    assert "OpenSandbox server at" in await refusal()
+
+
+async def test_a_start_deletes_the_sandboxes_a_dead_stack_left(
+    nemo_venv_07: NeMoGymVenv,
+    kit: TaskKit,
+    server: OpenSandboxServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sandboxes whose stack has no live process are deleted through the server's API by the
+    next stack's start; those of a stack with a live process, and sandboxes without the stack
+    metadata, stay."""
+    for name, value in provider_env(server).items():
+        monkeypatch.setenv(name, value)
+    dead, live = uuid.uuid4().hex, uuid.uuid4().hex
+    image = kit.task("swebench_pro").image
+    made = {m: server.create(image, {STACK_KEY: m}) for m in (dead, live)}
+    other = server.create(image, {"owner": "someone-else"})
+    keeper = subprocess.Popen(["sleep", "600"], env={**os.environ, MARKER_ENV_VAR: live})
+    try:
+        await _prepare(nemo_venv_07, kit, tmp_path / "stack", uuid.uuid4().hex)
+        ids = {s["id"] for s in server.sandboxes()}
+        assert made[dead] not in ids and {made[live], other} <= ids
+        assert sandbox_containers(dead) == [] and len(sandbox_containers(live)) == 1
+    finally:
+        keeper.kill()
+        keeper.wait()
+        for sandbox in (made[live], other):
+            server.call("DELETE", f"/v1/sandboxes/{sandbox}")

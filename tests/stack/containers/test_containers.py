@@ -398,7 +398,9 @@ async def test_the_code_the_model_writes_reaches_only_its_own_route(
             *(env.run_episode(task, model_context(policy)) for task in env.taskset)
         )
     traces = [t.model_dump(mode="json") for episode in episodes for t in episode.traces]
-    hostile = next(c for c in policy.log if c.step == "final" and c.task == 0)
+    outcomes = [(case_of(t, table), t["errors"], t["rewards"]) for t in traces]
+    hostile = next((c for c in policy.log if c.step == "final" and c.task == 0), None)
+    assert hostile is not None, outcomes  # its command's output came back to the model
     tool = next(m for m in hostile.body["messages"] if m.get("role") == "tool")
     content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
     assert "PROBE" in content, content[-3000:]

@@ -616,7 +616,7 @@ async def test_without_iptables_the_stack_refuses_unless_opted_in_and_then_says_
     async with FixerPolicy(tasks=[task]) as policy, env.serving():
         episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
         rules = [r for r in _iptables_input() if "vf-nemogym.stack=" in r]
-    assert episode.ok and episode.traces[0].rewards["nemo_gym"]["score"] == 1.0
+    assert episode.ok and episode.traces[0].reward == 1.0, [t.errors for t in episode.traces]
     warned = [r.getMessage() for r in caplog.records if "run UNISOLATED" in r.getMessage()]
     assert len(warned) == 1 and "missing iptables (not on PATH" in warned[0], warned
     assert "reach every service this host" in warned[0]

@@ -46,7 +46,7 @@ import nemo_gym_env
 from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.phases import PHASES
 from verifiers_nemogym.policies.fixer import WRITTEN_REWARD, FixerPolicy, FixTask
@@ -564,34 +564,22 @@ async def test_a_rollout_deadline_is_an_error_and_its_container_goes_at_once(
     assert gone_after < 20
 
 
-SHORT_LIFETIME_S = 45
-
-
-async def test_ctrl_c_or_sigkill_leaves_no_container(
+async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
-    """Two vf-evals, each with a private stack, one interrupted (Ctrl-C) while its rollout's
-    container runs the model's command: no container, network or process of it is left (its
-    stack's supervisor removes them). The other is SIGKILLed with every process of its own at
-    once, its stack's supervisor included (a job's cgroup killed): its container, whose
-    lifetime its provider config sets to 45 s, is gone within that bound with no other stack
-    started; the next start's sweep removes its network. Both at once: each waits on its
-    container, not on the CPU."""
+    """Two vf-evals, each with a private stack, one interrupted (Ctrl-C) and one SIGKILLed
+    while its rollout's container runs the model's command: no container, network or process
+    of either is left (the stacks' supervisors remove them; a start after a killed one sweeps
+    what remains). Both at once: each waits on its container, not on the CPU."""
     (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
-    short = tmp_path / "short-lifetime.yaml"
-    short.write_text(
-        f"sandbox:\n  docker:\n    create:\n      keepalive_cmd: sleep {SHORT_LIFETIME_S}\n"
-    )
     before = set(stack_containers())
 
-    async def interrupted(how: signal.Signals) -> tuple[str, float]:
+    async def interrupted(how: signal.Signals) -> str:
         out = tmp_path / how.name
-        paths = config_paths(kit, ("swebench_pro",))
-        paths += [str(short)] if how == signal.SIGKILL else []
         async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
             cmd = vf_eval_command(
                 "policy", policy.base_url, "FIXER_KEY", 1, 1, 1, out,
-                "--env.taskset.config-paths", json.dumps(paths),
+                "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
                 "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
                 "--env.taskset.shared-stack", "false",
                 *runtime_flags(nemo_venv_07),
@@ -604,30 +592,21 @@ async def test_ctrl_c_or_sigkill_leaves_no_container(
             try:
                 await until(lambda: any(c.step == "fix" for c in policy.log), 600, how.name)
                 assert set(stack_containers()) - before  # a rollout's container runs
-                if how == signal.SIGKILL:
-                    signal_with_env(processes_with_env(tag), tag, signal.SIGKILL)
-                else:
-                    os.kill(proc.pid, how)
-                killed = asyncio.get_running_loop().time()
+                os.kill(proc.pid, how)
                 await asyncio.wait_for(proc.wait(), 120)
             finally:
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
-        return tag, killed
+        return tag
 
-    (int_tag, _), (kill_tag, killed) = await asyncio.gather(
-        interrupted(signal.SIGINT), interrupted(signal.SIGKILL)
-    )
-    for tag in (int_tag, kill_tag):
+    tags = await asyncio.gather(interrupted(signal.SIGINT), interrupted(signal.SIGKILL))
+    for tag in tags:
         assert await gone(tag) == []
     left = await until(
-        lambda: not (set(stack_containers()) - before) or None,
-        SHORT_LIFETIME_S + 15, "the containers to go",
-    )  # fmt: skip
+        lambda: not (set(stack_containers()) - before) or None, 60, "the containers to go"
+    )
     assert left
-    assert asyncio.get_running_loop().time() - killed < SHORT_LIFETIME_S + 15
-    assert docker.sweep_dead_stacks()  # the killed stack's network, for the next start
 
 
 async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
@@ -794,9 +773,11 @@ async def test_without_iptables_the_stack_refuses_unless_opted_in_and_then_says_
     async with FixerPolicy(tasks=[task]) as policy, env.serving():
         episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
         rules = [r for r in _iptables_input() if "vf-nemogym.stack=" in r]
-    assert episode.ok and episode.traces[0].rewards["nemo_gym"]["score"] == 1.0
+    assert episode.ok and episode.traces[0].reward == 1.0, [t.errors for t in episode.traces]
     warned = [r.getMessage() for r in caplog.records if "run UNISOLATED" in r.getMessage()]
-    assert len(warned) == 1 and "missing iptables (not on PATH" in warned[0], warned
+    # One warning per start (a start Ray timed out on is tried again, and warns again).
+    assert warned and set(warned) == {warned[0]}, warned
+    assert "missing iptables (not on PATH" in warned[0], warned
     assert "reach every service this host" in warned[0]
     joined = re.search(
         r"join docker network (vfng-\w+) .* they reach the door, and whatever", caplog.text

@@ -106,6 +106,7 @@ def config_paths(kit: TaskKit, envs: tuple[str, ...] = ENVS) -> list[str]:
     ]
 
 
+@pytest.mark.timeout(1800)  # a stack start, then OpenCode and the grading in sandboxes
 async def test_container_environments_through_opensandbox_score_right_fix_and_useless_edit(
     nemo_venv_07: NeMoGymVenv,
     kit: TaskKit,
@@ -113,8 +114,8 @@ async def test_container_environments_through_opensandbox_score_right_fix_and_us
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """swebench_pro and terminal_bench_2_1 mixed on one stack through vf-eval, two rollouts at
-    once, OpenCode in OpenSandbox sandboxes: NeMo Gym's reward 1.0 for the right fix and 0.0 for
+    """swebench_pro and terminal_bench_2_1 mixed on one stack through vf-eval, all four rollouts
+    at once, OpenCode in OpenSandbox sandboxes: NeMo Gym's reward 1.0 for the right fix and 0.0 for
     the useless edit, every model call from a sandbox through the door on its rollout's route;
     the stack says its sandboxes are unisolated (opted in), and afterwards the server lists no
     sandbox and docker has no container of one."""
@@ -136,7 +137,7 @@ async def test_container_environments_through_opensandbox_score_right_fix_and_us
     wrong = frozenset(i for i, (_, right) in enumerate(chosen) if not right)
     async with FixerPolicy(tasks=table, wrong=wrong) as policy:
         cmd = vf_eval_command(
-            "policy", policy.base_url, "FIXER_KEY", len(chosen), 1, 2, tmp_path / "out",
+            "policy", policy.base_url, "FIXER_KEY", len(chosen), 1, len(chosen), tmp_path / "out",
             "--env.taskset.config-paths", json.dumps([*config_paths(kit), str(workers)]),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",

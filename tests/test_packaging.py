@@ -22,6 +22,7 @@ NOT_OURS = {
     "xllamacpp": "the `local` extra (the CPU model server's child process)",
     "nemo_gym": "nemo/aggregate_probe.py runs in the NeMo Gym runtime venv, never in ours",
     "fastapi": "nemo/aggregate_probe.py runs in the NeMo Gym runtime venv, never in ours",
+    "resources_servers": "containers/verify_guard.py runs as a NeMo Gym server, in its venv",
 }
 
 

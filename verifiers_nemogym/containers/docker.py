@@ -25,7 +25,7 @@ import yaml
 from verifiers_nemogym.containers.door import ModelDoor
 from verifiers_nemogym.containers.names import PORT as NAMES_PORT
 from verifiers_nemogym.containers.names import RefusingNameServer
-from verifiers_nemogym.containers.providers import ALLOW_UNISOLATED_ENV, Provider, remote_provider
+from verifiers_nemogym.containers.providers import ACCEPT_RISK, Provider, remote_provider
 from verifiers_nemogym.containers.sandbox import (
     ISOLATED_PROVIDERS,
     STACK_LABEL,
@@ -68,8 +68,6 @@ BOOT_LABEL = "vf-nemogym.boot"
 PIDNS_LABEL = "vf-nemogym.pidns"
 """On a stack's networks and containers: the PID namespace its owners run in. The sweep judges
 an object by /proc only from the same boot and PID namespace (`sweep_dead_stacks`)."""
-ACCEPT_RISK = "allow_unisolated_containers (--env.taskset.allow-unisolated-containers true)"
-"""The option that accepts containers the package cannot isolate (`check_isolation`)."""
 
 
 def origin() -> tuple[str, str]:
@@ -401,8 +399,7 @@ class StackContainers:
         self.marker = marker
         self.policy_url = policy_url
         self.log = log
-        # The option, or (for processes started without it) the environment's opt-in.
-        self.allow_unisolated = allow_unisolated or os.environ.get(ALLOW_UNISOLATED_ENV) == "1"
+        self.allow_unisolated = allow_unisolated
         self.bounds = bounds or Bounds()
         self.label: str | None = None  # on every container and network, once it uses docker
         self.door: ModelDoor | None = None

@@ -24,7 +24,6 @@ from opensandbox_server import OpenSandboxServer
 
 from verifiers_nemogym.containers import images
 from verifiers_nemogym.containers.docker import StackContainers, run_docker
-from verifiers_nemogym.containers.providers import ALLOW_UNISOLATED_ENV
 from verifiers_nemogym.containers.providers.opensandbox import STACK_KEY
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG
 from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
@@ -67,13 +66,8 @@ def sandbox_containers(marker: str | None = None) -> list[str]:
 
 
 def provider_env(server: OpenSandboxServer, **extra: str) -> dict[str, str]:
-    """What NeMo Gym's shipped opensandbox.yaml reads, plus the opt-in to unisolated sandboxes."""
-    return {
-        "OPENSANDBOX_DOMAIN": server.url,
-        "OPENSANDBOX_API_KEY": server.key,
-        ALLOW_UNISOLATED_ENV: "1",
-        **extra,
-    }
+    """What NeMo Gym's shipped opensandbox.yaml reads."""
+    return {"OPENSANDBOX_DOMAIN": server.url, "OPENSANDBOX_API_KEY": server.key, **extra}
 
 
 def cases(kit: TaskKit, chosen: list[tuple[str, bool]], path: Path) -> list[FixTask]:
@@ -141,6 +135,7 @@ async def test_container_environments_through_opensandbox_score_right_fix_and_us
             "--env.taskset.config-paths", json.dumps([*config_paths(kit), str(workers)]),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
+            "--env.taskset.allow-unisolated-containers", "true",  # no egress image here
             *runtime_flags(nemo_venv_07),
         )  # fmt: skip
         tag, traces = await eval_traces(cmd, tmp_path / "out", len(chosen), 1800, FIXER_KEY="x")

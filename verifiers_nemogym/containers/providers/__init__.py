@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from verifiers_nemogym.containers.sandbox import SandboxPlan
 
-ALLOW_UNISOLATED_ENV = "VF_NEMOGYM_ALLOW_UNISOLATED_CONTAINERS"
-"""`1`: the explicit opt-in to sandboxes the stack cannot isolate (`allow_unisolated_containers`):
-without it such a stack is refused before it starts."""
+ACCEPT_RISK = "allow_unisolated_containers (--env.taskset.allow-unisolated-containers true)"
+"""The option that accepts sandboxes the package cannot isolate: without it such a stack is
+refused before it starts (`docker.check_isolation`, `Provider.check`)."""
 DOOR_HOST_ENV = "VF_NEMOGYM_DOOR_HOST"
 """The address the door binds for a remote provider's sandboxes (default: docker's default
 bridge gateway, where the local OpenSandbox docker runtime puts them)."""

@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from verifiers_nemogym.containers.providers import DOOR_HOST_ENV, Prepared
+from verifiers_nemogym.containers.providers import ACCEPT_RISK, DOOR_HOST_ENV, Prepared
 from verifiers_nemogym.containers.sandbox import SandboxPlan
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
@@ -204,8 +204,7 @@ class OpenSandbox:
             raise ConfigError(
                 f"{users}: nemo-gym-env cannot isolate NeMo Gym's opensandbox sandboxes (it sets "
                 "no network_policy: this server has no egress image tested here); they reach "
-                "what their network allows. Opt in with allow_unisolated_containers "
-                "(VF_NEMOGYM_ALLOW_UNISOLATED_CONTAINERS=1) to run them unisolated"
+                f"what their network allows. To run them unisolated, set {ACCEPT_RISK}"
             )
         server = Server.from_settings(plan.providers[NAME])
         await server.check()

@@ -154,6 +154,31 @@ def bench_runtime() -> NeMoGymVenv:
     return ensure_venv(version, os.environ.get(PYTHON_VAR) or None)
 
 
+def private_env(runtime: NeMoGymVenv, **options: Any) -> Any:
+    """nemo-gym-env's environment on a private stack of `runtime` (its release, Python and
+    below-floor opt-in), with `options` as `nemo_gym_env.load_environment` takes them."""
+    import nemo_gym_env
+
+    return nemo_gym_env.load_environment(
+        shared_stack=False,
+        nemo_gym_version=runtime.nemo_gym_version,
+        python=str(runtime.python),
+        allow_python_below_floor=runtime.below_floor,
+        **options,
+    )
+
+
+def model_context(model: str, base_url: str) -> Any:
+    """verifiers' model context for `model` served at `base_url` through its eval client (the
+    key is read from `VF_NEMOGYM_BENCH_KEY`, a placeholder unless set)."""
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import EvalClientConfig
+
+    os.environ.setdefault("VF_NEMOGYM_BENCH_KEY", "unused")
+    client = EvalClientConfig(base_url=base_url, api_key_var="VF_NEMOGYM_BENCH_KEY")
+    return vf.ModelContext(model=model, client=client)
+
+
 def vf_eval_command(
     runtime: NeMoGymVenv, policy_url: str, outdir: Path, *, private_stack: bool
 ) -> list[str]:

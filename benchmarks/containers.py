@@ -50,6 +50,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from benchmarks.common import model_context, private_env
 from benchmarks.harnesses import NativeHarnessStack, _post_run, report_head
 from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
@@ -330,27 +331,14 @@ async def run_ours(
     levels: tuple[int, ...],
 ) -> dict[str, Any]:  # fmt: skip
     """`task`'s environment through nemo-gym-env (module contract)."""
-    import verifiers.v1 as vf
-    from verifiers.v1.configs.client import EvalClientConfig
-
-    import nemo_gym_env
 
     configs = [*task.config_paths, DOCKER_CONFIG, str(task.override)]
     load_before = load()
     os.environ.setdefault("VF_NEMOGYM_BENCH_KEY", "unused")
     async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
-        env = nemo_gym_env.load_environment(
-            config_paths=configs,
-            jsonl_path=str(rows),
-            agent=agent,
-            shared_stack=False,
-            nemo_gym_version=runtime.nemo_gym_version,
-            python=str(runtime.python),
-            allow_python_below_floor=runtime.below_floor,
-        )
+        env = private_env(runtime, config_paths=configs, jsonl_path=str(rows), agent=agent)
         tasks = list(env.taskset)
-        client = EvalClientConfig(base_url=policy.base_url, api_key_var="VF_NEMOGYM_BENCH_KEY")
-        ctx = vf.ModelContext(model=MODEL, client=client)
+        ctx = model_context(MODEL, policy.base_url)
         began = time.monotonic()
         async with env.serving():
             start_s = time.monotonic() - began

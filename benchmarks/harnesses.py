@@ -42,6 +42,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from benchmarks.common import model_context, private_env
 from verifiers_nemogym.nemo.catalog import PLACEHOLDER_IMPL, Catalog, EnvSpec
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
@@ -361,10 +362,6 @@ async def run_ours(
     rows and NeMo Gym overrides, passed as a user passes them (a config path; the stack sets
     the CLIs' no-update switches and provides Node 22 itself): rewards of all rows at 4 in
     flight, then seconds per rollout one at a time, and the call log."""
-    import verifiers.v1 as vf
-    from verifiers.v1.configs.client import EvalClientConfig
-
-    import nemo_gym_env
 
     spec = Catalog(runtime).env(name)
     os.environ.setdefault("VF_NEMOGYM_BENCH_KEY", "unused")
@@ -373,18 +370,14 @@ async def run_ours(
             override = Path(tmp, "overrides.yaml")
             agents = {spec.agent.impl: harness.overrides}
             override.write_text(yaml.safe_dump({spec.agent.name: {"responses_api_agents": agents}}))
-            env = nemo_gym_env.load_environment(
+            env = private_env(
+                runtime,
                 nemo_env=name,
                 jsonl_path=str(rows),
                 config_paths=[str(override)] if harness.overrides else [],
-                shared_stack=False,
-                nemo_gym_version=runtime.nemo_gym_version,
-                python=str(runtime.python),
-                allow_python_below_floor=runtime.below_floor,
             )
             tasks = list(env.taskset)
-            client = EvalClientConfig(base_url=policy.base_url, api_key_var="VF_NEMOGYM_BENCH_KEY")
-            ctx = vf.ModelContext(model=MODEL, client=client)
+            ctx = model_context(MODEL, policy.base_url)
             began = time.monotonic()
             async with env.serving():
                 start_s = time.monotonic() - began

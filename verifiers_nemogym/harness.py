@@ -9,7 +9,6 @@ reward 0; only verifiers stopping the rollout keeps NeMo Gym's reward (docs/reli
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -26,6 +25,7 @@ from verifiers_nemogym.containers.docker import stop_rollout
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError, StackError
 from verifiers_nemogym.judge.blame import question_of
+from verifiers_nemogym.nemo.answers import read_json_answer
 from verifiers_nemogym.nemo.rewards import RewardRange
 from verifiers_nemogym.phases import rollout_phases
 from verifiers_nemogym.taskset import NeMoGymData, row_sampling
@@ -189,12 +189,7 @@ async def _post_run(
         raise AgentRunError(f"{where} lost its NeMo Gym stack: {live.failure}")
     else:
         raise AgentRunError(f"{where} did not return within {live.run_timeout:g} s")
-    if status != 200:
-        raise AgentRunError(f"{where} answered {status}: {cut(text, 2000, keep='tail')}")
-    try:
-        result = json.loads(text)
-    except ValueError:
-        raise AgentRunError(f"{where} answered non-JSON: {cut(text, 500)}") from None
+    result = read_json_answer(where, status, text, AgentRunError)
     if isinstance(result, dict) and result.get("mask_sample") is True:
         raise _masked(where, result)
     if isinstance(result, dict) and (

@@ -24,6 +24,7 @@ import zstandard
 
 from verifiers_nemogym.bridge.redact import cut
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.answers import read_json_answer
 from verifiers_nemogym.nemo.release import features
 
 logger = logging.getLogger(__name__)
@@ -203,12 +204,7 @@ async def aggregate(
                 status = response.status
         except aiohttp.ClientError as e:
             raise StackError(f"{where} failed: {e!r}") from None
-        if status != 200:
-            raise StackError(f"{where} answered {status}: {cut(text, 2000, keep='tail')}")
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            raise StackError(f"{where} answered non-JSON: {cut(text, 500)}") from None
+        answer = read_json_answer(where, status, text, StackError)
         entries.append({"agent_ref": {"name": agent}, **answer})
     return entries
 

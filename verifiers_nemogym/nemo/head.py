@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo.answers import read_json_answer
 from verifiers_nemogym.nemo.catalog import parse_config
 
 CONFIG_PATH = "/global_config_dict_yaml"
@@ -26,19 +27,14 @@ async def fetch_merged_config(head_url: str, timeout: float = 15.0) -> dict[str,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http,
             http.get(where) as response,
         ):
-            if response.status != 200:
-                raise StackError(f"NeMo Gym head server {head_url} answered {response.status}")
-            try:
-                # NeMo Gym serves the YAML text as a JSON string.
-                raw = await response.json(content_type=None)
-            except ValueError:
-                raw = None  # it answered, with something else: no config
+            status, text = response.status, await response.text()
     except (aiohttp.ClientError, TimeoutError) as e:
         raise StackError(
             f"NeMo Gym head server {head_url} is unreachable ({type(e).__name__}); "
             "is the stack running, and is its head server reachable from this machine?"
         ) from None
-    if not isinstance(raw, str):
+    raw = read_json_answer(f"NeMo Gym head server {where}", status, text, StackError)
+    if not isinstance(raw, str):  # NeMo Gym serves the YAML text as a JSON string
         raise StackError(f"NeMo Gym head server {head_url} returned no config")
     try:
         return parse_config(raw, where)

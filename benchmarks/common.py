@@ -10,12 +10,14 @@ benchmark dies without stopping it (SIGTERM, SIGKILL): no helper outlives its be
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,6 +168,18 @@ def private_env(runtime: NeMoGymVenv, **options: Any) -> Any:
         allow_python_below_floor=runtime.below_floor,
         **options,
     )
+
+
+@contextlib.asynccontextmanager
+async def timed_serving(env: Any) -> AsyncIterator[float]:
+    """`env.serving()`, yielding the seconds its stack took to start; a start that failed is a
+    RuntimeError with the stack's reason."""
+    began = time.monotonic()
+    async with env.serving():
+        start_s = time.monotonic() - began
+        if env.start_error is not None:
+            raise RuntimeError(env.start_error)
+        yield start_s
 
 
 def model_context(model: str, base_url: str) -> Any:

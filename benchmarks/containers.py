@@ -50,7 +50,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from benchmarks.common import model_context, private_env
+from benchmarks.common import model_context, private_env, timed_serving
 from benchmarks.harnesses import NativeHarnessStack, _post_run, report_head
 from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
@@ -334,16 +334,11 @@ async def run_ours(
 
     configs = [*task.config_paths, DOCKER_CONFIG, str(task.override)]
     load_before = load()
-    os.environ.setdefault("VF_NEMOGYM_BENCH_KEY", "unused")
     async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
         env = private_env(runtime, config_paths=configs, jsonl_path=str(rows), agent=agent)
         tasks = list(env.taskset)
         ctx = model_context(MODEL, policy.base_url)
-        began = time.monotonic()
-        async with env.serving():
-            start_s = time.monotonic() - began
-            if env.start_error is not None:
-                raise RuntimeError(env.start_error)
+        async with timed_serving(env) as start_s:
             marker = env.stack_marker
 
             async def one(case: int) -> Rollout:

@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from benchmarks.common import model_context, private_env
+from benchmarks.common import model_context, private_env, timed_serving
 from verifiers_nemogym.nemo.catalog import PLACEHOLDER_IMPL, Catalog, EnvSpec
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
@@ -364,7 +364,6 @@ async def run_ours(
     flight, then seconds per rollout one at a time, and the call log."""
 
     spec = Catalog(runtime).env(name)
-    os.environ.setdefault("VF_NEMOGYM_BENCH_KEY", "unused")
     async with AnswerKeyPolicy(rows=load_answer_key(rows), wrong=wrong) as policy:
         with tempfile.TemporaryDirectory(prefix="harness-ours-") as tmp:
             override = Path(tmp, "overrides.yaml")
@@ -378,11 +377,7 @@ async def run_ours(
             )
             tasks = list(env.taskset)
             ctx = model_context(MODEL, policy.base_url)
-            began = time.monotonic()
-            async with env.serving():
-                start_s = time.monotonic() - began
-                if env.start_error is not None:
-                    raise RuntimeError(env.start_error)
+            async with timed_serving(env) as start_s:
                 in_flight = asyncio.Semaphore(4)
 
                 async def one(task: Any) -> Any:

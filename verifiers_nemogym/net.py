@@ -46,6 +46,19 @@ _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _HANDOFF_TRIES = 50
 
 
+def bind_error(host: str, port: int = 0) -> OSError | None:
+    """Why `host:port` cannot be bound now (not an address of this machine, or the port is
+    taken), None if it can; the probe socket is closed again at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            return e
+    return None
+
+
 def _ephemeral_low() -> int:
     """The lowest port the kernel hands out for outgoing connections and port-0 binds."""
     try:

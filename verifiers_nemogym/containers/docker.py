@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ from verifiers_nemogym.nemo.supervisor import (
 )
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.net import bind_error
 from verifiers_nemogym.util import run_checked
 
 logger = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class ContainerNetwork:
             remove_objects(label)
             raise StackError(f"docker gave the network {name} no gateway address")
         gateway = str(gateways[0])
-        if not _local_address(gateway):
+        if bind_error(gateway) is not None:  # not an address of this machine
             remove_objects(label)
             raise StackError(
                 f"docker network {name}'s gateway {gateway} is not an address of this machine "
@@ -284,17 +284,6 @@ class ContainerNetwork:
             ["-i", self.bridge, "-p", "udp", "-d", self.gateway, "--dport", str(NAMES_PORT),
              *comment, "-j", "ACCEPT"],
         ]  # fmt: skip
-
-
-def _local_address(address: str) -> bool:
-    """Whether this machine has `address` (a socket can bind it)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((address, 0))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass

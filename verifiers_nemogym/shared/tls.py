@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.net import bind_error
 
 CERT_FILE = "tls-cert.pem"
 KEY_FILE = "tls-key.pem"
@@ -59,13 +60,8 @@ def parse_listen(text: str) -> tuple[str, int]:
 def check_bindable(host: str, port: int) -> None:
     """ConfigError (one line) if `host:port` cannot be bound now (not an address of this
     machine, or the port is taken); the socket is closed again at once."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise ConfigError(f"--listen {host}:{port}: cannot listen ({e.strerror})") from None
+    if (error := bind_error(host, port)) is not None:
+        raise ConfigError(f"--listen {host}:{port}: cannot listen ({error.strerror})")
 
 
 def format_pin(cert_der: bytes) -> str:

@@ -239,6 +239,37 @@ def test_a_provider_config_loosens_each_bound(tmp_path: Path) -> None:
     assert config["sandbox"]["docker"]["create"]["keepalive_cmd"] == "sleep 60"
 
 
+def test_nemo_gyms_sandbox_ttl_is_capped_at_the_lifetime_unless_the_keepalive_is_the_users(
+    tmp_path: Path,
+) -> None:
+    """NeMo Gym's docker provider runs `sleep <ttl_s>` instead of `keepalive_cmd` when a
+    server's `sandbox_config.ttl_s` is set (its shipped swebench_pro and terminal_bench_2_1
+    configs say 18000): the stack caps a longer one at the lifetime, keeps a shorter one, and
+    leaves it alone where the provider's `create` sets its own keepalive."""
+    shipped = {
+        "swepro": {"resources_servers": {"swebench_pro": {"sandbox_config": {
+            "ttl_s": 18000, "resources": {"cpu": 1}}}}},
+        "tb": {"resources_servers": {"terminal_bench_2_1": {"sandbox_config": {"ttl_s": 60}}}},
+    }  # fmt: skip
+    plan = sandbox_plan([SERVERS, DOCKER, shipped])
+    assert plan is not None
+    config = stack_config(plan, label="l=1", network="n", door=None, workdir=tmp_path)
+    merged = sandbox.merge_configs([plan.merged, config])
+    where = (("swepro", "resources_servers", "swebench_pro"),
+             ("tb", "resources_servers", "terminal_bench_2_1"),
+             ("agent", "responses_api_agents", "opencode_sandboxed_agent"))  # fmt: skip
+    ttl = {i: merged[i][t][m].get("sandbox_config", {}).get("ttl_s") for i, t, m in where}
+    assert ttl == {"swepro": 3600, "tb": 60, "agent": None}, ttl
+    assert merged["swepro"]["resources_servers"]["swebench_pro"]["sandbox_config"]["resources"]
+    own = {"sandbox": {"docker": {"create": {"keepalive_cmd": "sleep 86400"}}}}
+    plan = sandbox_plan([SERVERS, DOCKER, shipped, own])
+    assert plan is not None
+    config = stack_config(plan, label="l=1", network="n", door=None, workdir=tmp_path)
+    assert "sandbox_config" not in config.get("swepro", {}).get("resources_servers", {}).get(
+        "swebench_pro", {}
+    ), config
+
+
 REFUSE = """
 import logging, sys
 sys.path.insert(0, {tests!r})

@@ -242,7 +242,10 @@ class Bounds:
     """setuid binaries and file capabilities give nothing (`--security-opt no-new-privileges`)."""
     lifetime_s: int = 3600
     """Seconds a container lives at most: its keepalive is `sleep <lifetime_s>` and it runs with
-    `--rm`, so it ends and is removed by the daemon alone, its owners dead or not."""
+    `--rm`, so it ends and is removed by the daemon alone, its owners dead or not. A server's
+    `sandbox_config.ttl_s` (NeMo Gym's own lifetime, which replaces the keepalive: its shipped
+    configs say 14400-18000) is capped at it, unless the provider's `create` sets its own
+    `keepalive_cmd` (the user took the lifetime in hand)."""
 
 
 def docker_create(
@@ -313,6 +316,8 @@ def stack_config(
                 create = docker_create(server.provider_settings, every, network, held, dns)
                 inline = {"docker": {**server.provider_settings, "create": create}}
                 _server_settings(config, server)[PROVIDER_REF] = inline
+            if server.provider == "docker" and (ttl := _capped_ttl(server, held)) is not None:
+                _server_settings(config, server)["sandbox_config"] = {"ttl_s": ttl}
     for agent in plan.model_agents:
         settings: dict[str, Any] = {}
         if door is not None:
@@ -327,6 +332,17 @@ def stack_config(
             MODELS: {PLACEHOLDER_IMPL: {"entrypoint": "app.py", "host": host, "port": port}}
         }
     return config
+
+
+def _capped_ttl(server: SandboxedServer, bounds: Bounds) -> int | None:
+    """`bounds.lifetime_s` where `server`'s `sandbox_config.ttl_s` exceeds it (NeMo Gym's docker
+    provider then runs `sleep <ttl_s>` as the keepalive, not `keepalive_cmd`) and its provider's
+    `create` leaves `keepalive_cmd` to the stack; else None (the ttl stands)."""
+    own = (server.provider_settings.get("create") or {}).get("keepalive_cmd")
+    ttl = (server.settings.get("sandbox_config") or {}).get("ttl_s")
+    if own not in (None, NG_KEEPALIVE) or not isinstance(ttl, int | float):
+        return None
+    return bounds.lifetime_s if ttl > bounds.lifetime_s else None
 
 
 def docker_creates(plan: SandboxPlan, config: dict[str, Any]) -> dict[str, dict[str, Any]]:

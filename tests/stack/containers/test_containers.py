@@ -117,6 +117,18 @@ def check_reward_writer(trace: dict[str, Any]) -> None:
     assert trace["info"]["nemo_gym_reward_range"]["range"] == [0.0, 1.0], trace["info"]
 
 
+def check_phases(trace: dict[str, Any], calls: int) -> None:
+    """The trace's phases (`info["nemo_gym_phases"]`) count its `calls`, add up to NeMo Gym's
+    `/run`, and that to within 5 % of verifiers' own agent time."""
+    phases = trace["info"]["nemo_gym_phases"]
+    assert phases["model_calls"] == calls, phases
+    assert all(phases[p] >= 0 for p in PHASES) and phases["model"] > 0, phases
+    assert abs(sum(phases[p] for p in PHASES) - phases["run"]) < 0.01, phases
+    agent = trace["timing"]["agent"]
+    took = agent["end"] - agent["start"]
+    assert 0.95 * took <= phases["run"] <= took, (phases, agent)
+
+
 def case_of(trace: dict[str, Any], table: list[FixTask]) -> int:
     """The case a trace's task carries (the longest key it quotes)."""
     text = json.dumps(trace["task"])
@@ -130,6 +142,14 @@ def stack_containers(marker: str | None = None) -> list[str]:
     return docker.run_docker("ps", "-aq", "--filter", f"label={label}").split()
 
 
+LOOKUP = (
+    "python3 -c 'import socket, time; t = time.time()\n"
+    'try: socket.getaddrinfo("deb.debian.org", 80); r = "resolved"\n'
+    "except OSError as e: r = type(e).__name__\n"
+    'print("LOOKUP %.3f %s" % (time.time() - t, r))\''
+)
+
+
 async def test_container_environments_score_and_never_cross_route(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
@@ -137,10 +157,14 @@ async def test_container_environments_score_and_never_cross_route(
     one stack through vf-eval at -c 3, OpenCode in each task's container: NeMo Gym's rewards
     (1.0 right fix, 0.0 useless edit), three rollouts in flight never cross-routed (the fixer's
     log), every turn in the trace, and afterwards no container, network or process of the
-    stack."""
+    stack. Each trace says where its time went (`info["nemo_gym_phases"]`: start, model, tools,
+    finish, adding up to NeMo Gym's `/run` and to within 5 % of verifiers' own agent time), and
+    a name lookup in a container fails within a second (the stack's refusing name server;
+    docker's embedded DNS alone leaves it ~10 s to time out)."""
     cases = [(env, right) for right in (True, False) for env in ENVS]
     cases.append(WRITER_CASE)
     table = case_rows(kit, cases, tmp_path / "rows.jsonl")
+    table[0] = replace(table[0], fix=f"{LOOKUP} && {table[0].fix}")
     # swebench_pro writes verifier logs beside its code: in the stack's folder, not the runtime.
     runtime_logs = nemo_venv_07.site_packages / "resources_servers" / "swebench_pro" / "logs"
     logs_before = set(runtime_logs.rglob("*"))
@@ -172,7 +196,13 @@ async def test_container_environments_score_and_never_cross_route(
             steps[call.task] += call.step in ("fix", "final")
     for trace in traces:
         assert len(trace["calls"]) == calls[trace["id"]] > 0  # every turn in the trace
+        check_phases(trace, calls[trace["id"]])
     assert all(steps[i] == 2 for i in range(len(cases))), steps  # the fix, then the final turn
+    final = next(c for c in policy.log if c.step == "final" and c.task == 0)
+    tool = next(m for m in final.body["messages"] if m.get("role") == "tool")
+    content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
+    seconds, outcome = content[content.index("LOOKUP ") + 7 :].split()[:2]
+    assert outcome == "gaierror" and float(seconds) < 1.0, (seconds, outcome)
     # The shared stack's host logs how its containers are isolated and bounded.
     host_text = stack_host_log(tmp_path / "out")
     assert "on the host they reach the door only (firewall)" in host_text
@@ -488,44 +518,6 @@ def pids_in_container(container: str) -> int:
     raise AssertionError(f"no pids cgroup for container {container}")
 
 
-LOOKUP = (
-    "python3 -c 'import socket, time; t = time.time()\n"
-    'try: socket.getaddrinfo("deb.debian.org", 80); r = "resolved"\n'
-    "except OSError as e: r = type(e).__name__\n"
-    'print("LOOKUP %.3f %s" % (time.time() - t, r))\''
-)
-
-
-async def test_a_rollouts_phases_add_up_and_its_lookups_fail_at_once(
-    nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
-) -> None:
-    """A container rollout's trace says where its time went (`trace.info["nemo_gym_phases"]`:
-    start, model, tools, finish, in seconds, adding up to NeMo Gym's `/run` and to within 5 % of
-    verifiers' own agent time), and a name lookup in its container fails within a second (the
-    stack's refusing name server; docker's embedded DNS alone leaves it ~10 s to time out)."""
-    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
-    timed = replace(task, fix=f"{LOOKUP} && {task.fix}")
-    env = _env(kit, nemo_venv_07, tmp_path / "rows.jsonl")
-    async with FixerPolicy(tasks=[timed]) as policy, env.serving():
-        assert held.owns(env)
-        episode = await env.run_episode(next(iter(env.taskset)), model_context(policy))
-    await held.released()
-    assert episode.ok, [t.errors for t in episode.traces]
-    (trace,) = episode.traces
-    assert trace.reward == 1.0
-    phases = trace.info["nemo_gym_phases"]
-    assert phases["model_calls"] == len(policy.log) == 2, phases
-    assert all(phases[p] >= 0 for p in PHASES) and phases["model"] > 0, phases
-    assert abs(sum(phases[p] for p in PHASES) - phases["run"]) < 0.01, phases
-    agent = trace.timing.agent.end - trace.timing.agent.start
-    assert 0.95 * agent <= phases["run"] <= agent, (phases, agent)
-    final = next(c for c in policy.log if c.step == "final")
-    tool = next(m for m in final.body["messages"] if m.get("role") == "tool")
-    content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
-    seconds, outcome = content[content.index("LOOKUP ") + 7 :].split()[:2]
-    assert outcome == "gaierror" and float(seconds) < 1.0, (seconds, outcome)
-
-
 async def test_a_rollout_deadline_is_an_error_and_its_container_goes_at_once(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
 ) -> None:
@@ -568,6 +560,37 @@ async def test_a_rollout_deadline_is_an_error_and_its_container_goes_at_once(
     assert gone_after < 20
 
 
+@contextlib.asynccontextmanager
+async def eval_in_its_container(
+    kit: TaskKit, runtime: NeMoGymVenv, rows: Path, out: Path, *extra: str
+) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """A vf-eval of `rows` (one swebench_pro case) on a private stack whose model's command is
+    `sleep 600`, with `extra` config paths: its run tag and process once the command runs in
+    the rollout's container; killed and reaped on the way out if still running."""
+    (task,) = case_rows(kit, [("swebench_pro", True)], rows)
+    async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
+        cmd = vf_eval_command(
+            "policy", policy.base_url, "FIXER_KEY", 1, 1, 1, out,
+            "--env.taskset.config-paths",
+            json.dumps([*config_paths(kit, ("swebench_pro",)), *extra]),
+            "--env.taskset.jsonl-path", str(rows),
+            "--env.taskset.shared-stack", "false",
+            *runtime_flags(runtime),
+        )  # fmt: skip
+        tag, environ = run_tag(FIXER_KEY="unused")
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, env=environ, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            await until(lambda: any(c.step == "fix" for c in policy.log), 900, out.name)
+            yield tag, proc
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
 async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
@@ -575,33 +598,14 @@ async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
     while its rollout's container runs the model's command: no container, network or process
     of either is left (the stacks' supervisors remove them; a start after a killed one sweeps
     what remains). Both at once: each waits on its container, not on the CPU."""
-    (task,) = case_rows(kit, [("swebench_pro", True)], tmp_path / "rows.jsonl")
     before = set(stack_containers())
 
     async def interrupted(how: signal.Signals) -> str:
-        out = tmp_path / how.name
-        async with FixerPolicy(tasks=[replace(task, fix="sleep 600")]) as policy:
-            cmd = vf_eval_command(
-                "policy", policy.base_url, "FIXER_KEY", 1, 1, 1, out,
-                "--env.taskset.config-paths", json.dumps(config_paths(kit, ("swebench_pro",))),
-                "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
-                "--env.taskset.shared-stack", "false",
-                *runtime_flags(nemo_venv_07),
-            )  # fmt: skip
-            tag, environ = run_tag(FIXER_KEY="unused")
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, env=environ, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
-            try:
-                await until(lambda: any(c.step == "fix" for c in policy.log), 600, how.name)
-                assert set(stack_containers()) - before  # a rollout's container runs
-                os.kill(proc.pid, how)
-                await asyncio.wait_for(proc.wait(), 120)
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
+        rows, out = tmp_path / f"{how.name}.jsonl", tmp_path / how.name
+        async with eval_in_its_container(kit, nemo_venv_07, rows, out) as (tag, proc):
+            assert set(stack_containers()) - before  # a rollout's container runs
+            os.kill(proc.pid, how)
+            await asyncio.wait_for(proc.wait(), 120)
         return tag
 
     tags = await asyncio.gather(interrupted(signal.SIGINT), interrupted(signal.SIGKILL))
@@ -611,6 +615,66 @@ async def test_ctrl_c_or_sigkill_of_the_env_process_leaves_no_container(
         lambda: not (set(stack_containers()) - before) or None, 60, "the containers to go"
     )
     assert left
+
+
+LIFETIME = 60
+"""The containers' lifetime (NeMo Gym's `sandbox_config.ttl_s`) in the run whose every process
+is SIGKILLed: the bound within which they go with no owner left."""
+
+
+def short_lifetime(path: Path) -> Path:
+    """An override config giving swebench_pro's containers a `LIFETIME` s lifetime."""
+    path.write_text(
+        "swebench_pro_opencode_resources_server:\n  resources_servers:\n    swebench_pro:\n"
+        f"      sandbox_config:\n        ttl_s: {LIFETIME}\n"
+        "swebench_pro_opencode_sandboxed_agent:\n  responses_api_agents:\n"
+        f"    opencode_sandboxed_agent:\n      sandbox_config:\n        ttl_s: {LIFETIME}\n"
+    )
+    return path
+
+
+def kill_every_process(entry: str) -> str:
+    """SIGKILL every process carrying `entry` (a run's tag) until none is left (bounded
+    rounds: a process may start one while being killed); the stack marker its supervisor had."""
+    from verifiers_nemogym.nemo.supervisor import argv_of
+
+    marker = ""
+    for _ in range(50):
+        pids = processes_with_env(entry)
+        if not pids:
+            return marker
+        for pid in pids:
+            argv = argv_of(pid)
+            if "--marker" in argv:
+                marker = argv[argv.index("--marker") + 1]
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"processes of {entry} still start after 50 rounds of SIGKILL")
+
+
+async def test_a_run_killed_whole_leaves_containers_that_end_within_their_lifetime(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
+) -> None:
+    """Every process of a vf-eval run (vf-eval, the stack's supervisor, NeMo Gym's servers,
+    Ray) SIGKILLed at once while its rollout's container runs the model's command: the
+    container, still there seconds later (nothing removed it), is gone within its lifetime
+    (`ttl_s`, here 60 s: `docker run --rm` with a `sleep` keepalive) with nothing of the run
+    alive and no other start; the next start's sweep removes the network and firewall rules."""
+    lifetime = str(short_lifetime(tmp_path / "lifetime.yaml"))
+    rows, out = tmp_path / "rows.jsonl", tmp_path / "out"
+    async with eval_in_its_container(kit, nemo_venv_07, rows, out, lifetime) as (tag, _):
+        marker = kill_every_process(tag)
+        killed = asyncio.get_running_loop().time()
+    assert marker and processes_with_env(tag) == []
+    (container,) = stack_containers(marker)
+    await asyncio.sleep(3)
+    assert stack_containers(marker) == [container], "gone before its lifetime: not the bound"
+    await until(lambda: not stack_containers(marker), LIFETIME + 30, "its lifetime", 0.5)
+    assert asyncio.get_running_loop().time() - killed < LIFETIME + 30
+    assert marker in docker._stack_markers()  # its network, left for a sweep
+    assert marker in docker.sweep_dead_stacks()
+    assert marker not in docker._stack_markers()
+    assert not [r for r in _iptables_input() if marker in r]
 
 
 async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(

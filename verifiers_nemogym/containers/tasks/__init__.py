@@ -233,7 +233,6 @@ ENVS: dict[str, Callable[[Path, str, logging.Logger], KitTask]] = {
 def _sandbox_resources() -> dict[str, Any]:
     return {
         "sandbox_config": {
-            "ttl_s": 3600,
             "ready_timeout_s": 300,
             "resources": dict(RESOURCES),
             "provider_options": {"resource_requests": dict(RESOURCES)},

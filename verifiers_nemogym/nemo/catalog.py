@@ -293,7 +293,7 @@ def write_policy_placeholder(
     only waits to be stopped, and returns the config YAML that names it `policy_model` with that
     host/port: agents then call the model at `host:port` directly. No patch to NeMo Gym.
     `policy_keys`: the global policy keys NeMo Gym's env.yaml would define (the coding-agent
-    harness configs read them; `nemo.harnesses.policy_keys`), else placeholders that only let
+    harness configs read them; `nemo.agent_clis.policy_keys`), else placeholders that only let
     such configs merge."""
     server_dir = workdir / MODELS / PLACEHOLDER_IMPL
     server_dir.mkdir(parents=True, exist_ok=True)

@@ -24,9 +24,9 @@ from opensandbox_server import OpenSandboxServer
 
 from verifiers_nemogym.containers import images
 from verifiers_nemogym.containers.docker import StackContainers, run_docker
+from verifiers_nemogym.containers.kit import TaskKit, make_tasks
 from verifiers_nemogym.containers.providers.opensandbox import STACK_KEY
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG
-from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR

@@ -19,14 +19,19 @@ from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.nemo.attached import AttachedTarget, describe_attached
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
-from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote
 from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack, start_stack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import forwarding_session
 from verifiers_nemogym.shared import protocol
 from verifiers_nemogym.shared.client import Lease, attach_or_start
-from verifiers_nemogym.shared.link import CONNECT_TIMEOUT, GateLink, GateTarget, describe_gate
+from verifiers_nemogym.shared.gate_client import (
+    CONNECT_TIMEOUT,
+    GateLink,
+    GateTarget,
+    describe_gate,
+)
 from verifiers_nemogym.util import Latch, cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -149,7 +154,7 @@ class SharedStack(Stack):
 class AttachedStack(Stack):
     """A stack started elsewhere (`stack_url`); it belongs to whoever started it."""
 
-    def __init__(self, remote: RemoteStack) -> None:
+    def __init__(self, remote: AttachedTarget) -> None:
         super().__init__(remote.run_urls)
         self.remote = remote
 
@@ -203,7 +208,7 @@ async def open_stack(
     runtime: NeMoGymVenv,
     config_paths: list[Path],
     proxy: NeMoGymModelProxy,
-    remote: RemoteStack | GateTarget | None,
+    remote: AttachedTarget | GateTarget | None,
     shared: bool,
     idle_timeout: float,
     start_timeout: float,
@@ -249,13 +254,13 @@ async def describe_stack_url(
     *,
     pin: str | None = None,
     token_file: Path | None = None,
-) -> RemoteStack | GateTarget | None:
+) -> AttachedTarget | GateTarget | None:
     """The stack started elsewhere that `stack_url` names (None: none named), described
     before the model proxy starts: its `policy_address` is where the proxy must listen
-    (`nemo.remote.describe_remote`; with `pin`, the TLS listener of a stack host,
-    `shared.link.describe_gate`: StackError, ConfigError)."""
+    (`nemo.attached.describe_attached`; with `pin`, the TLS listener of a stack host,
+    `shared.gate_client.describe_gate`: StackError, ConfigError)."""
     if stack_url is None:
         return None
     if pin is not None:
         return await describe_gate(stack_url, pin, token_file)
-    return await describe_remote(stack_url, proxy_host, proxy_port)
+    return await describe_attached(stack_url, proxy_host, proxy_port)

@@ -144,7 +144,7 @@ async def hold_shared_stack(**options: Any) -> AsyncIterator[HeldStack]:
     (none may run before). Afterwards, the stack and every process of it is gone (bounded by
     `SHARED_STACK_GONE_S`): the no-orphan check of the tests that shared it."""
     import nemo_gym_env
-    from verifiers_nemogym.backends import SharedStack
+    from verifiers_nemogym.stack_access import SharedStack
 
     env = nemo_gym_env.load_environment(**options)
     async with env.serving():

@@ -19,10 +19,10 @@ from helpers import (
     vf_eval_command,
 )
 
-from verifiers_nemogym.backends import PrivateStack, SharedStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
+from verifiers_nemogym.stack_access import PrivateStack, SharedStack
 
 ENV = "example_single_tool_call"
 

@@ -51,7 +51,6 @@ from verifiers.v1.types import content_text
 
 import nemo_gym_env
 from benchmarks.common import count_stack_programs
-from verifiers_nemogym.backends import PrivateStack
 from verifiers_nemogym.env import NeMoGymEnv
 from verifiers_nemogym.nemo import stack as stack_module
 from verifiers_nemogym.nemo.supervisor import (
@@ -64,6 +63,7 @@ from verifiers_nemogym.nemo.supervisor import (
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+from verifiers_nemogym.stack_access import PrivateStack
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"

@@ -35,7 +35,6 @@ from helpers import REPO, SESSION_VAR, gone, model_context, run_command, run_tag
 import nemo_gym_env
 from benchmarks.common import count_stack_programs
 from benchmarks.netns import A, B, Hosts
-from verifiers_nemogym.backends import SharedStack
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.head import fetch_merged_config
@@ -50,6 +49,7 @@ from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.shared import client, protocol
 from verifiers_nemogym.shared.client import check_ray
+from verifiers_nemogym.stack_access import SharedStack
 from verifiers_nemogym.util import cache_root
 
 ENV = "example_single_tool_call"

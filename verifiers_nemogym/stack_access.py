@@ -1,7 +1,7 @@
 """The NeMo Gym stack an env process's rollouts use: one contract (`Stack`), four backends.
 
 `open_stack` picks the backend from the taskset config: `SharedStack` (default, a lease),
-`PrivateStack` (`shared_stack=False`), `AttachedStack` (`stack_url`) or `RemoteSharedStack`
+`PrivateStack` (`shared_stack=False`), `AttachedStack` (`stack_url`) or `GateStack`
 (`stack_url` with `stack_pin`, a lease over a stack host's TLS listener). Each backend:
 docs/architecture.md, "Modules"; the shared and remote ones: docs/shared-stacks.md.
 """
@@ -180,7 +180,7 @@ class AttachedStack(Stack):
         return "attached to the NeMo Gym stack started elsewhere", self.remote.head_url
 
 
-class RemoteSharedStack(Stack):
+class GateStack(Stack):
     """A lease on a shared stack host on another host, through its TLS listener."""
 
     def __init__(self, link: GateLink) -> None:
@@ -225,7 +225,7 @@ async def open_stack(
     if isinstance(remote, GateTarget):
         link = GateLink(remote, proxy.url, proxy.secret)
         await link.open()
-        return RemoteSharedStack(link)
+        return GateStack(link)
     if remote is not None:
         return AttachedStack(remote)
     if shared:

@@ -52,6 +52,8 @@ COMMANDS = (
 )  # fmt: skip
 """The command modules, in the order `--help` lists them."""
 
+__all__ = ["COMMANDS", "main"]
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nemo-gym-env", description=__doc__.splitlines()[0])

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from helpers import until
+from helpers.processes import until
 
 from verifiers_nemogym.bridge.front import FrontForwarder
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy

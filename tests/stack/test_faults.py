@@ -32,21 +32,10 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import (
-    HeldStack,
-    error_text,
-    gone,
-    hold_shared_stack,
-    model_context,
-    run_command,
-    run_tag,
-    run_timed,
-    server_pid,
-    train_context,
-    until,
-    vf_eval_command,
-    write_rows,
-)
+from helpers.evals import error_text, model_context, run_timed, train_context, vf_eval_command
+from helpers.processes import gone, run_command, run_tag, server_pid, until
+from helpers.rows import write_rows
+from helpers.stacks import HeldStack, hold_shared_stack
 from verifiers.v1.types import content_text
 
 import nemo_gym_env

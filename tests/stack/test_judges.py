@@ -22,7 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 import verifiers.v1 as vf
-from helpers import error_text, gone, model_context, run_tag, train_context
+from helpers.evals import error_text, model_context, train_context
+from helpers.processes import gone, run_tag
 
 import nemo_gym_env
 from verifiers_nemogym.judge.relay import JUDGE_RETRY

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, SESSION_VAR, gone, model_context, run_command, run_tag, script, until
+from helpers.evals import model_context, script
+from helpers.processes import REPO, SESSION_VAR, gone, run_command, run_tag, until
 
 import nemo_gym_env
 from benchmarks.common import count_stack_programs

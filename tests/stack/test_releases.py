@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import error_text, gone, model_context
+from helpers.evals import error_text, model_context
+from helpers.processes import gone
 
 import nemo_gym_env
 from verifiers_nemogym.nemo.release import RELEASES as TABLE

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from helpers import error_text, model_context
+from helpers.evals import error_text, model_context
 
 import nemo_gym_env
 from verifiers_nemogym.nemo.catalog import Catalog

@@ -19,7 +19,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-from helpers import gone, run_tag, unauthenticated_load
+from helpers.load import unauthenticated_load
+from helpers.processes import gone, run_tag
 
 import nemo_gym_env
 from verifiers_nemogym.bridge.wire import UNAUTHENTICATED_BUDGET, route_metadata

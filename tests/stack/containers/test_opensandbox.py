@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import eval_traces, gone, runtime_flags, stack_host_log, vf_eval_command
+from helpers.evals import eval_traces, vf_eval_command
+from helpers.processes import gone
+from helpers.stacks import runtime_flags, stack_host_log
 from opensandbox_server import OpenSandboxServer
 
 from verifiers_nemogym.containers import images

@@ -1,7 +1,7 @@
 """NeMo Gym's container environments, natively and through nemo-gym-env, in one run:
 `uv run python -m benchmarks.containers [--env ENV ...] [--side native|ours ...] [--levels 1,2,4]`
 
-Each container environment of the hand-made task kit (`containers.tasks.make_tasks`: swebench_pro
+Each container environment of the hand-made task kit (`containers.kit.make_tasks`: swebench_pro
 `tinycalc`, terminal_bench_2_1 `wordstats`, swe_next `textkit`) runs OpenCode inside the task's
 docker container, against the fixer policy (`policies.fixer`). Its row is duplicated per case,
 the problem tagged with the case (so the fixer tells the rows apart), and each case has its own
@@ -53,8 +53,8 @@ import yaml
 from benchmarks.common import model_context, private_env, timed_serving
 from benchmarks.harnesses import NativeHarnessStack, _post_run, report_head
 from verifiers_nemogym.containers import docker
+from verifiers_nemogym.containers.kit import KitTask, TaskKit, make_tasks
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
-from verifiers_nemogym.containers.tasks import KitTask, TaskKit, make_tasks
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.phases import PHASES, rollout_phases

@@ -46,9 +46,9 @@ async def measure(calls: int, rollouts: int) -> dict[str, Any]:
     from verifiers.v1.configs.client import EvalClientConfig
 
     import nemo_gym_env
-    from verifiers_nemogym.backends import PrivateStack
     from verifiers_nemogym.policies.judge import ScriptedJudge
     from verifiers_nemogym.policies.scripted import ScriptedPolicy
+    from verifiers_nemogym.stack_access import PrivateStack
 
     async with ScriptedPolicy(record=False) as policy, ScriptedJudge(record=False) as judge:
         env = nemo_gym_env.load_environment(

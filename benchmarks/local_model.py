@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from verifiers_nemogym.cli.local_eval import LocalEvalOptions, vf_eval_command
+from verifiers_nemogym.cli.eval_local import LocalEvalOptions, vf_eval_command
 from verifiers_nemogym.policies.local_model import LocalModelServer, packaged_model_path
 
 

@@ -209,8 +209,8 @@ async def run_side(
 
     import nemo_gym_env
     from benchmarks.native import native_stack
-    from verifiers_nemogym.backends import PrivateStack, SharedStack
     from verifiers_nemogym.nemo.supervisor import processes_with_marker
+    from verifiers_nemogym.stack_access import PrivateStack, SharedStack
 
     os.environ.setdefault("SCRIPTED_KEY", "unused")
     malloc = MallocTrace() if trace_malloc else None

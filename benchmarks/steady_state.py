@@ -27,8 +27,8 @@ from verifiers.v1.configs.client import EvalClientConfig
 
 from benchmarks.common import ENV, cpu_s, spawn_policy
 from benchmarks.native import native_stack
-from verifiers_nemogym.backends import PrivateStack
 from verifiers_nemogym.nemo.supervisor import processes_with_marker
+from verifiers_nemogym.stack_access import PrivateStack
 
 N, IN_FLIGHT = 100, 20
 

@@ -21,7 +21,7 @@ from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.shared import client
 
-# NeMoGymEnv's log line once its stack is open (backends.SharedStack.describe).
+# NeMoGymEnv's log line once its stack is open (stack_access.SharedStack.describe).
 _ATTACHED = re.compile(r"attached to shared NeMo Gym stack in ([\d.]+) s")
 
 

@@ -21,13 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
-    SESSION_VAR,
-    VERSIONS,
-    Launches,
-    launched_processes,
-    wait_gone,
-)
+from helpers.processes import SESSION_VAR, Launches, launched_processes, wait_gone
+from helpers.stacks import VERSIONS
 from tiering import touches_verifiers
 
 from verifiers_nemogym.nemo.catalog import Catalog

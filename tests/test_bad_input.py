@@ -17,7 +17,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from helpers import Launches, error_text, launched_processes, model_context
+from helpers.evals import error_text, model_context
+from helpers.processes import Launches, launched_processes
 from pydantic import ValidationError
 
 import nemo_gym_env

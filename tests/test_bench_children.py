@@ -11,7 +11,7 @@ import signal
 import sys
 
 import pytest
-from helpers import REPO, gone, run_tag
+from helpers.processes import REPO, gone, run_tag
 
 from verifiers_nemogym.nemo.supervisor import alive, processes_with_env, signal_with_env
 

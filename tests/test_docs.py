@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import ListSurvey
+from helpers.evals import ListSurvey
 
 from verifiers_nemogym.options import REGENERATE, options, options_markdown
 

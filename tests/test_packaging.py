@@ -13,7 +13,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from helpers import script
+from helpers.evals import script
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "verifiers_nemogym", ROOT / "environments" / "nemo_gym_env" / "nemo_gym_env"]

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import script
+from helpers.evals import script
 
 ROOT = Path(__file__).resolve().parent.parent
 

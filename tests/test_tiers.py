@@ -75,7 +75,9 @@ def inner_tests(pytester: pytest.Pytester, **files: str) -> None:
     source)."""
     pytester.makeini(INI)
     pytester.makeconftest((TESTS / "conftest.py").read_text())
-    pytester.makepyfile(helpers=(TESTS / "helpers.py").read_text())
+    helpers = pytester.mkpydir("helpers")
+    for module in (TESTS / "helpers").glob("*.py"):
+        (helpers / module.name).write_text(module.read_text())
     pytester.makepyfile(tiering=(TESTS / "tiering.py").read_text())
     pytester.mkdir("stack")
     pytester.makepyfile(**files)

@@ -46,13 +46,11 @@ def _top_imports(path: Path) -> set[str]:
 
 
 def _source(module: str) -> Path | None:
-    """The file of `module` when it is the package's or tests/helpers, else None."""
+    """The file of `module` when it is the package's or tests/helpers', else None."""
     parts = module.split(".")
-    if parts[0] == "helpers":
-        return TESTS / "helpers.py"
-    if parts[0] != "verifiers_nemogym":
+    if parts[0] not in ("helpers", "verifiers_nemogym"):
         return None
-    base = ROOT.joinpath(*parts)
+    base = (TESTS if parts[0] == "helpers" else ROOT).joinpath(*parts)
     return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
 
 

@@ -10,35 +10,28 @@ verifiers_nemogym.policies.local_model`) start without importing verifiers.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from verifiers_nemogym.exports import exported, public
+
 _EXPORTS = {
-    "NeMoGymEnv": "env",
-    "NeMoGymEnvConfig": "env",
-    "ConfigError": "errors",
-    "NeMoGymError": "errors",
-    "AgentRunError": "errors",
-    "VenvSetupError": "errors",
-    "StackError": "errors",
-    "NeMoGymHarness": "harness",
-    "NeMoGymHarnessConfig": "harness",
-    "NeMoGymModelProxy": "bridge.proxy",
-    "ProxyLimits": "bridge.proxy",
-    "RetryPolicy": "retry",
-    "NeMoGymData": "taskset",
-    "NeMoGymTask": "taskset",
-    "NeMoGymTaskConfig": "taskset",
-    "NeMoGymTaskset": "taskset",
-    "NeMoGymTasksetConfig": "taskset",
-    "follow_verifiers_logging": "logs",
+    "env": ("NeMoGymEnv", "NeMoGymEnvConfig"),
+    "errors": ("AgentRunError", "ConfigError", "NeMoGymError", "StackError", "VenvSetupError"),
+    "harness": ("NeMoGymHarness", "NeMoGymHarnessConfig"),
+    "bridge.proxy": ("NeMoGymModelProxy", "ProxyLimits"),
+    "retry": ("RetryPolicy",),
+    "taskset": (
+        "NeMoGymData",
+        "NeMoGymTask",
+        "NeMoGymTaskConfig",
+        "NeMoGymTaskset",
+        "NeMoGymTasksetConfig",
+    ),
+    "logs": ("follow_verifiers_logging",),
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = public(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'verifiers_nemogym' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"verifiers_nemogym.{module}"), name)
+    return exported(__name__, _EXPORTS, name)

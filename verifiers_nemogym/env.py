@@ -1,8 +1,8 @@
 """NeMoGymEnv: gets a NeMo Gym stack for its env process and hands it to every rollout.
 
 `start()` brings up the model proxy, then opens the `Stack` the taskset config asks for
-(`backends.open_stack`) and hands its `/run` targets to the rollouts; a start that fails does not
-raise (see `start`). `stop()` gives the stack up and stops the proxy, also after a failed start.
+(`stack_access.open_stack`) and hands its `/run` targets to the rollouts; a start that fails does
+not raise (see `start`). `stop()` gives the stack up and stops the proxy, also after a failed start.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import aiohttp
 import verifiers.v1 as vf
 
 from verifiers_nemogym import metrics
-from verifiers_nemogym.backends import Stack, describe_stack_url, open_stack
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
+from verifiers_nemogym.stack_access import Stack, describe_stack_url, open_stack
 from verifiers_nemogym.taskset import NeMoGymTaskset
 from verifiers_nemogym.util import cancel_and_wait
 
@@ -46,7 +46,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
 
     @property
     def stack(self) -> Stack | None:
-        """The stack rollouts use while started (`backends.Stack`), else None."""
+        """The stack rollouts use while started (`stack_access.Stack`), else None."""
         return self._stack
 
     @property

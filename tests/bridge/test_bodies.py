@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
-from helpers import unauthenticated_load, until
+from helpers.load import unauthenticated_load
+from helpers.processes import until
 
 from verifiers_nemogym.bridge import wire
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest

@@ -14,7 +14,7 @@ import aiohttp
 import pydantic_core
 import pytest
 from aiohttp import web
-from helpers import until
+from helpers.processes import until
 from openai.types.responses import Response
 
 from verifiers_nemogym.bridge import redact

@@ -13,7 +13,7 @@ from verifiers.v1.configs.cli.eval import EvalConfig
 
 from verifiers_nemogym.cli import _parser
 from verifiers_nemogym.cli.arguments import judge_of
-from verifiers_nemogym.cli.local_eval import LocalEvalOptions, vf_eval_command
+from verifiers_nemogym.cli.eval_local import LocalEvalOptions, vf_eval_command
 
 
 def test_eval_local_judge_local_names_the_local_server_as_judge() -> None:

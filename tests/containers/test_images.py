@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from verifiers_nemogym.containers import images
-from verifiers_nemogym.containers.tasks import swe_next, swebench_pro, terminal_bench
+from verifiers_nemogym.containers.kit import swe_next, swebench_pro, terminal_bench
 from verifiers_nemogym.errors import ConfigError, StackError
 
 SOURCES = """Types: deb

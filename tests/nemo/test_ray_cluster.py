@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import PLACEHOLDER_CONFIG, unstarted_stack
+from helpers.stacks import PLACEHOLDER_CONFIG, unstarted_stack
 from pydantic import ValidationError
 
 from verifiers_nemogym.cli import main

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import wait_gone
+from helpers.processes import wait_gone
 
 from verifiers_nemogym.nemo import supervisor
 from verifiers_nemogym.nemo.supervisor import processes_with_env, signal_with_env

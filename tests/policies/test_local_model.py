@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import script
+from helpers.evals import script
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.supervisor import processes_with_env

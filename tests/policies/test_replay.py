@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from helpers import recordings_of
+from helpers.evals import recordings_of
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import Catalog

@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from helpers import recordings_of
+from helpers.evals import recordings_of
 
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.policies.replay import Recording, load_recordings

@@ -1,8 +1,9 @@
 """The pieces of a stack used across hosts, on loopback and without NeMo Gym (the two-host
 test with a real stack is tests/stack/test_across_hosts.py): the certificate, pin and token
 files (`shared/tls.py`), the gate's refusals (`shared/gate.py`), the one-line errors of a client
-(`shared/link.py`) with a wrong pin, a wrong or missing token or a bad `--listen`, and model calls
-riding a lease back to the env process's real proxy (the model is the scripted policy)."""
+(`shared/gate_client.py`) with a wrong pin, a wrong or missing token or a bad `--listen`, and
+model calls riding a lease back to the env process's real proxy (the model is the scripted
+policy)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from helpers import until
+from helpers.processes import until
 
 from verifiers_nemogym.bridge.front import FrontForwarder
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
@@ -31,7 +32,7 @@ from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.shared import protocol, tls
 from verifiers_nemogym.shared.gate import StackGate
-from verifiers_nemogym.shared.link import GateLink, GateTarget, describe_gate
+from verifiers_nemogym.shared.gate_client import GateLink, GateTarget, describe_gate
 
 COMMAND = str(Path(sys.executable).with_name("nemo-gym-env"))
 
@@ -300,7 +301,7 @@ ended mid-run at load 15, benchmarks/link.py), well within `tls.LINK_TIMEOUT` of
 _HOLD_A_LEASE = """
 import asyncio, sys
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.shared.link import GateLink, describe_gate
+from verifiers_nemogym.shared.gate_client import GateLink, describe_gate
 
 async def main() -> None:
     target = await describe_gate(sys.argv[1], sys.argv[2], None)

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from helpers import until
+from helpers.processes import until
 
 from verifiers_nemogym.errors import ConfigError, NeMoGymError, StackError
 from verifiers_nemogym.nemo import venv as venv_module

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_command, run_tag, script
+from helpers.evals import script
+from helpers.processes import run_command, run_tag
 
 from benchmarks.common import count_stack_programs
 from benchmarks.netns import A, B, Hosts, handover

@@ -9,20 +9,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from helpers import (
-    gone,
-    model_context,
-    read_episodes,
-    run_command,
-    run_tag,
-    runtime_flags,
-    vf_eval_command,
-)
+from helpers.evals import model_context, read_episodes, vf_eval_command
+from helpers.processes import gone, run_command, run_tag
+from helpers.stacks import runtime_flags
 
-from verifiers_nemogym.backends import PrivateStack, SharedStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
+from verifiers_nemogym.stack_access import PrivateStack, SharedStack
 
 ENV = "example_single_tool_call"
 

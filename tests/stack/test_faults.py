@@ -32,26 +32,14 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import (
-    HeldStack,
-    error_text,
-    gone,
-    hold_shared_stack,
-    model_context,
-    run_command,
-    run_tag,
-    run_timed,
-    server_pid,
-    train_context,
-    until,
-    vf_eval_command,
-    write_rows,
-)
+from helpers.evals import error_text, model_context, run_timed, train_context, vf_eval_command
+from helpers.processes import gone, run_command, run_tag, server_pid, until
+from helpers.rows import write_rows
+from helpers.stacks import HeldStack, hold_shared_stack
 from verifiers.v1.types import content_text
 
 import nemo_gym_env
 from benchmarks.common import count_stack_programs
-from verifiers_nemogym.backends import PrivateStack
 from verifiers_nemogym.env import NeMoGymEnv
 from verifiers_nemogym.nemo import stack as stack_module
 from verifiers_nemogym.nemo.supervisor import (
@@ -64,6 +52,7 @@ from verifiers_nemogym.nemo.supervisor import (
 from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+from verifiers_nemogym.stack_access import PrivateStack
 
 ENV = "example_single_tool_call"
 AGENT = "example_single_tool_call_simple_agent"

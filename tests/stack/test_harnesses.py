@@ -20,20 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
-    HeldStack,
-    check_train_episodes,
-    eval_traces,
-    gone,
-    hold_shared_stack,
-    model_context,
-    run_command,
-    run_tag,
-    runtime_flags,
-    script,
-    stack_host_log,
-    vf_eval_command,
-)
+from helpers.evals import check_train_episodes, eval_traces, model_context, script, vf_eval_command
+from helpers.processes import gone, run_command, run_tag
+from helpers.stacks import HeldStack, hold_shared_stack, runtime_flags, stack_host_log
 
 import nemo_gym_env
 from verifiers_nemogym.metrics import METRICS_FILE

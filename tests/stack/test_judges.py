@@ -22,10 +22,10 @@ from typing import Any
 import aiohttp
 import pytest
 import verifiers.v1 as vf
-from helpers import error_text, gone, model_context, run_tag, train_context
+from helpers.evals import error_text, model_context, train_context
+from helpers.processes import gone, run_tag
 
 import nemo_gym_env
-from verifiers_nemogym.backends import PrivateStack, SharedStack
 from verifiers_nemogym.judge.relay import JUDGE_RETRY
 from verifiers_nemogym.nemo.release import parse_version
 from verifiers_nemogym.nemo.supervisor import (
@@ -40,6 +40,7 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
+from verifiers_nemogym.stack_access import PrivateStack, SharedStack
 
 EQUAL, NOT_EQUAL = "A [[A=B]]", "B [[A!=B]]"
 JUDGE_ENVS = ["equivalence_llm_judge", "simpleqa"]

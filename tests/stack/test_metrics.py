@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 import zstandard
-from helpers import gone, run_command, run_tag, runtime_flags, script, vf_eval_command
+from helpers.evals import script, vf_eval_command
+from helpers.processes import gone, run_command, run_tag
+from helpers.stacks import runtime_flags
 
 from benchmarks.native import collect_rollouts, native_stack
 from verifiers_nemogym.metrics import METRICS_FILE

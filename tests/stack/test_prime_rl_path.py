@@ -21,15 +21,8 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import (
-    REPO,
-    SERVE_ENV_SCRIPT,
-    SHARED_STACK_GONE_S,
-    error_text,
-    gone,
-    run_command,
-    run_tag,
-)
+from helpers.evals import SERVE_ENV_SCRIPT, error_text
+from helpers.processes import REPO, SHARED_STACK_GONE_S, gone, run_command, run_tag
 from renderers.configs import DefaultRendererConfig
 from verifiers.v1.configs.client import EvalClientConfig, TrainClientConfig
 from verifiers.v1.serve.client import EnvClient

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import gone, run_command, run_tag, vf_eval_command
+from helpers.evals import vf_eval_command
+from helpers.processes import gone, run_command, run_tag
 
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 

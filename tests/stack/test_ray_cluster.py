@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, SESSION_VAR, gone, model_context, run_command, run_tag, script, until
+from helpers.evals import model_context, script
+from helpers.processes import REPO, SESSION_VAR, gone, run_command, run_tag, until
 
 import nemo_gym_env
 from benchmarks.common import count_stack_programs
 from benchmarks.netns import A, B, Hosts
-from verifiers_nemogym.backends import SharedStack
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.head import fetch_merged_config
@@ -50,6 +50,7 @@ from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.shared import client, protocol
 from verifiers_nemogym.shared.client import check_ray
+from verifiers_nemogym.stack_access import SharedStack
 from verifiers_nemogym.util import cache_root
 
 ENV = "example_single_tool_call"

@@ -15,16 +15,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import error_text, gone, model_context
+from helpers.evals import error_text, model_context
+from helpers.processes import gone
 
 import nemo_gym_env
-from verifiers_nemogym.backends import SharedStack
 from verifiers_nemogym.nemo.release import RELEASES as TABLE
 from verifiers_nemogym.nemo.release import parse_version
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.stack_access import SharedStack
 
 RELEASES = sorted(set(TABLE) - {"0.4.0", "0.7.0"}, key=parse_version)
 """Every known release but the two every other stack test runs (0.5.0, 0.5.1, 0.6.0)."""

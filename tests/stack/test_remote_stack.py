@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from helpers import error_text, model_context
+from helpers.evals import error_text, model_context
 
 import nemo_gym_env
-from verifiers_nemogym.backends import AttachedStack
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import free_port, serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.stack_access import AttachedStack
 
 ENV = "example_single_tool_call"
 

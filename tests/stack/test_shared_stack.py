@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import SERVE_ENV_SCRIPT, gone, run_command, run_tag, script, until, vf_eval_command
+from helpers.evals import SERVE_ENV_SCRIPT, script, vf_eval_command
+from helpers.processes import gone, run_command, run_tag, until
 from verifiers.v1.configs.client import EvalClientConfig
 from verifiers.v1.serve.client import EnvClient
 from verifiers.v1.serve.pool import env_config_data

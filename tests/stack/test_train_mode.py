@@ -19,19 +19,15 @@ from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers import (
-    SHARED_STACK_GONE_S,
+from helpers.evals import (
     error_text,
-    gone,
     model_context,
     read_episodes,
-    run_command,
-    run_tag,
     script,
     train_context,
     vf_eval_command,
-    wait_gone,
 )
+from helpers.processes import SHARED_STACK_GONE_S, gone, run_command, run_tag, wait_gone
 
 import nemo_gym_env
 from verifiers_nemogym.nemo.catalog import Catalog

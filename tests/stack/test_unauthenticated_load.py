@@ -19,13 +19,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-from helpers import gone, run_tag, unauthenticated_load
+from helpers.load import unauthenticated_load
+from helpers.processes import gone, run_tag
 
 import nemo_gym_env
-from verifiers_nemogym.backends import SharedStack
 from verifiers_nemogym.bridge.wire import UNAUTHENTICATED_BUDGET, route_metadata
 from verifiers_nemogym.policies.judge import ScriptedJudge
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
+from verifiers_nemogym.stack_access import SharedStack
 
 CALLERS = 64
 """Concurrent callers per listener (192 connections: 128 to the host, 64 to the env)."""

@@ -31,18 +31,28 @@ import argparse
 import os
 import sys
 
-from verifiers_nemogym.cli import conformance, local_eval, metrics, options, serve, setup, stack
-from verifiers_nemogym.cli import list as list_command
-from verifiers_nemogym.cli import tasks as make_tasks
+from verifiers_nemogym.cli import (
+    conformance,
+    eval_local,
+    make_tasks,
+    metrics,
+    options,
+    serve,
+    setup,
+    stack,
+)
+from verifiers_nemogym.cli import list as list_command  # `list` itself would hide the builtin
 from verifiers_nemogym.cli.arguments import UsageError
 from verifiers_nemogym.cli.logs import configure_cli_logging
 from verifiers_nemogym.errors import NeMoGymError
 from verifiers_nemogym.nemo.venv import BELOW_FLOOR_ENV_VAR
 
 COMMANDS = (
-    setup, list_command, conformance, local_eval, serve, stack, metrics, make_tasks, options
+    setup, list_command, conformance, eval_local, serve, stack, metrics, make_tasks, options
 )  # fmt: skip
 """The command modules, in the order `--help` lists them."""
+
+__all__ = ["COMMANDS", "main"]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -37,7 +37,7 @@ from verifiers_nemogym.containers.sandbox import (
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.harnesses import merge_configs
+from verifiers_nemogym.nemo.catalog import merge_configs
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
     alive,

@@ -235,11 +235,11 @@ def opencode_binary(version: str = DEFAULT_OPENCODE, log: logging.Logger = logge
     `opencode-ai@<version>` installed once per version into the package cache (the same
     install the coding-agent harnesses use), its `opencode-linux-<arch>` dependency's
     `bin/opencode`. StackError if npm fails or the package holds no such executable."""
-    from verifiers_nemogym.nemo import harnesses
+    from verifiers_nemogym.nemo import agent_clis
 
-    cli = harnesses.CLIS["opencode_agent"]
-    deadline = time.monotonic() + harnesses.INSTALL_TIMEOUT
-    folder = harnesses._installed(cli, version, deadline, log)
+    cli = agent_clis.CLIS["opencode_agent"]
+    deadline = time.monotonic() + agent_clis.INSTALL_TIMEOUT
+    folder = agent_clis._installed(cli, version, deadline, log)
     arch = {"x86_64": "x64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
     modules = folder / "node_modules"
     # The plain build first; `-baseline` (no AVX2) and `-musl` builds are fallbacks.

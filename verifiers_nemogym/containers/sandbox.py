@@ -23,9 +23,10 @@ from verifiers_nemogym.nemo.catalog import (
     MODELS,
     PLACEHOLDER_IMPL,
     RESOURCES_SERVERS,
+    merge_configs,
+    rollout_correlation,
     server_blocks,
 )
-from verifiers_nemogym.nemo.harnesses import merge_configs, rollout_correlation
 
 PROVIDER_REF = "sandbox_provider"
 _RESERVED = frozenset({"default_metadata"})

@@ -4,19 +4,21 @@ The only module that knows NeMo Gym's on-disk layout (both environment layouts, 
 model-server folders, the server-config shape `<instance>: {<server type>: {<impl>: {...}}}`) and
 reads its config YAML (`load_config` with `file:line:col` errors; `parse_config` for a running
 stack's merged config). Configs that include or inherit are merged by NeMo Gym itself
-(`nemo.resolver`, cached per runtime and file content). Everything else asks a `Catalog` for an
+(`nemo.resolver`, cached per runtime and file content); `merge_configs` layers several as NeMo
+Gym layers config paths. Everything else asks a `Catalog` for an
 `EnvSpec` or `entries()`, and reads server blocks, URLs and `/run` targets through here
 (docs/runtime.md).
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import os
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +195,22 @@ def parse_config(text: str, where: str) -> dict[str, Any]:
     return data
 
 
+def merge_configs(configs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """`configs` deep-merged in order, later values winning (how NeMo Gym layers config paths)."""
+    merged: dict[str, Any] = {}
+    for config in configs:
+        _merge_into(merged, config)
+    return merged
+
+
+def _merge_into(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_into(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
 def server_blocks(
     config: dict[str, Any], server_type: str
 ) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -236,6 +254,13 @@ def server_urls(config: dict[str, Any], server_type: str) -> dict[str, str]:
     return found
 
 
+def rollout_correlation(capture_dir: Path) -> dict[str, Any]:
+    """The config entries that turn NeMo Gym's rollout correlation on: agents then give their CLI
+    (on the host or in a container) `<model server>/ng-rollout/<rollout id>/v1`. NeMo Gym
+    requires a folder for its own model servers' call captures (a judge's) once it is on."""
+    return {"observability_enabled": True, "model_call_capture_dir": str(capture_dir)}
+
+
 def run_targets(merged: dict[str, Any]) -> dict[str, str]:
     """Agent instance name -> base URL a rollout of that agent posts `/run` to, from a running
     stack's merged config (its head server's `/global_config_dict_yaml`).
@@ -268,7 +293,7 @@ def write_policy_placeholder(
     only waits to be stopped, and returns the config YAML that names it `policy_model` with that
     host/port: agents then call the model at `host:port` directly. No patch to NeMo Gym.
     `policy_keys`: the global policy keys NeMo Gym's env.yaml would define (the coding-agent
-    harness configs read them; `nemo.harnesses.policy_keys`), else placeholders that only let
+    harness configs read them; `nemo.agent_clis.policy_keys`), else placeholders that only let
     such configs merge."""
     server_dir = workdir / MODELS / PLACEHOLDER_IMPL
     server_dir.mkdir(parents=True, exist_ok=True)

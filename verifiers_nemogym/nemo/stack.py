@@ -32,6 +32,13 @@ from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.judge.relay import JudgeRelay
+from verifiers_nemogym.nemo.agent_clis import (
+    cli_env,
+    harness_agents,
+    harness_config,
+    install_clis,
+    policy_keys,
+)
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
     POLICY_INSTANCE,
@@ -42,13 +49,6 @@ from verifiers_nemogym.nemo.catalog import (
     server_blocks,
     server_urls,
     write_policy_placeholder,
-)
-from verifiers_nemogym.nemo.harnesses import (
-    cli_env,
-    harness_agents,
-    harness_config,
-    install_clis,
-    policy_keys,
 )
 from verifiers_nemogym.nemo.head import fetch_merged_config
 from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
@@ -379,7 +379,7 @@ class NeMoGymStack:
         )
 
     async def _prepare_harnesses(self, deadline: float) -> tuple[list[Path], Path | None]:
-        """Install the CLIs of coding-agent harnesses (`nemo.harnesses`; cached) and write the
+        """Install the CLIs of coding-agent harnesses (`nemo.agent_clis`; cached) and write the
         config routing their calls per rollout: the CLIs' folders and that config, or None."""
         agents = harness_agents(await asyncio.to_thread(self._merged_configs))
         if not agents:

@@ -2,9 +2,9 @@
 
 `stack up ENV --listen HOST:PORT` makes the stack host serve, on HOST:PORT only, HTTPS with a
 pinned self-signed certificate (`shared/tls.py`) and an access token checked before any body is
-read; `GateLink` (`shared/link.py`) is the client. It forwards `/run` to the agents and carries a
-remote user's lease, and that user's model calls, over one WebSocket. The wire and why it is a
-channel the env process opens: docs/shared-stacks.md, "Across hosts".
+read; `GateLink` (`shared/gate_client.py`) is the client. It forwards `/run` to the agents and
+carries a remote user's lease, and that user's model calls, over one WebSocket. The wire and why
+it is a channel the env process opens: docs/shared-stacks.md, "Across hosts".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ container of a task image built from Debian packages (no registry), OpenCode 1.1
 the door on the stack's container network -> the model proxy (routed by the rollout id in the
 path) -> verifiers' interception -> the fixer policy. Nothing is mocked but the model.
 
-Tasks are the package's hand-made ones (`containers.tasks`): swebench_pro `tinycalc` and
+Tasks are the package's hand-made ones (`containers.kit`): swebench_pro `tinycalc` and
 terminal_bench_2_1 `wordstats`. Each row is copied per case with its problem made unique (a case
 tag), so the fixer's log tells which rollout every call belongs to; the fixer makes the right fix
 (NeMo Gym's reward 1.0) or a useless edit (0.0), chosen per case.
@@ -28,24 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
-    HeldStack,
-    check_train_episodes,
-    eval_traces,
-    gone,
-    hold_shared_stack,
-    model_context,
-    run_tag,
-    runtime_flags,
-    stack_host_log,
-    until,
-    vf_eval_command,
-)
+from helpers.evals import check_train_episodes, eval_traces, model_context, vf_eval_command
+from helpers.processes import gone, run_tag, until
+from helpers.stacks import HeldStack, hold_shared_stack, runtime_flags, stack_host_log
 
 import nemo_gym_env
 from verifiers_nemogym.containers import docker
+from verifiers_nemogym.containers.kit import TaskKit, make_tasks
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
-from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.phases import PHASES

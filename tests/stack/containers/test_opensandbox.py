@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import eval_traces, gone, runtime_flags, stack_host_log, vf_eval_command
+from helpers.evals import eval_traces, vf_eval_command
+from helpers.processes import gone
+from helpers.stacks import runtime_flags, stack_host_log
 from opensandbox_server import OpenSandboxServer
 
 from verifiers_nemogym.containers import images
 from verifiers_nemogym.containers.docker import StackContainers, run_docker
+from verifiers_nemogym.containers.kit import TaskKit, make_tasks
 from verifiers_nemogym.containers.providers.opensandbox import STACK_KEY
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG
-from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR

@@ -9,7 +9,8 @@ import os
 import time
 
 import pytest
-from helpers import REPO, ListSurvey, run_command, script
+from helpers.evals import ListSurvey, script
+from helpers.processes import REPO, run_command
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import ENVIRONMENTS, RESOURCES_SERVERS, Catalog

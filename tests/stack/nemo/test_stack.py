@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from helpers import REPO, gone, server_pid
+from helpers.processes import REPO, gone, server_pid
 
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.catalog import Catalog, EnvSpec

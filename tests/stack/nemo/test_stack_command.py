@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PLACEHOLDER_CONFIG as PLACEHOLDER
-from helpers import unstarted_stack as _stack
+from helpers.stacks import PLACEHOLDER_CONFIG as PLACEHOLDER
+from helpers.stacks import unstarted_stack as _stack
 
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 

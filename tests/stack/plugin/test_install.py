@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import REPO, gone, read_episodes
+from helpers.evals import read_episodes
+from helpers.processes import REPO, gone
 
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import read_episodes, run_tag, script, wait_gone
+from helpers.evals import read_episodes, script
+from helpers.processes import run_tag, wait_gone
 
 from verifiers_nemogym.nemo.supervisor import processes_with_env
 from verifiers_nemogym.policies.local_model import (

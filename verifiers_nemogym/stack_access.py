@@ -1,7 +1,7 @@
 """The NeMo Gym stack an env process's rollouts use: one contract (`Stack`), four backends.
 
 `open_stack` picks the backend from the taskset config: `SharedStack` (default, a lease),
-`PrivateStack` (`shared_stack=False`), `AttachedStack` (`stack_url`) or `RemoteSharedStack`
+`PrivateStack` (`shared_stack=False`), `AttachedStack` (`stack_url`) or `GateStack`
 (`stack_url` with `stack_pin`, a lease over a stack host's TLS listener). Each backend:
 docs/architecture.md, "Modules"; the shared and remote ones: docs/shared-stacks.md.
 """
@@ -19,14 +19,19 @@ from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
+from verifiers_nemogym.nemo.attached import AttachedTarget, describe_attached
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
-from verifiers_nemogym.nemo.remote import RemoteStack, describe_remote
 from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack, start_stack
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import forwarding_session
 from verifiers_nemogym.shared import protocol
 from verifiers_nemogym.shared.client import Lease, attach_or_start
-from verifiers_nemogym.shared.link import CONNECT_TIMEOUT, GateLink, GateTarget, describe_gate
+from verifiers_nemogym.shared.gate_client import (
+    CONNECT_TIMEOUT,
+    GateLink,
+    GateTarget,
+    describe_gate,
+)
 from verifiers_nemogym.util import Latch, cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -149,7 +154,7 @@ class SharedStack(Stack):
 class AttachedStack(Stack):
     """A stack started elsewhere (`stack_url`); it belongs to whoever started it."""
 
-    def __init__(self, remote: RemoteStack) -> None:
+    def __init__(self, remote: AttachedTarget) -> None:
         super().__init__(remote.run_urls)
         self.remote = remote
 
@@ -175,7 +180,7 @@ class AttachedStack(Stack):
         return "attached to the NeMo Gym stack started elsewhere", self.remote.head_url
 
 
-class RemoteSharedStack(Stack):
+class GateStack(Stack):
     """A lease on a shared stack host on another host, through its TLS listener."""
 
     def __init__(self, link: GateLink) -> None:
@@ -203,7 +208,7 @@ async def open_stack(
     runtime: NeMoGymVenv,
     config_paths: list[Path],
     proxy: NeMoGymModelProxy,
-    remote: RemoteStack | GateTarget | None,
+    remote: AttachedTarget | GateTarget | None,
     shared: bool,
     idle_timeout: float,
     start_timeout: float,
@@ -220,7 +225,7 @@ async def open_stack(
     if isinstance(remote, GateTarget):
         link = GateLink(remote, proxy.url, proxy.secret)
         await link.open()
-        return RemoteSharedStack(link)
+        return GateStack(link)
     if remote is not None:
         return AttachedStack(remote)
     if shared:
@@ -249,13 +254,13 @@ async def describe_stack_url(
     *,
     pin: str | None = None,
     token_file: Path | None = None,
-) -> RemoteStack | GateTarget | None:
+) -> AttachedTarget | GateTarget | None:
     """The stack started elsewhere that `stack_url` names (None: none named), described
     before the model proxy starts: its `policy_address` is where the proxy must listen
-    (`nemo.remote.describe_remote`; with `pin`, the TLS listener of a stack host,
-    `shared.link.describe_gate`: StackError, ConfigError)."""
+    (`nemo.attached.describe_attached`; with `pin`, the TLS listener of a stack host,
+    `shared.gate_client.describe_gate`: StackError, ConfigError)."""
     if stack_url is None:
         return None
     if pin is not None:
         return await describe_gate(stack_url, pin, token_file)
-    return await describe_remote(stack_url, proxy_host, proxy_port)
+    return await describe_attached(stack_url, proxy_host, proxy_port)

@@ -1,7 +1,7 @@
 """Attach to a NeMo Gym stack started elsewhere (`--env.taskset.stack-url`) by its head server URL.
 
 (A shared stack host's TLS listener, `stack_url` with `--env.taskset.stack-pin`, is
-`shared/link.py`'s.) Nothing is started or stopped here: the stack belongs to whoever started
+`shared/gate_client.py`'s.) Nothing is started or stopped here: the stack belongs to whoever started
 it. What is checked: docs/shared-stacks.md, "A stack started elsewhere".
 """
 
@@ -26,7 +26,7 @@ _WILDCARD = ("0.0.0.0", "::")
 
 
 @dataclass(frozen=True)
-class RemoteStack:
+class AttachedTarget:
     """A running stack's head server, agents and `/run` targets."""
 
     head_url: str
@@ -64,7 +64,7 @@ def _reachable(url: str, what: str, head_host: str, head_url: str) -> str:
     return parts._replace(netloc=f"{host}:{port}").geturl()
 
 
-async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteStack:
+async def describe_attached(url: str, proxy_host: str, proxy_port: int) -> AttachedTarget:
     """The running stack's agents and `/run` targets (`run_targets` of the merged config its head
     server serves). StackError if the head server cannot be reached or serves no usable config;
     ConfigError (one line) if `url` carries credentials, a port is not in 1..65535, the stack's
@@ -122,4 +122,4 @@ async def describe_remote(url: str, proxy_host: str, proxy_port: int) -> RemoteS
             f"{proxy_host}:{proxy_port or policy_port}; set --env.taskset.proxy-host and "
             "--env.taskset.proxy-port to match"
         )
-    return RemoteStack(head_url, agents, run_urls, (policy_host, policy_port))
+    return AttachedTarget(head_url, agents, run_urls, (policy_host, policy_port))

@@ -17,7 +17,6 @@ CLI from updating itself mid-run.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -33,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from verifiers_nemogym.errors import StackError
-from verifiers_nemogym.nemo.catalog import AGENTS, MODELS, POLICY_INSTANCE, server_blocks
+from verifiers_nemogym.nemo.catalog import (
+    AGENTS,
+    MODELS,
+    POLICY_INSTANCE,
+    merge_configs,
+    rollout_correlation,
+    server_blocks,
+)
 from verifiers_nemogym.util import file_lock, private_cache, run_checked
 
 logger = logging.getLogger(__name__)
@@ -95,22 +101,6 @@ class HarnessAgent:
     """The config points the CLI at `${policy_base_url}` itself (no `model_server`)."""
 
 
-def merge_configs(configs: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """`configs` deep-merged in order, later values winning (how NeMo Gym layers config paths)."""
-    merged: dict[str, Any] = {}
-    for config in configs:
-        _merge_into(merged, config)
-    return merged
-
-
-def _merge_into(into: dict[str, Any], update: dict[str, Any]) -> None:
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge_into(into[key], value)
-        else:
-            into[key] = copy.deepcopy(value)
-
-
 def harness_agents(configs: Iterable[dict[str, Any]]) -> list[HarnessAgent]:
     """The agent instances of `configs` (merged configs, later ones overriding) that run a CLI."""
     found = []
@@ -155,13 +145,6 @@ def harness_config(agents: list[HarnessAgent], capture_dir: Path) -> dict[str, A
                 AGENTS: {agent.cli.agent_type: {"model_server": model_server}}
             }
     return config
-
-
-def rollout_correlation(capture_dir: Path) -> dict[str, Any]:
-    """The config entries that turn NeMo Gym's rollout correlation on: agents then give their CLI
-    (on the host or in a container) `<model server>/ng-rollout/<rollout id>/v1`. NeMo Gym
-    requires a folder for its own model servers' call captures (a judge's) once it is on."""
-    return {"observability_enabled": True, "model_call_capture_dir": str(capture_dir)}
 
 
 def cli_env() -> dict[str, str]:

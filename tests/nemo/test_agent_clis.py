@@ -1,4 +1,4 @@
-"""NeMo Gym 0.7's coding-agent harness configs read as `nemo.harnesses` reads them (the release's
+"""NeMo Gym 0.7's coding-agent harness configs read as `nemo.agent_clis` reads them (the release's
 own files, no runtime): which agents run a CLI, at what version, and how their calls are routed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from verifiers_nemogym.nemo import harnesses
+from verifiers_nemogym.nemo import agent_clis
 from verifiers_nemogym.nemo.catalog import load_config
 from verifiers_nemogym.nemo.release import release_files
 from verifiers_nemogym.nemo.resolver import resolver_error
@@ -28,7 +28,7 @@ def release_07() -> Path:
 @pytest.mark.parametrize("env", sorted(HARNESS_ENVS))
 def test_harness_agents_of_the_shipped_configs(release_07: Path, env: str) -> None:
     config = load_config(release_07 / "environments" / env / "config.yaml")
-    (agent,) = harnesses.harness_agents([config])
+    (agent,) = agent_clis.harness_agents([config])
     agent_type, version, direct = HARNESS_ENVS[env]
     assert (agent.instance, agent.cli.agent_type) == (f"{env}_agent", agent_type)
     assert (agent.version, agent.direct) == (version, direct)
@@ -39,7 +39,7 @@ def test_harness_agents_of_the_shipped_configs(release_07: Path, env: str) -> No
 
 
 def test_every_cli_of_the_table_is_a_shipped_agent(release_07: Path) -> None:
-    for agent_type, cli in harnesses.CLIS.items():
+    for agent_type, cli in agent_clis.CLIS.items():
         app = (release_07 / "responses_api_agents" / agent_type / "app.py").read_text()
         assert cli.version_field in app, agent_type
 
@@ -55,7 +55,7 @@ def test_a_later_config_overrides_the_cli_version_and_classic_agents_are_no_harn
         release_07 / "resources_servers" / "example_single_tool_call" / "configs"
         / "example_single_tool_call.yaml"
     )  # fmt: skip
-    (agent,) = harnesses.harness_agents([shipped, override, classic])
+    (agent,) = agent_clis.harness_agents([shipped, override, classic])
     assert agent.version == "9.9.9"
     assert shipped["codex_math_agent"]["responses_api_agents"]["codex_agent"]["codex_version"] == (
         "0.144.4"
@@ -68,8 +68,8 @@ def test_harness_config_routes_every_cli_through_policy_model_with_correlation(
     configs = [
         load_config(release_07 / "environments" / env / "config.yaml") for env in HARNESS_ENVS
     ]
-    agents = harnesses.harness_agents(configs)
-    config = harnesses.harness_config(agents, tmp_path / "captures")
+    agents = agent_clis.harness_agents(configs)
+    config = agent_clis.harness_config(agents, tmp_path / "captures")
     assert config["observability_enabled"] is True  # agents then prefix the rollout id
     assert config["model_call_capture_dir"] == str(tmp_path / "captures")
     policy = {"type": "responses_api_models", "name": "policy_model"}
@@ -81,18 +81,18 @@ def test_harness_config_routes_every_cli_through_policy_model_with_correlation(
         "model_server": policy
     }
     assert "claude_code_math_agent" not in config
-    assert harnesses.harness_config([], tmp_path) == {}
+    assert agent_clis.harness_config([], tmp_path) == {}
 
 
 def test_policy_keys_are_nemo_gyms_names_with_a_per_stack_key() -> None:
-    first, second = harnesses.policy_keys("http://127.0.0.1:1/v1"), harnesses.policy_keys("u")
+    first, second = agent_clis.policy_keys("http://127.0.0.1:1/v1"), agent_clis.policy_keys("u")
     assert set(first) == {"policy_base_url", "policy_api_key", "policy_model_name"}
     assert first["policy_base_url"] == "http://127.0.0.1:1/v1"
     assert first["policy_api_key"] != second["policy_api_key"]
 
 
 def test_cli_env_keeps_each_cli_from_updating_itself() -> None:
-    env = harnesses.cli_env()
+    env = agent_clis.cli_env()
     assert env["CLINE_NO_AUTO_UPDATE"] == "1" and env["DISABLE_AUTOUPDATER"] == "1"
 
 
@@ -103,10 +103,10 @@ def test_cli_env_keeps_each_cli_from_updating_itself() -> None:
 def test_node_requirement_of_a_cli(tmp_path: Path, engines: dict, need) -> None:
     manifest = tmp_path / "package.json"
     manifest.write_text(json.dumps({"name": "x", "engines": engines}))
-    assert harnesses._node_requirement(manifest) == need
-    assert harnesses._node_satisfies((22, 19, 1), (22, 19, 0))
-    assert not harnesses._node_satisfies((20, 20, 2), (22, 19, 0))
-    assert not harnesses._node_satisfies((), (20,))
+    assert agent_clis._node_requirement(manifest) == need
+    assert agent_clis._node_satisfies((22, 19, 1), (22, 19, 0))
+    assert not agent_clis._node_satisfies((20, 20, 2), (22, 19, 0))
+    assert not agent_clis._node_satisfies((), (20,))
 
 
 def test_resolver_error_is_nemo_gyms_reason_in_one_line() -> None:
@@ -132,8 +132,8 @@ def test_npm_error_is_the_line_that_says_what_went_wrong() -> None:
         "npm error notarget In most cases you or one of your dependencies are requesting\n"
         "npm error A complete log of this run can be found in: /x/_logs/debug-0.log\n"
     )
-    assert harnesses.npm_error(printed) == "notarget No matching version found for cline@0.0.1."
-    assert harnesses.npm_error("") == "no output"
+    assert agent_clis.npm_error(printed) == "notarget No matching version found for cline@0.0.1."
+    assert agent_clis.npm_error("") == "no output"
 
 
 def test_resolver_error_names_the_almost_server_and_why() -> None:

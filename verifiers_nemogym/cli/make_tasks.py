@@ -2,7 +2,7 @@
 
 Builds the Debian base image (debootstrap from apt's mirror, `docker import`; once per docker
 daemon) and each task's image on it (OpenCode baked in), then writes each environment's rows,
-override config and the fixer policy's table under OUT (`containers.tasks.make_tasks`), and
+override config and the fixer policy's table under OUT (`containers.kit.make_tasks`), and
 prints, per environment, the `--env.taskset.*` options that run it (docs/containers.md).
 """
 
@@ -31,7 +31,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Build and write (progress on the log), then print how to run each environment."""
-    from verifiers_nemogym.containers.tasks import make_tasks
+    from verifiers_nemogym.containers.kit import make_tasks
 
     kit = make_tasks(args.out, opencode=args.opencode)
     for task in kit.tasks:

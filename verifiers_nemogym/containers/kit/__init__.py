@@ -1,13 +1,13 @@
-"""Hand-made container tasks for NeMo Gym 0.7.0's container environments, with their images.
+"""The hand-made task kit: tasks for NeMo Gym 0.7.0's container environments, and their images.
 
 Contract: `make_tasks(out_dir, envs=None, log=...)` builds each task's image
 (`containers.images`, OpenCode baked in) and writes, under `out_dir` (for the environments
 `envs`, default all of `ENVS`):
-- `swebench_pro/rows.jsonl`: the `tinycalc` row (`tasks.swebench_pro`), image
+- `swebench_pro/rows.jsonl`: the `tinycalc` row (`kit.swebench_pro`), image
   `<SWEBENCH_PRO_REPOSITORY>:tinycalc-0001`;
 - `terminal_bench_2_1/rows.jsonl` and the task folder `terminal_bench_2_1/tasks/wordstats/`
-  (`tasks.terminal_bench`), image `TERMINAL_BENCH_IMAGE`; the row's `task_folder` is absolute;
-- `swe_next/rows.jsonl`: the `textkit` row (`tasks.swe_next`), whose `image_ref` names its own
+  (`kit.terminal_bench`), image `TERMINAL_BENCH_IMAGE`; the row's `task_folder` is absolute;
+- `swe_next/rows.jsonl`: the `textkit` row (`kit.swe_next`), whose `image_ref` names its own
   image `SWE_NEXT_IMAGE` (built with Debian's pytest: its build needs the Debian mirror);
 - for each environment `override.yaml` (the agent run: local images, resources cpu 1 / memory
   2048 MiB, `is_verifying_golden_patch: false`, OpenCode preinstalled, `opencode_version`,
@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from verifiers_nemogym.containers import images
-from verifiers_nemogym.containers.tasks import swe_next, swebench_pro, terminal_bench
+from verifiers_nemogym.containers.kit import swe_next, swebench_pro, terminal_bench
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.policies.fixer import FixTask
 

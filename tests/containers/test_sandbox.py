@@ -362,3 +362,35 @@ def test_terminal_bench_on_docker_runs_the_verify_guard_as_its_app(tmp_path: Pat
     shadow_servers(remote, installed, tmp_path / "remote", "0.7.0")
     kept = tmp_path / "remote" / "resources_servers" / "terminal_bench_2_1" / "app.py"
     assert kept.is_symlink() and kept.read_text() == "nemo gym's app"
+
+
+MOUNTINFO = """\
+27 1 0:25 / / rw,relatime - overlay overlay rw,lowerdir=/l
+40 27 7:0 / /var/lib/docker rw,relatime - xfs /dev/loop0 rw,attr2,inode64,prjquota
+41 27 7:1 / /srv rw,relatime - xfs /dev/loop1 rw,attr2,inode64,noquota
+42 41 7:2 / /srv/docker-ext rw,relatime - ext4 /dev/loop2 rw
+"""
+
+
+def test_the_disk_quota_is_read_from_the_mount_holding_dockers_data_root() -> None:
+    """overlay2 bounds a container's writable layer only on xfs with project quotas: the mount
+    whose point is the longest prefix of docker's data root decides."""
+    from verifiers_nemogym.containers.docker import disk_quota_at
+
+    assert disk_quota_at("/var/lib/docker", MOUNTINFO)
+    assert disk_quota_at("/var/lib/docker/overlay2", MOUNTINFO)
+    assert not disk_quota_at("/var/lib/dockerx", MOUNTINFO)  # on the root overlay
+    assert not disk_quota_at("/srv/docker", MOUNTINFO)  # xfs without quotas
+    assert not disk_quota_at("/srv/docker-ext/docker", MOUNTINFO)  # ext4 inside xfs
+
+
+def test_a_disk_bound_becomes_a_storage_opt_unless_the_user_set_one() -> None:
+    """Where the daemon can keep a disk bound (`Bounds.disk`, set by the stack on xfs with
+    project quotas), each container gets `--storage-opt size=`; a user's own is kept."""
+    create = sandbox.docker_create({}, ["l=1"], None, Bounds(disk="64m"))
+    args = create["extra_run_args"]
+    assert args[args.index("--storage-opt") + 1] == "size=64m" and args[-1] == "--rm", args
+    assert "--storage-opt" not in sandbox.docker_create({}, [], None, Bounds())["extra_run_args"]
+    own = {"create": {"extra_run_args": ["--storage-opt", "size=1g"]}}
+    args = sandbox.docker_create(own, [], None, Bounds(disk="64m"))["extra_run_args"]
+    assert args.count("--storage-opt") == 1 and "size=1g" in args, args

@@ -10,12 +10,13 @@ stops it (docs/containers.md).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from verifiers_nemogym.containers.names import PORT as NAMES_PORT
 from verifiers_nemogym.containers.names import RefusingNameServer
 from verifiers_nemogym.containers.providers import ACCEPT_RISK, Provider, remote_provider
 from verifiers_nemogym.containers.sandbox import (
+    DEFAULT_DISK,
     ISOLATED_PROVIDERS,
     STACK_LABEL,
     Bounds,
@@ -97,6 +99,34 @@ class DockerHost:
     backing_filesystem: str = ""
     """What overlay2 stores containers' layers on (`extfs`, `xfs`...): a container's disk can be
     bounded (`--storage-opt size=`) only on xfs mounted with pquota."""
+    disk_quota: bool = False
+    """overlay2 on xfs with project quotas (`disk_quota_at`): `--storage-opt size=` bounds a
+    container's writable layer."""
+
+
+def disk_quota_at(root: str, mountinfo: str | None = None) -> bool:
+    """Whether the folder `root` (docker's data root; this machine's) is on an xfs filesystem
+    mounted with project quotas (`pquota`, shown as `prjquota`): the mount whose point is the
+    longest prefix of `root` in `mountinfo` (default: this process's /proc/self/mountinfo)."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return False
+    best: tuple[int, bool] = (-1, False)
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = fields[4]
+        fstype, _source, options = [*line.split(" - ", 1)[1].split(), "", "", ""][:3]
+        inside = root == point or root.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best[0]:
+            quota = fstype == "xfs" and any(
+                o in ("prjquota", "pquota", "pqnoenforce") for o in options.split(",")
+            )
+            best = (len(point), quota)
+    return best[1]
 
 
 def docker_cli() -> str:
@@ -132,6 +162,8 @@ def daemon() -> DockerHost:
         memory_bytes=int(info.get("MemTotal") or 0),
         rootless=any("rootless" in str(o) for o in info.get("SecurityOptions") or []),
         backing_filesystem=str(status.get("Backing Filesystem") or ""),
+        disk_quota=status.get("Backing Filesystem") == "xfs"
+        and disk_quota_at(str(info.get("DockerRootDir") or "")),
     )
 
 
@@ -437,9 +469,12 @@ class StackContainers:
                 else "the door, and whatever the host serves on all its addresses (no firewall)"
             )
             name, door = network.name, (network.gateway, self.door.port)
+        bounds = self.bounds
+        if host is not None and host.disk_quota and bounds.disk is None:
+            bounds = replace(bounds, disk=DEFAULT_DISK)
         config = stack_config(
             plan, label=self.label, network=name, door=door, workdir=workdir,
-            labels=origin_labels(), bounds=self.bounds,
+            labels=origin_labels(), bounds=bounds,
             dns=self.names.host if self.names is not None else None,
         )  # fmt: skip
         if host is not None and name is not None:
@@ -482,8 +517,11 @@ class StackContainers:
         )  # fmt: skip
         held: dict[str, list[str]] = {}  # one line per distinct set of bounds
         for instance, create in sorted(creates.items()):
+            args = [str(a) for a in create.get("extra_run_args") or []]
+            disk = next((b for a, b in itertools.pairwise(args) if a == "--storage-opt"), None)
             bounds = (
-                f"pids limit {create.get('pids_limit') or 'none'}, dropped capabilities "
+                f"pids limit {create.get('pids_limit') or 'none'}, "
+                f"disk {disk.removeprefix('size=') if disk else 'unbounded'}, dropped capabilities "
                 f"{','.join(create.get('cap_drop') or []) or 'none'}, security options "
                 f"{','.join(create.get('security_opt') or []) or 'none'}, keepalive "
                 f"{create.get('keepalive_cmd')!r}"
@@ -492,7 +530,7 @@ class StackContainers:
             held.setdefault(bounds, []).append(instance)
         for bounds, instances in held.items():
             self.log.info("containers of %s: %s", ", ".join(instances), bounds)
-        if host.backing_filesystem != "xfs":
+        if not host.disk_quota:
             self.log.info(
                 "no disk bound on containers: docker's overlay2 stores them on %s, and a "
                 "container's disk is bounded (--storage-opt size=) only on xfs with pquota",

@@ -230,6 +230,11 @@ def row_image(row: dict[str, Any], agent: str, merged: dict[str, Any]) -> str | 
     return image(row, settings) if image is not None else None
 
 
+DEFAULT_DISK = "20g"
+"""The writable layer each container gets where the daemon can bound it (overlay2 on xfs with
+project quotas); elsewhere there is no bound (the stack's log says so)."""
+
+
 @dataclass(frozen=True)
 class Bounds:
     """What every docker container of a stack is held to, unless its provider config's `create`
@@ -247,6 +252,9 @@ class Bounds:
     `sandbox_config.ttl_s` (NeMo Gym's own lifetime, which replaces the keepalive: its shipped
     configs say 14400-18000) is capped at it, unless the provider's `create` sets its own
     `keepalive_cmd` (the user took the lifetime in hand)."""
+    disk: str | None = None
+    """A container's writable layer at most (`--storage-opt size=<disk>`, e.g. `20g`): set by
+    the stack where the daemon can bound it (`docker.DockerHost.disk_quota`); None: no bound."""
 
 
 def docker_create(
@@ -265,6 +273,8 @@ def docker_create(
     create["extra_run_args"] = [*extra, *(a for label in labels for a in ("--label", label))]
     if dns is not None:
         create["extra_run_args"] += ["--dns", dns]
+    if bounds.disk is not None and not any(a.startswith("--storage-opt") for a in extra):
+        create["extra_run_args"] += ["--storage-opt", f"size={bounds.disk}"]
     create["extra_run_args"].append("--rm")  # a container whose keepalive ends is removed
     if network is not None:
         create["network"] = network

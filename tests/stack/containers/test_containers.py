@@ -196,7 +196,7 @@ async def test_container_environments_score_and_never_cross_route(
     # The shared stack's host logs how its containers are isolated and bounded.
     host_text = stack_host_log(tmp_path / "out")
     assert "on the host they reach the door only (firewall)" in host_text
-    assert "pids limit 1024, dropped capabilities NET_RAW," in host_text
+    assert "pids limit 1024, disk unbounded, dropped capabilities NET_RAW," in host_text
     assert "no-new-privileges, keepalive 'sleep 3600' (then removed)" in host_text
     assert await gone(tag) == []
     # Every container and the network of the run's stack removed (named in its host's log).

@@ -68,6 +68,7 @@ def test_a_releases_row_says_what_its_files_have(version: str) -> None:
     # 0.4.0's collector already reads the tag; from 0.5.0 its servers give it.
     assert has.failure_class == _mentions(code, "_ng_failure_class", but="rollout_collection.py")
     assert has.mask_sample == _mentions(code, '"mask_sample"')
+    assert has.worker_healthcheck == _mentions(code, '"uvicorn_timeout_worker_healthcheck"')
     assert has.environments_layout == any((root / "environments").glob("*/config.yaml"))
     providers = root / "nemo_gym" / "sandbox" / "providers"
     found = {p.name for p in providers.glob("*") if p.is_dir() and not p.name.startswith("_")}

@@ -50,6 +50,7 @@ class Features:
     mask_sample: bool = False  # results `mask_sample: true` (`failure_kind`, `failure_reason`)
     environments_layout: bool = False  # `environments/<name>/` beside `resources_servers/`
     sandbox_providers: frozenset[str] = frozenset()  # `nemo_gym/sandbox/providers/<name>/`
+    worker_healthcheck: bool = False  # `uvicorn_timeout_worker_healthcheck` (else 30 s, fixed)
 
 
 # Each row is the one before it with what the release changed.
@@ -64,7 +65,12 @@ _0_5 = replace(
     sandbox_providers=_0_4.sandbox_providers
     | {"daytona", "docker", "ecs_fargate", "enroot", "openshell"},
 )
-_0_6 = replace(_0_5, mask_sample=True, sandbox_providers=_0_5.sandbox_providers | {"e2b"})
+_0_6 = replace(
+    _0_5,
+    mask_sample=True,
+    sandbox_providers=_0_5.sandbox_providers | {"e2b"},
+    worker_healthcheck=True,
+)
 RELEASES: dict[str, Features] = {
     "0.4.0": _0_4,
     "0.5.0": _0_5,

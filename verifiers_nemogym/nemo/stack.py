@@ -90,6 +90,10 @@ def _hydra_list(paths: list[Path]) -> str:
     return "[" + ",".join(_hydra_quote(str(p)) for p in paths) + "]"
 
 
+WORKER_HEALTHCHECK = "uvicorn_timeout_worker_healthcheck"
+"""NeMo Gym's (0.6+) seconds a multi-worker server's worker may miss uvicorn's ping before it is
+killed and replaced (its default 30); a user's config that sets it is kept."""
+WORKER_HEALTHCHECK_S = 600
 RAY_NODE_TIMEOUT = "The current node timed out during startup"
 """Ray's error when the raylet does not register with its GCS within Ray's fixed 30 s
 (`RAY_NODE_WAIT`; no setting changes it): load on the machine, not the stack's config."""
@@ -452,6 +456,14 @@ class NeMoGymStack:
             # outlive it: give it what is left of ours, so both end the start at the same time.
             left = max(1, int(deadline - time.monotonic()) + 1)
             command.append(f"+server_spinup_timeout_seconds={left}")
+        if has.worker_healthcheck and not any(
+            WORKER_HEALTHCHECK in config for config in self._merged_configs()
+        ):
+            # uvicorn kills a server's worker that answers no ping within NeMo Gym's 30 s and
+            # starts another: on a loaded machine a worker still importing (~6 CPU-s) misses it,
+            # and each restart loads the machine more (a restart storm; an in-flight /run is
+            # lost with its worker). A hung worker is the rollout deadline's to catch.
+            command.append(f"+{WORKER_HEALTHCHECK}={WORKER_HEALTHCHECK_S}")
         if has.pairing_check and (restricted := self._model_type_restrictions()):
             # Our placeholder is no model adapter NeMo Gym knows (it only points agents at the
             # proxy), so NeMo Gym would refuse to start. The proxy relays Responses calls

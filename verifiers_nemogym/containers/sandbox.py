@@ -26,8 +26,8 @@ from verifiers_nemogym.nemo.catalog import (
     server_blocks,
 )
 from verifiers_nemogym.nemo.harnesses import merge_configs, rollout_correlation
+from verifiers_nemogym.nemo.sandboxes import DEFAULT_PROVIDERS, PROVIDER_REF
 
-PROVIDER_REF = "sandbox_provider"
 _RESERVED = frozenset({"default_metadata"})
 CONTAINER_POLICY_INSTANCE = "vf_container_policy_model"
 """The model server instance the stack gives agents that call the model from a container: the
@@ -47,14 +47,6 @@ ISOLATED_PROVIDERS: set[str] = {"docker"}
 """Providers whose containers the package isolates (a module of its own per provider; docker:
 `containers/docker.py`). Any other provider's containers need the explicit opt-in
 (`containers.docker.check_isolation`)."""
-DEFAULT_PROVIDERS: dict[str, str | dict[str, Any]] = {
-    "anyterminal_agent": {"docker": {}},
-    "anyswe_agent": "sandbox",
-    "harness_exa_search": "sandbox",
-    "hermes_sandboxed_agent": "sandbox",
-}
-"""Agent type -> the `sandbox_provider` it takes when its config has none (NeMo Gym 0.7.0's
-defaults for those agents' config fields)."""
 NG_KEEPALIVE = "while :; do sleep 2147483647; done"
 """NeMo Gym 0.7.0's docker keepalive (its default and its shipped docker.yaml): no end."""
 DROPPED_CAPS = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SETPCAP", "SYS_CHROOT")

@@ -1,17 +1,21 @@
 """Sandbox providers behind one contract (docs/containers.md, "Providers").
 
-A provider module gives a `Provider`: `check` (one-line errors before any rollout), `prepare`
-(the config entries the stack adds after the user's configs, and the door's address as the
-sandboxes see it), `isolation` (one line: what it can promise), `stop` (removes what the stack
-made, through the provider's own API for a remote one) and `sweep` (what dead stacks left).
-`REMOTE` maps the NeMo Gym provider names that have such a module here; docker's code is still
-`containers.docker.StackContainers`' own (it moves behind this contract later), and a provider
-in neither runs passed through, unisolated, with a warning.
+A provider module gives a `Provider` for one stack: `check` (one-line errors before anything is
+made), `sweep` (what dead stacks left), `prepare` (config entries merged after the user's
+configs, and the door's address as its sandboxes see it), `route` (the config that routes its
+sandboxes' model calls to the door the stack started there, and labels and bounds them),
+`isolation` (one line: what it can promise, or what it cannot) and `stop` (removes what the
+stack made, through the provider's own API for a remote one). `containers.seam.StackSandboxes`
+picks a stack's provider (`seam.provider_for`) and drives it in that order. Docker
+(`providers/docker.py`) and OpenSandbox (`providers/opensandbox.py`) have modules here; every
+other NeMo Gym provider, the built-in ones and those a NeMo Gym plug-in registers through the
+`nemo_gym.sandbox_providers` entry point, runs passed through (`providers/passthrough.py`):
+refused unless the user accepts unisolated sandboxes, with one line saying what it cannot
+promise.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,37 +42,28 @@ class Prepared:
 class Provider(Protocol):
     """One sandbox provider for one stack (`marker`); see the module contract."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The NeMo Gym provider name(s) it runs, for messages."""
 
     async def check(self, plan: SandboxPlan, *, allow_unisolated: bool) -> None:
-        """A one-line ConfigError/StackError naming the provider for what is missing."""
-
-    async def prepare(self, plan: SandboxPlan, workdir: Path) -> Prepared:
-        """The stack's config entries and door address for the provider's sandboxes."""
-
-    def isolation(self) -> str:
-        """One line: how the provider's sandboxes are isolated (or that they are not)."""
+        """A one-line ConfigError/StackError naming the provider for what is missing, and for
+        sandboxes it cannot isolate unless `allow_unisolated`. Makes nothing."""
 
     async def sweep(self) -> list[str]:
         """Remove what stacks whose processes are all gone left; the markers swept."""
 
+    async def prepare(self, plan: SandboxPlan, workdir: Path) -> Prepared:
+        """The stack's config entries and door address for the provider's sandboxes."""
+
+    async def route(
+        self, plan: SandboxPlan, door: tuple[str, int] | None, workdir: Path
+    ) -> dict[str, Any]:
+        """The config that sends the sandboxes' model calls to `door` (host, port; None: no
+        door), with whatever labels and bounds the provider applies."""
+
+    def isolation(self) -> str:
+        """One line: how the provider's sandboxes are isolated (or that they are not)."""
+
     async def stop(self) -> None:
         """Remove every sandbox of this stack; idempotent."""
-
-
-def remote_provider(plan: SandboxPlan, marker: str, log: logging.Logger) -> Provider | None:
-    """The `Provider` for `plan`'s provider when it has a module here (`REMOTE`), else None.
-    ConfigError if a plan mixes such a provider with another one."""
-    from verifiers_nemogym.containers.providers.opensandbox import OpenSandbox
-    from verifiers_nemogym.errors import ConfigError
-
-    remote = {"opensandbox": OpenSandbox}
-    found = sorted(set(plan.providers) & set(remote))
-    if not found:
-        return None
-    if len(plan.providers) > 1:
-        raise ConfigError(
-            f"sandbox providers {', '.join(sorted(plan.providers))} on one stack: nemo-gym-env "
-            f"runs {found[0]!r} only alone (one provider per stack)"
-        )
-    return remote[found[0]](marker, log)

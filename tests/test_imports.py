@@ -88,7 +88,6 @@ def test_the_env_package_imports_only_public_names() -> None:
     assert private == []
 
 
-
 def _folder(module: str) -> str | None:
     """`verifiers_nemogym.<folder>` for a module of a sub-package (a folder); None for the
     package's top-level modules."""

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from verifiers_nemogym.cli.list import providers_table
+from verifiers_nemogym.containers.providers import provider_table
 from verifiers_nemogym.containers.providers.docker import Docker
 from verifiers_nemogym.containers.providers.opensandbox import OpenSandbox
 from verifiers_nemogym.containers.providers.passthrough import ENTRY_POINT_GROUP, PassThrough
@@ -102,15 +104,24 @@ async def test_a_plug_in_provider_is_refused_unless_opted_in_then_one_line_says_
     )
     assert "run UNISOLATED" in warning, warning
     assert "does not isolate, label, route, bound or sweep them" in warning, warning
-    apptainer = provider_for(
-        sandbox_plan([SERVERS, {"sandbox": {"apptainer": {}}}]) or pytest.fail(), "m", LOG,
-        builtin=BUILTIN,
-    )  # fmt: skip
-    await apptainer.check(
-        sandbox_plan([SERVERS, {"sandbox": {"apptainer": {}}}]) or pytest.fail(),
-        allow_unisolated=True,
-    )
+    own = sandbox_plan([SERVERS, {"sandbox": {"apptainer": {}}}])
+    assert own is not None
+    apptainer = provider_for(own, "m", LOG, builtin=BUILTIN)
+    with pytest.raises(ConfigError, match="'apptainer' sandbox provider's containers"):
+        await apptainer.check(own, allow_unisolated=False)
+    await apptainer.check(own, allow_unisolated=True)
     assert "'apptainer' (NeMo Gym's own)" in apptainer.isolation()
+
+
+def test_list_and_the_docs_print_the_same_provider_table(nemo_venv_07: NeMoGymVenv) -> None:
+    """`nemo-gym-env list`'s provider table is docs/containers.md's, row for row, and names
+    every provider the release ships."""
+    printed = providers_table(nemo_venv_07).splitlines()
+    docs = (Path(__file__).parents[2] / "docs" / "containers.md").read_text().splitlines()
+    assert provider_table() == printed[2:]
+    assert [line for line in provider_table() if line not in docs] == []
+    for name in BUILTIN:
+        assert f"`{name}`" in "\n".join(provider_table()), name
 
 
 async def test_a_stack_given_no_sandboxes_factory_refuses_configs_that_start_sandboxes(

@@ -67,3 +67,71 @@ class Provider(Protocol):
 
     async def stop(self) -> None:
         """Remove every sandbox of this stack; idempotent."""
+
+
+@dataclass(frozen=True)
+class ProviderFacts:
+    """What this package promises for one provider (or one kind), as `nemo-gym-env list` and
+    docs/containers.md's provider table print it."""
+
+    names: str
+    module: str
+    """The module that runs it here (`providers/<module>`)."""
+    tested: str
+    """What runs it in this package's tests."""
+    isolated: str
+    """What isolates its sandboxes, and how (or that nothing does)."""
+    cluster: str
+    """What a user on a cluster must set."""
+
+
+PROVIDER_FACTS: tuple[ProviderFacts, ...] = (
+    ProviderFacts(
+        "`docker`",
+        "`providers/docker.py`",
+        "swebench_pro, terminal_bench_2_1, swe_next end to end; Ctrl-C, SIGKILL, deadline, "
+        "sweep (`tests/stack/containers/test_containers.py`)",
+        "yes: the stack's internal network, the door (its rollouts' routes only), an iptables "
+        "firewall, labels, bounds, removal by the supervisor; refused without root, iptables or "
+        "a local rootful daemon unless opted in",
+        "a local rootful docker daemon where the env server runs, root, iptables, the images",
+    ),
+    ProviderFacts(
+        "`opensandbox`",
+        "`providers/opensandbox.py`",
+        "swebench_pro, terminal_bench_2_1 against the real `opensandbox-server` 1.1.1 (docker "
+        "runtime) and the stand-in execd (`tests/stack/containers/test_opensandbox.py`)",
+        "no (no egress policy set): refused unless opted in; the door, metadata labels, "
+        "deletion through the server's API",
+        "`OPENSANDBOX_DOMAIN`, `OPENSANDBOX_API_KEY`, `VF_NEMOGYM_DOOR_HOST` (an address the "
+        "pods reach), the opt-in",
+    ),
+    ProviderFacts(
+        "`apptainer`, `enroot`, `daytona`, `e2b`, `ecs_fargate`, `local`, `openshell`",
+        "`providers/passthrough.py`",
+        "refusal and its line only (`tests/containers/test_seam.py`); no sandbox runs",
+        "no: refused unless opted in; one warning line says nemo-gym-env does not isolate, "
+        "label, route, bound or sweep them (they go when NeMo Gym's provider removes them)",
+        "what NeMo Gym's provider config asks for (its credentials, endpoint), the opt-in",
+    ),
+    ProviderFacts(
+        "plug-ins (entry point group `nemo_gym.sandbox_providers`)",
+        "`providers/passthrough.py`",
+        "refusal and its line only (`tests/containers/test_seam.py`); no sandbox runs",
+        "no: as the line above, the warning naming the entry point group",
+        "the plug-in's package in the venvs of the servers that start sandboxes, its config "
+        "block, the opt-in",
+    ),
+)
+"""One row per provider or kind, in the order `nemo-gym-env list` prints them."""
+
+
+def provider_table() -> list[str]:
+    """`PROVIDER_FACTS` as Markdown table lines (header first)."""
+    lines = [
+        "| provider | module | tested here | isolated | on a cluster, set |",
+        "|---|---|---|---|---|",
+    ]
+    for f in PROVIDER_FACTS:
+        lines.append(f"| {f.names} | {f.module} | {f.tested} | {f.isolated} | {f.cluster} |")
+    return lines

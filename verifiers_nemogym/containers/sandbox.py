@@ -45,7 +45,7 @@ PROVIDER_COMMANDS: dict[str, str] = {
 """Provider -> the command it runs on the machine (NeMo Gym 0.7.0's providers)."""
 ISOLATED_PROVIDERS: set[str] = {"docker"}
 """Providers whose containers the package isolates (a module of its own per provider; docker:
-`containers/docker.py`). Any other provider's containers need the explicit opt-in
+`containers/providers/docker.py`). Any other provider's containers need the explicit opt-in
 (`containers.docker.check_isolation`)."""
 NG_KEEPALIVE = "while :; do sleep 2147483647; done"
 """NeMo Gym 0.7.0's docker keepalive (its default and its shipped docker.yaml): no end."""

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import ENV, ROWS, cpu_s, start_child
+from verifiers_nemogym.containers.seam import StackSandboxes
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.supervisor import argv_of, processes_with_marker
@@ -29,7 +30,12 @@ _HEAD_WAIT = re.compile(r"Waiting for head server to spin up")
 def native_stack(runtime: NeMoGymVenv, config_paths: list[Path], policy_port: int) -> NeMoGymStack:
     """A stack run the native way: `ng_run` starts Ray and polls readiness itself."""
     return NeMoGymStack(
-        runtime, config_paths, policy_host="127.0.0.1", policy_port=policy_port, fast_start=False
+        runtime,
+        config_paths,
+        policy_host="127.0.0.1",
+        policy_port=policy_port,
+        fast_start=False,
+        sandboxes=StackSandboxes,
     )
 
 

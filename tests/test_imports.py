@@ -86,3 +86,23 @@ def test_the_env_package_imports_only_public_names() -> None:
             if isinstance(node, ast.Import):
                 private += [a.name for a in node.names if a.name.startswith("verifiers_nemogym.")]
     assert private == []
+
+
+def _folder(module: str) -> str | None:
+    """`verifiers_nemogym.<folder>` for a module of a sub-package (a folder); None for the
+    package's top-level modules."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else None
+
+
+def test_no_loop_between_folders() -> None:
+    """A folder (a sub-package) is one node: `nemo/` importing `containers/`, which imports
+    `nemo/`, is a loop even when no two modules import each other (a function-level import
+    counts). The stack gets what prepares its sandboxes from above, by the contract of
+    `nemo/sandboxes.py`."""
+    folders: dict[str, set[str]] = {}
+    for module, imports in _graph().items():
+        if (node := _folder(module)) is not None:
+            found = {f for i in imports if (f := _folder(i)) is not None and f != node}
+            folders.setdefault(node, set()).update(found)
+    assert _cycle(folders) is None, " -> ".join(_cycle(folders) or [])

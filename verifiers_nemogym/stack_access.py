@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.containers.seam import StackSandboxes
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
@@ -240,7 +241,7 @@ async def open_stack(
         lambda seconds: NeMoGymStack(
             runtime, config_paths, policy_host=proxy.host, policy_port=proxy.port,
             start_timeout=seconds, judge=judge, ray=ray,
-            allow_unisolated_containers=allow_unisolated_containers,
+            allow_unisolated_containers=allow_unisolated_containers, sandboxes=StackSandboxes,
         ),
         start_timeout,
     )  # fmt: skip

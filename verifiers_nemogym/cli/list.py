@@ -1,11 +1,14 @@
 """`nemo-gym-env list [--resolve]`: the environments the runtime's release ships, in both layouts,
-with their agents, judge, and whether (and why not) they ran here."""
+with their agents, judge, and whether (and why not) they ran here; then the sandbox providers:
+per provider what runs it here, what is tested, what is isolated and how, and what a user on a
+cluster must set."""
 
 from __future__ import annotations
 
 import argparse
 
 from verifiers_nemogym.conformance.tables import runs_here
+from verifiers_nemogym.containers.providers import provider_table
 from verifiers_nemogym.nemo.catalog import (
     ENVIRONMENTS,
     RESOURCES_SERVERS,
@@ -14,6 +17,7 @@ from verifiers_nemogym.nemo.catalog import (
     load_config,
 )
 from verifiers_nemogym.nemo.judges import judge_need, judge_refs
+from verifiers_nemogym.nemo.release import features
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 
 
@@ -30,9 +34,27 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the table (`list_table`) of the runtime the global options name."""
-    print(list_table(ensure_venv(args.nemo_gym_version, args.python), args.resolve))
+    """Print the tables (`list_table`, `providers_table`) of the runtime the global options
+    name."""
+    runtime = ensure_venv(args.nemo_gym_version, args.python)
+    print(list_table(runtime, args.resolve))
+    print()
+    print(providers_table(runtime))
     return 0
+
+
+def providers_table(runtime: NeMoGymVenv) -> str:
+    """The sandbox providers (`containers.providers.PROVIDER_FACTS`), under a line naming those
+    `runtime`'s release ships."""
+    shipped = features(runtime.nemo_gym_version).sandbox_providers
+    return "\n".join(
+        [
+            f"sandbox providers NeMo Gym {runtime.nemo_gym_version} ships: "
+            f"{', '.join(sorted(shipped)) or 'none'}; any other name is a plug-in's",
+            "",
+            *provider_table(),
+        ]
+    )
 
 
 def list_table(runtime: NeMoGymVenv, resolve: bool = False) -> str:

@@ -8,7 +8,8 @@ from verifiers_nemogym.exports import exported, public
 
 _EXPORTS = {
     "sandbox": ("SandboxPlan", "sandbox_plan"),
-    "docker": ("StackContainers", "check_isolation"),
+    "docker": ("check_isolation",),
+    "seam": ("StackSandboxes",),
     "kit": ("KitTask", "TaskKit", "make_tasks"),
 }
 """Module -> the public names it defines, imported on first use (`exports`)."""

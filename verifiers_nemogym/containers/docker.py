@@ -1,45 +1,27 @@
 """The docker daemon, as NeMo Gym's `docker` sandbox provider uses it on a stack of ours.
 
-Checks before a stack starts (`daemon`, `check_requests`, `missing_images`), the stack's internal
-network and its firewall (`ContainerNetwork`), the sweep of what dead stacks left
-(`sweep_dead_stacks`, run by every stack start) and `StackContainers`, all of that for one stack.
+Checks before a stack starts (`daemon`, `check_isolation`, `check_requests`, `missing_images`),
+the stack's internal network and its firewall (`ContainerNetwork`) and the sweep of what dead
+stacks left (`sweep_dead_stacks`, run by every stack start): the parts the docker provider
+(`containers/providers/docker.py`) puts behind the provider contract.
 Removal at a stack's stop is its supervisor's (`supervisor.remove_docker_objects`), whatever
 stops it (docs/containers.md).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import logging
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from verifiers_nemogym.containers.door import ModelDoor
 from verifiers_nemogym.containers.names import PORT as NAMES_PORT
-from verifiers_nemogym.containers.names import RefusingNameServer
-from verifiers_nemogym.containers.providers import ACCEPT_RISK, Provider, remote_provider
-from verifiers_nemogym.containers.sandbox import (
-    DEFAULT_DISK,
-    ISOLATED_PROVIDERS,
-    STACK_LABEL,
-    Bounds,
-    SandboxPlan,
-    check_providers,
-    docker_creates,
-    sandbox_plan,
-    shadow_servers,
-    stack_config,
-)
+from verifiers_nemogym.containers.providers import ACCEPT_RISK
+from verifiers_nemogym.containers.sandbox import ISOLATED_PROVIDERS, STACK_LABEL, SandboxPlan
 from verifiers_nemogym.errors import ConfigError, StackError
-from verifiers_nemogym.nemo.catalog import merge_configs
 from verifiers_nemogym.nemo.supervisor import (
     MARKER_ENV_VAR,
     alive,
@@ -51,7 +33,6 @@ from verifiers_nemogym.nemo.supervisor import (
     processes_mentioning,
 )
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
-from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.net import bind_error
 from verifiers_nemogym.util import run_checked
 
@@ -400,179 +381,3 @@ def stop_rollout(token: str) -> list[str]:
     if ours:
         run_docker("rm", "-f", *ours)
     return ours
-
-
-class StackContainers:
-    """What one stack (`marker`) makes for its sandboxes, whose model calls go to `policy_url`:
-    `prepare` checks, sweeps, makes the network, starts the door and writes the config that
-    labels, isolates, bounds and routes its containers; `stop()` removes what it made.
-    `allow_unisolated`: run containers the package cannot isolate (`check_isolation`)."""
-
-    def __init__(
-        self,
-        marker: str,
-        policy_url: str,
-        log: logging.Logger = logger,
-        *,
-        allow_unisolated: bool = False,
-        bounds: Bounds | None = None,
-    ) -> None:
-        self.marker = marker
-        self.policy_url = policy_url
-        self.log = log
-        self.allow_unisolated = allow_unisolated
-        self.bounds = bounds or Bounds()
-        self.label: str | None = None  # on every container and network, once it uses docker
-        self.door: ModelDoor | None = None
-        self.names: RefusingNameServer | None = None
-        self.remote: Provider | None = None  # a provider of `containers.providers`, once used
-
-    async def prepare(
-        self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path
-    ) -> Path | None:
-        """The config for the sandboxes of `merged` (the stack's merged configs), in `workdir`;
-        ConfigError before anything is made if they cannot be isolated (`check_isolation`)."""
-        plan = sandbox_plan(merged)
-        if plan is None:
-            return None
-        check_providers(plan)
-        # A provider with a module of its own (`containers.providers`) checks its isolation
-        # itself (`Provider.check`); docker's and the passed-through ones' is `check_isolation`.
-        remote = remote_provider(plan, self.marker, self.log)
-        host = await asyncio.to_thread(daemon) if plan.docker is not None else None
-        if remote is None:
-            check_isolation(plan, host, self.allow_unisolated, self.log)
-        self.log.info("servers starting sandboxes: %s", plan.describe())
-        if shadowed := shadow_servers(plan, venv.site_packages, workdir, venv.nemo_gym_version):
-            self.log.info(
-                "%s run from the stack's folder (%s): what they write stays there, and their "
-                "venvs get the sandbox provider's client",
-                ", ".join(shadowed),
-                workdir,
-            )
-        if remote is not None:
-            return await self._prepare_remote(remote, plan, workdir)
-        name, door, reach = None, None, ""
-        if host is not None:
-            check_requests(plan, host)
-            await asyncio.to_thread(sweep_dead_stacks, self.log)
-            self.label = f"{STACK_LABEL}={self.marker}"
-            network = await asyncio.to_thread(ContainerNetwork.create, self.marker)
-            self.door = ModelDoor(network.gateway, self.policy_url)
-            await self.door.start()
-            firewalled = await asyncio.to_thread(network.firewall, self.door.port)
-            if firewalled:
-                self.names = await self._start_names(network.gateway)
-            reach = (
-                "the door only (firewall)"
-                if firewalled
-                else "the door, and whatever the host serves on all its addresses (no firewall)"
-            )
-            name, door = network.name, (network.gateway, self.door.port)
-        bounds = self.bounds
-        if host is not None and host.disk_quota and bounds.disk is None:
-            bounds = replace(bounds, disk=DEFAULT_DISK)
-        config = stack_config(
-            plan, label=self.label, network=name, door=door, workdir=workdir,
-            labels=origin_labels(), bounds=bounds,
-            dns=self.names.host if self.names is not None else None,
-        )  # fmt: skip
-        if host is not None and name is not None:
-            self._describe(plan, config, name, reach, host)
-        return _write_config(config, workdir)
-
-    async def _prepare_remote(self, remote: Provider, plan: SandboxPlan, workdir: Path) -> Path:
-        """`prepare` for a provider of `containers.providers`: its checks, its sweep of dead
-        stacks, the door where its sandboxes reach it, its config entries."""
-        await remote.check(plan, allow_unisolated=self.allow_unisolated)
-        self.remote = remote
-        await remote.sweep()
-        prepared = await remote.prepare(plan, workdir)
-        door = None
-        if prepared.door_host is not None:
-            self.door = ModelDoor(prepared.door_host, self.policy_url)
-            await self.door.start()
-            door = (prepared.door_host, self.door.port)
-        self.log.warning(
-            "%s; model calls go to the door %s, rollout routes only",
-            remote.isolation(),
-            self.door.url if self.door else "(none)",
-        )
-        config = stack_config(plan, label=None, network=None, door=door, workdir=workdir)
-        return _write_config(merge_configs([config, prepared.config]), workdir)
-
-    def _describe(
-        self, plan: SandboxPlan, config: dict[str, Any], network: str, reach: str, host: DockerHost
-    ) -> None:
-        """Log what the docker containers get, read back from `config` (never claimed)."""
-        creates = docker_creates(plan, config)
-        joined = sorted(i for i, c in creates.items() if c.get("network") == network)
-        if other := sorted(set(creates) - set(joined)):
-            self.log.warning("containers of %s do NOT join the stack's network", ", ".join(other))
-        assert self.door is not None
-        self.log.info(
-            "containers of %s join docker network %s (internal, no traffic between "
-            "containers); on the host they reach %s: %s, rollout routes only",
-            ", ".join(joined), network, reach, self.door.url,
-        )  # fmt: skip
-        held: dict[str, list[str]] = {}  # one line per distinct set of bounds
-        for instance, create in sorted(creates.items()):
-            args = [str(a) for a in create.get("extra_run_args") or []]
-            disk = next((b for a, b in itertools.pairwise(args) if a == "--storage-opt"), None)
-            bounds = (
-                f"pids limit {create.get('pids_limit') or 'none'}, "
-                f"disk {disk.removeprefix('size=') if disk else 'unbounded'}, dropped capabilities "
-                f"{','.join(create.get('cap_drop') or []) or 'none'}, security options "
-                f"{','.join(create.get('security_opt') or []) or 'none'}, keepalive "
-                f"{create.get('keepalive_cmd')!r}"
-                + (" (then removed)" if "--rm" in (create.get("extra_run_args") or []) else "")
-            )
-            held.setdefault(bounds, []).append(instance)
-        for bounds, instances in held.items():
-            self.log.info("containers of %s: %s", ", ".join(instances), bounds)
-        if not host.disk_quota:
-            self.log.info(
-                "no disk bound on containers: docker's overlay2 stores them on %s, and a "
-                "container's disk is bounded (--storage-opt size=) only on xfs with pquota",
-                host.backing_filesystem or "an unknown filesystem",
-            )
-
-    async def _start_names(self, gateway: str) -> RefusingNameServer | None:
-        """The refusing name server on `gateway` (None, with a warning, if it cannot bind)."""
-        names = RefusingNameServer(gateway)
-        try:
-            await names.start()
-        except OSError as e:
-            self.log.warning(
-                "no name server for the containers (%s): each lookup they make waits out "
-                "its timeouts (~10 s) before failing",
-                e,
-            )
-            return None
-        self.log.info("containers' name lookups: refused at once by %s:%d", gateway, names.port)
-        return names
-
-    async def stop(self) -> None:
-        """Remove what `prepare` made; idempotent."""
-        if self.remote is not None:
-            try:
-                await self.remote.stop()
-            except (ConfigError, StackError) as e:  # the rest of the teardown still runs
-                self.log.warning(
-                    "could not remove the stack's %s sandboxes (a later start does): %s",
-                    self.remote.name,
-                    e,
-                )
-        if self.label is not None:
-            # The stack's supervisor removed them; this covers a start that failed before it ran.
-            await asyncio.to_thread(remove_objects, self.label)
-        if self.door is not None:
-            await self.door.stop()
-        if self.names is not None:
-            await self.names.stop()
-
-
-def _write_config(config: dict[str, Any], workdir: Path) -> Path:
-    path = workdir / "vf_nemogym_containers.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path

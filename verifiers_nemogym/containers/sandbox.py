@@ -27,8 +27,8 @@ from verifiers_nemogym.nemo.catalog import (
     rollout_correlation,
     server_blocks,
 )
+from verifiers_nemogym.nemo.sandboxes import DEFAULT_PROVIDERS, PROVIDER_REF
 
-PROVIDER_REF = "sandbox_provider"
 _RESERVED = frozenset({"default_metadata"})
 CONTAINER_POLICY_INSTANCE = "vf_container_policy_model"
 """The model server instance the stack gives agents that call the model from a container: the
@@ -46,16 +46,8 @@ PROVIDER_COMMANDS: dict[str, str] = {
 """Provider -> the command it runs on the machine (NeMo Gym 0.7.0's providers)."""
 ISOLATED_PROVIDERS: set[str] = {"docker"}
 """Providers whose containers the package isolates (a module of its own per provider; docker:
-`containers/docker.py`). Any other provider's containers need the explicit opt-in
+`containers/providers/docker.py`). Any other provider's containers need the explicit opt-in
 (`containers.docker.check_isolation`)."""
-DEFAULT_PROVIDERS: dict[str, str | dict[str, Any]] = {
-    "anyterminal_agent": {"docker": {}},
-    "anyswe_agent": "sandbox",
-    "harness_exa_search": "sandbox",
-    "hermes_sandboxed_agent": "sandbox",
-}
-"""Agent type -> the `sandbox_provider` it takes when its config has none (NeMo Gym 0.7.0's
-defaults for those agents' config fields)."""
 NG_KEEPALIVE = "while :; do sleep 2147483647; done"
 """NeMo Gym 0.7.0's docker keepalive (its default and its shipped docker.yaml): no end."""
 DROPPED_CAPS = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SETPCAP", "SYS_CHROOT")

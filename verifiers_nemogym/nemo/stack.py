@@ -27,7 +27,6 @@ from typing import IO, Any
 import aiohttp
 import yaml
 
-from verifiers_nemogym.containers.docker import StackContainers
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.judge.endpoint import Judge
@@ -55,6 +54,7 @@ from verifiers_nemogym.nemo.judges import active, judge_refs, write_judge_config
 from verifiers_nemogym.nemo.ng_log import NgRunLog, also_down
 from verifiers_nemogym.nemo.ray_cluster import RayCluster, check_cluster, private_ray_auth
 from verifiers_nemogym.nemo.release import features
+from verifiers_nemogym.nemo.sandboxes import SandboxesFactory, StackSandboxes, Unprepared
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
 from verifiers_nemogym.nemo.venv import (
     WORKDIR_LOCK,
@@ -174,8 +174,10 @@ class NeMoGymStack:
     `judge`, every judge reference of the configs is served by that judge through a relay this
     stack runs (`judge/relay.py`, checked at start; the judge's key never reaches NeMo Gym).
     With `ray`, NeMo Gym's servers join that Ray cluster (`nemo/ray_cluster.py`, checked first,
-    before anything starts) instead of the stack's private Ray. Sandbox containers it cannot
-    isolate are refused unless `allow_unisolated_containers` (`containers/docker.py`)."""
+    before anything starts) instead of the stack's private Ray. The sandboxes its servers start
+    are prepared by what `sandboxes` makes (`nemo/sandboxes.py`; the package's is
+    `containers.seam.StackSandboxes`); without it, configs that start sandboxes are refused.
+    Sandboxes the package cannot isolate are refused unless `allow_unisolated_containers`."""
 
     def __init__(
         self,
@@ -191,6 +193,7 @@ class NeMoGymStack:
         on_judge_failure: Callable[[JudgeFailure], None] | None = None,
         ray: RayCluster | None = None,
         allow_unisolated_containers: bool = False,
+        sandboxes: SandboxesFactory | None = None,
         log: logging.Logger = logger,
     ) -> None:
         if not config_paths:
@@ -235,11 +238,15 @@ class NeMoGymStack:
         self._started = False
         self._failed = False
         self._merged: list[dict[str, Any]] | None = None
-        self.containers = StackContainers(
-            self.marker,
-            f"http://{policy_host}:{policy_port}",
-            log,
-            allow_unisolated=allow_unisolated_containers,
+        self.containers: StackSandboxes = (
+            sandboxes(
+                self.marker,
+                f"http://{policy_host}:{policy_port}",
+                log,
+                allow_unisolated=allow_unisolated_containers,
+            )
+            if sandboxes is not None
+            else Unprepared()
         )
 
     @property
@@ -363,7 +370,7 @@ class NeMoGymStack:
             [sys.executable, "-I", str(_SUPERVISOR), "--marker", self.marker,
              "--log", str(self.log_path), "--cwd", str(self.workdir),
              *(arg for folder in orphan_cleanup for arg in ("--remove-if-orphaned", folder)),
-             *(["--docker-label", self.containers.label] if self.containers.label else []),
+             *self.containers.supervisor_args(),
              "--", *command],
             cwd=self.workdir,
             env=env,
@@ -400,7 +407,7 @@ class NeMoGymStack:
         return folders, path
 
     async def _prepare_containers(self) -> Path | None:
-        """The config for servers that start sandboxes (`StackContainers`), None without."""
+        """The config for servers that start sandboxes (`StackSandboxes`), None without."""
         assert self.workdir is not None
         merged = await asyncio.to_thread(self._merged_configs)
         return await self.containers.prepare(merged, self.venv, self.workdir)

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from verifiers_nemogym.bridge import redact as redact_module
 from verifiers_nemogym.bridge.front import FrontForwarder, FrontUser, secret_digest
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
+from verifiers_nemogym.containers.seam import StackSandboxes
 from verifiers_nemogym.errors import NeMoGymError, StackError
 from verifiers_nemogym.judge.blame import JudgeFailure
 from verifiers_nemogym.nemo.stack import CHECK_ALIVE_INTERVAL, NeMoGymStack, start_stack
@@ -128,6 +129,7 @@ class StackHost:
                     on_judge_failure=self._tell_judge_failure,
                     ray=self.spec.ray_with(self.secrets),
                     allow_unisolated_containers=self.spec.allow_unisolated_containers,
+                    sandboxes=StackSandboxes,
                 ),
                 self.spec.start_timeout,
                 logger,

@@ -25,10 +25,11 @@ from helpers.stacks import runtime_flags, stack_host_log
 from opensandbox_server import OpenSandboxServer
 
 from verifiers_nemogym.containers import images
-from verifiers_nemogym.containers.docker import StackContainers, run_docker
+from verifiers_nemogym.containers.docker import run_docker
 from verifiers_nemogym.containers.kit import TaskKit, make_tasks
 from verifiers_nemogym.containers.providers.opensandbox import STACK_KEY
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG
+from verifiers_nemogym.containers.seam import StackSandboxes
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
@@ -166,9 +167,9 @@ def _merged(nemo_venv_07: NeMoGymVenv, kit: TaskKit) -> list[dict[str, Any]]:
 
 async def _prepare(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, workdir: Path, marker: str, **options: Any
-) -> StackContainers:
+) -> StackSandboxes:
     options.setdefault("allow_unisolated", True)
-    containers = StackContainers(marker, "http://127.0.0.1:9", **options)
+    containers = StackSandboxes(marker, "http://127.0.0.1:9", **options)
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         await containers.prepare(_merged(nemo_venv_07, kit), nemo_venv_07, workdir)

@@ -32,7 +32,7 @@ from urllib.parse import quote
 import aiohttp
 
 from verifiers_nemogym.containers.providers import ACCEPT_RISK, DOOR_HOST_ENV, Prepared
-from verifiers_nemogym.containers.sandbox import SandboxPlan
+from verifiers_nemogym.containers.sandbox import SandboxPlan, stack_config
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.util import run_checked
@@ -220,6 +220,11 @@ class OpenSandbox:
             )
         host = os.environ.get(DOOR_HOST_ENV) or bridge_gateway()
         return Prepared(config=config, door_host=host)
+
+    async def route(
+        self, plan: SandboxPlan, door: tuple[str, int] | None, workdir: Path
+    ) -> dict[str, Any]:
+        return stack_config(plan, label=None, network=None, door=door, workdir=workdir)
 
     def isolation(self) -> str:
         return (

@@ -395,6 +395,12 @@ class StackContainers:
         self.names: RefusingNameServer | None = None
         self.remote: Provider | None = None  # a provider of `containers.providers`, once used
 
+    @property
+    def stop_module(self) -> str | None:
+        """The module the stack's supervisor runs after its teardown to remove the stack's
+        sandboxes (`Provider.stop_module`), so they go even when this process was SIGKILLed."""
+        return self.remote.stop_module if self.remote is not None else None
+
     async def prepare(
         self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path
     ) -> Path | None:

@@ -360,6 +360,7 @@ class NeMoGymStack:
              "--log", str(self.log_path), "--cwd", str(self.workdir),
              *(arg for folder in orphan_cleanup for arg in ("--remove-if-orphaned", folder)),
              *(["--docker-label", self.containers.label] if self.containers.label else []),
+             *(["--sandbox-stop", stop] if (stop := self.containers.stop_module) else []),
              "--", *command],
             cwd=self.workdir,
             env=env,

@@ -9,8 +9,10 @@ stand-in execd (`containers.opensandbox_execd`, docs/containers.md says what it 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -19,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import eval_traces, gone, runtime_flags, stack_host_log, vf_eval_command
+from helpers import (
+    eval_traces,
+    gone,
+    run_tag,
+    runtime_flags,
+    stack_host_log,
+    until,
+    vf_eval_command,
+)
 from opensandbox_server import OpenSandboxServer
 
 from verifiers_nemogym.containers import images
@@ -29,7 +39,7 @@ from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG
 from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
 from verifiers_nemogym.errors import ConfigError, StackError
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, env_value, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
 
@@ -100,6 +110,36 @@ def config_paths(kit: TaskKit, envs: tuple[str, ...] = ENVS) -> list[str]:
     ]
 
 
+def one_worker_each(kit: TaskKit, envs: tuple[str, ...], path: Path) -> str:
+    """A config giving each agent of `envs` one uvicorn worker (NeMo Gym's pairing asks for 4):
+    uvicorn kills a worker that is not up within 5 s, and on a loaded 2-core machine importing
+    the sandbox clients (opensandbox, daytona, e2b, boto3) takes longer, so the workers were
+    restarted for ever. Its path."""
+    path.write_text(
+        "".join(
+            f"{kit.task(env).agent}:\n  responses_api_agents:\n    opencode_sandboxed_agent:\n"
+            "      num_workers: 1\n"
+            for env in envs
+        )
+    )
+    return str(path)
+
+
+def stack_sandboxes(server: OpenSandboxServer, marker: str) -> set[str]:
+    """Ids of the sandboxes the server lists for stack `marker`."""
+    return {
+        s["id"] for s in server.sandboxes() if (s.get("metadata") or {}).get(STACK_KEY) == marker
+    }
+
+
+def stack_marker(tag: str) -> str | None:
+    """The marker of the stack a process tagged `tag` (a test's `run_tag`) runs, if any yet."""
+    for pid in processes_with_env(tag):
+        if marker := env_value(pid, MARKER_ENV_VAR):
+            return marker
+    return None
+
+
 @pytest.mark.timeout(1800)  # a stack start, then OpenCode and the grading in sandboxes
 async def test_container_environments_through_opensandbox_score_right_fix_and_useless_edit(
     nemo_venv_07: NeMoGymVenv,
@@ -115,24 +155,14 @@ async def test_container_environments_through_opensandbox_score_right_fix_and_us
     sandbox and docker has no container of one."""
     chosen = [(env, right) for right in (True, False) for env in ENVS]
     table = cases(kit, chosen, tmp_path / "rows.jsonl")
-    # One uvicorn worker per agent (NeMo Gym's pairing asks for 4): uvicorn kills a worker that
-    # is not up within 5 s, and on a loaded 2-core machine importing the sandbox clients
-    # (opensandbox, daytona, e2b, boto3) takes longer, so the workers were restarted for ever.
-    workers = tmp_path / "workers.yaml"
-    workers.write_text(
-        "".join(
-            f"{kit.task(env).agent}:\n  responses_api_agents:\n    opencode_sandboxed_agent:\n"
-            "      num_workers: 1\n"
-            for env in ENVS
-        )
-    )
+    workers = one_worker_each(kit, ENVS, tmp_path / "workers.yaml")
     for name, value in provider_env(server).items():
         monkeypatch.setenv(name, value)
     wrong = frozenset(i for i, (_, right) in enumerate(chosen) if not right)
     async with FixerPolicy(tasks=table, wrong=wrong) as policy:
         cmd = vf_eval_command(
             "policy", policy.base_url, "FIXER_KEY", len(chosen), 1, len(chosen), tmp_path / "out",
-            "--env.taskset.config-paths", json.dumps([*config_paths(kit), str(workers)]),
+            "--env.taskset.config-paths", json.dumps([*config_paths(kit), workers]),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
             "--env.taskset.allow-unisolated-containers", "true",  # no egress image here
@@ -154,6 +184,84 @@ async def test_container_environments_through_opensandbox_score_right_fix_and_us
     assert "OpenSandbox sandboxes run UNISOLATED (allow_unisolated_containers)" in host
     assert await gone(tag) == []
     assert server.sandboxes() == [] and sandbox_containers() == []
+
+
+DEADLINE = 150.0
+"""The interrupted vf-eval's `run_timeout`: its first rollout (sandbox, OpenCode, `sleep 600`)
+passes it."""
+
+
+@pytest.mark.timeout(2400)  # two stack starts, a rollout deadline
+async def test_ctrl_c_sigkill_or_a_deadline_leave_no_sandbox(
+    nemo_venv_07: NeMoGymVenv,
+    kit: TaskKit,
+    server: OpenSandboxServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two vf-evals, each on a private stack, their rollouts' sandboxes running the model's
+    `sleep 600`. The first (one rollout at a time) has its first rollout pass the deadline:
+    that sandbox is gone within 20 s of the second rollout's start, the stack still up; then it
+    is SIGKILLed during the second, and its stack's supervisor deletes that sandbox through
+    the server's API. The other is interrupted (Ctrl-C) during its rollout. Afterwards no
+    process of either is left, the server lists no sandbox of either and docker has no
+    container of one."""
+    for name, value in provider_env(server).items():
+        monkeypatch.setenv(name, value)
+    workers = one_worker_each(kit, ("swebench_pro",), tmp_path / "workers.yaml")
+
+    async def interrupted(how: signal.Signals, rollouts: int) -> tuple[str, str]:
+        rows = tmp_path / f"{how.name}.jsonl"
+        table = cases(kit, [("swebench_pro", True)] * rollouts, rows)
+        sleeping = [replace(t, fix="sleep 600") for t in table]
+        async with FixerPolicy(tasks=sleeping) as policy:
+            cmd = vf_eval_command(
+                "policy", policy.base_url, "FIXER_KEY", rollouts, 1, 1, tmp_path / how.name,
+                "--env.taskset.config-paths",
+                json.dumps([*config_paths(kit, ("swebench_pro",)), workers]),
+                "--env.taskset.jsonl-path", str(rows),
+                "--env.taskset.shared-stack", "false",
+                "--env.taskset.allow-unisolated-containers", "true",
+                "--env.taskset.task.run-timeout", str(DEADLINE),
+                *runtime_flags(nemo_venv_07),
+            )  # fmt: skip
+            tag, environ = run_tag(FIXER_KEY="unused")
+            with (tmp_path / f"{how.name}.log").open("wb") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd, env=environ, stdout=log, stderr=subprocess.STDOUT
+                )
+            try:
+
+                def fixing(count: int) -> bool:
+                    return sum(c.step == "fix" for c in policy.log) >= count
+
+                await until(lambda: fixing(1), 900, f"{how.name}: the first rollout's command")
+                marker = await until(lambda: stack_marker(tag), 30, "the stack's marker")
+                (first,) = await until(lambda: stack_sandboxes(server, marker), 30, "a sandbox")
+                if rollouts > 1:
+                    await until(lambda: fixing(2), DEADLINE + 600, "the second rollout")
+                    await until(
+                        lambda: first not in stack_sandboxes(server, marker), 20,
+                        "the sandbox of the rollout past its deadline to go",
+                    )  # fmt: skip
+                    assert len(stack_sandboxes(server, marker)) == 1
+                os.kill(proc.pid, how)
+                await asyncio.wait_for(proc.wait(), 120)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        return tag, marker
+
+    # One after the other: two stack starts at once on a loaded 2-core machine lost Ray's node.
+    runs = [await interrupted(signal.SIGKILL, 2), await interrupted(signal.SIGINT, 1)]
+    for tag, _ in runs:
+        assert await gone(tag) == []
+    markers = [marker for _, marker in runs]
+    await until(
+        lambda: not any(stack_sandboxes(server, m) or sandbox_containers(m) for m in markers), 60,
+        "the sandboxes of both stacks to go",
+    )  # fmt: skip
 
 
 def _merged(nemo_venv_07: NeMoGymVenv, kit: TaskKit) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 A provider module gives a `Provider`: `check` (one-line errors before any rollout), `prepare`
 (the config entries the stack adds after the user's configs, and the door's address as the
 sandboxes see it), `isolation` (one line: what it can promise), `stop` (removes what the stack
-made, through the provider's own API for a remote one) and `sweep` (what dead stacks left).
+made, through the provider's own API for a remote one; `stop_module` does it again from the
+stack's supervisor, whoever ended the stack) and `sweep` (what dead stacks left).
 `REMOTE` maps the NeMo Gym provider names that have such a module here; docker's code is still
 `containers.docker.StackContainers`' own (it moves behind this contract later), and a provider
 in neither runs passed through, unisolated, with a warning.
@@ -39,6 +40,10 @@ class Provider(Protocol):
     """One sandbox provider for one stack (`marker`); see the module contract."""
 
     name: str
+    stop_module: str | None
+    """A module the stack's supervisor runs (`python -I -m <module> --stop <marker>`, in the
+    stack's folder) once the stack's servers are gone, also after its owner was SIGKILLed: it
+    removes the stack's sandboxes as `stop` does. None: `stop` alone."""
 
     async def check(self, plan: SandboxPlan, *, allow_unisolated: bool) -> None:
         """A one-line ConfigError/StackError naming the provider for what is missing."""

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -34,10 +35,16 @@ from opensandbox_server import OpenSandboxServer
 
 from verifiers_nemogym.containers import images
 from verifiers_nemogym.containers.docker import StackContainers, run_docker
-from verifiers_nemogym.containers.providers.opensandbox import STACK_KEY
+from verifiers_nemogym.containers.providers.opensandbox import (
+    STACK_KEY,
+    STOP_FILE,
+    OpenSandbox,
+    stop_record,
+)
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG
 from verifiers_nemogym.containers.tasks import TaskKit, make_tasks
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo import supervisor
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, env_value, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -233,6 +240,7 @@ async def test_ctrl_c_sigkill_or_a_deadline_leave_no_sandbox(
             try:
 
                 def fixing(count: int) -> bool:
+                    assert proc.returncode is None, (tmp_path / how.name).with_suffix(".log")
                     return sum(c.step == "fix" for c in policy.log) >= count
 
                 await until(lambda: fixing(1), 900, f"{how.name}: the first rollout's command")
@@ -342,3 +350,54 @@ async def test_a_start_deletes_the_sandboxes_a_dead_stack_left(
         keeper.wait()
         for sandbox in (made[live], other):
             server.call("DELETE", f"/v1/sandboxes/{sandbox}")
+
+
+OWNER = """
+import subprocess, sys, time
+subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE)
+time.sleep(600)
+"""
+"""A stack's owner: starts the supervisor (argv) with its stdin a pipe, then waits."""
+
+
+async def test_the_supervisor_of_a_sigkilled_owner_deletes_its_stacks_sandboxes(
+    kit: TaskKit, server: OpenSandboxServer, tmp_path: Path
+) -> None:
+    """A stack's supervisor (`--sandbox-stop`, what the stack passes for OpenSandbox) whose
+    owner is SIGKILLed tears the stack down and then deletes the stack's sandbox through the
+    server's API, reading the server from the stack folder's file (the key as an environment
+    reference: the key itself is in neither that file nor the stack's log); another stack's
+    sandbox stays."""
+    marker, neighbour = uuid.uuid4().hex, uuid.uuid4().hex
+    image = kit.task("swebench_pro").image
+    ours, theirs = (server.create(image, {STACK_KEY: m}) for m in (marker, neighbour))
+    connection = {
+        "domain": "${oc.env:OPENSANDBOX_DOMAIN}",
+        "api_key": "${oc.env:OPENSANDBOX_API_KEY}",
+    }
+    (tmp_path / STOP_FILE).write_text(json.dumps(stop_record({"connection": connection})))
+    log = tmp_path / "ng_run.log"
+    argv = [
+        sys.executable, "-I", supervisor.__file__, "--marker", marker, "--log", str(log),
+        "--cwd", str(tmp_path), "--sandbox-stop", str(OpenSandbox.stop_module),
+        "--", "sleep", "600",
+    ]  # fmt: skip
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, *argv], env={**os.environ, **provider_env(server)}
+    )
+    try:
+        await until(lambda: processes_with_env(f"{MARKER_ENV_VAR}={marker}"), 60, "the stack")
+        owner.kill()
+        owner.wait()
+        await until(lambda: ours not in {s["id"] for s in server.sandboxes()}, 90, "the delete")
+        assert theirs in {s["id"] for s in server.sandboxes()}
+        assert sandbox_containers(marker) == []
+        await until(lambda: "teardown complete" in log.read_text(), 30, "the teardown")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        server.call("DELETE", f"/v1/sandboxes/{theirs}")
+    assert "removed the stack's sandboxes" in log.read_text()
+    for written in (log, tmp_path / STOP_FILE):
+        assert server.key not in written.read_text()

@@ -193,9 +193,9 @@ async def test_container_environments_through_opensandbox_score_right_fix_and_us
     assert server.sandboxes() == [] and sandbox_containers() == []
 
 
-DEADLINE = 150.0
-"""The interrupted vf-eval's `run_timeout`: its first rollout (sandbox, OpenCode, `sleep 600`)
-passes it."""
+DEADLINE = 240.0
+"""The SIGKILLed vf-eval's `run_timeout`: its first rollout (sandbox, OpenCode, `sleep 600`)
+passes it (at a load of 30, one rollout waited over 150 s for OpenCode's first call)."""
 
 
 @pytest.mark.timeout(2400)  # two stack starts, a rollout deadline
@@ -229,7 +229,7 @@ async def test_ctrl_c_sigkill_or_a_deadline_leave_no_sandbox(
                 "--env.taskset.jsonl-path", str(rows),
                 "--env.taskset.shared-stack", "false",
                 "--env.taskset.allow-unisolated-containers", "true",
-                "--env.taskset.task.run-timeout", str(DEADLINE),
+                "--env.taskset.task.run-timeout", str(DEADLINE if rollouts > 1 else 1800),
                 *runtime_flags(nemo_venv_07),
             )  # fmt: skip
             tag, environ = run_tag(FIXER_KEY="unused")
@@ -240,7 +240,7 @@ async def test_ctrl_c_sigkill_or_a_deadline_leave_no_sandbox(
             try:
 
                 def fixing(count: int) -> bool:
-                    assert proc.returncode is None, (tmp_path / how.name).with_suffix(".log")
+                    assert proc.returncode is None, f"vf-eval exited: {tmp_path / how.name}"
                     return sum(c.step == "fix" for c in policy.log) >= count
 
                 await until(lambda: fixing(1), 900, f"{how.name}: the first rollout's command")

@@ -92,7 +92,11 @@ class StackSandboxes:
         return self.provider.label if isinstance(self.provider, Docker) else None
 
     def supervisor_args(self) -> list[str]:
-        return ["--docker-label", self.label] if self.label else []
+        stop = self.provider.stop_module if self.provider is not None else None
+        return [
+            *(["--docker-label", self.label] if self.label else []),
+            *(["--sandbox-stop", stop] if stop else []),
+        ]
 
     async def prepare(
         self, merged: list[dict[str, Any]], venv: NeMoGymVenv, workdir: Path

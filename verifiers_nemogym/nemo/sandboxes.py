@@ -62,7 +62,8 @@ class StackSandboxes(Protocol):
 
     def supervisor_args(self) -> list[str]:
         """Arguments for the stack's supervisor (`nemo/supervisor.py`): what it removes
-        whatever stops the stack (docker: `--docker-label <label>`). Read after `prepare`."""
+        whatever stops the stack (docker: `--docker-label <label>`; OpenSandbox: `--sandbox-stop
+        <module>`, which deletes its sandboxes through the server). Read after `prepare`."""
 
     async def stop(self) -> None:
         """Remove every sandbox and object `prepare` made; idempotent."""

@@ -3,7 +3,7 @@
 A program of its own, stdlib only (run by file path with `python -I`, never importing the package):
 
     python supervisor.py --marker ID --log FILE --cwd DIR [--remove-if-orphaned DIR]
-        [--docker-label KEY=VALUE] -- ng_run ...
+        [--docker-label KEY=VALUE] [--sandbox-stop MODULE] -- ng_run ...
 
 It runs the command in its own session with `VF_NEMOGYM_STACK=ID`, appends its output to FILE,
 and tears the tree down when its stdin closes, on SIGTERM/SIGINT, when re-parented or when the
@@ -370,6 +370,26 @@ def _become_subreaper() -> None:
 
 DOCKER_SECONDS = 60.0
 """Seconds one docker or iptables command of `remove_docker_objects` may take."""
+SANDBOX_STOP_SECONDS = 120.0
+"""Seconds `stop_sandboxes` may take (a remote provider's list and deletes)."""
+
+
+def stop_sandboxes(module: str, marker: str, cwd: Path) -> str | None:
+    """Run `python -I -m module --stop marker` in `cwd`: a sandbox provider's removal of the
+    stack's sandboxes through its own API (the stack's servers are gone by then, so none is made
+    after it). None if it succeeded, else one line saying why not."""
+    argv = [sys.executable, "-I", "-m", module, "--stop", marker]
+    try:
+        out = subprocess.run(
+            argv, cwd=cwd, capture_output=True, text=True, timeout=SANDBOX_STOP_SECONDS,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{module}: {exc}"
+    if out.returncode != 0:
+        lines = (out.stderr or out.stdout).strip().splitlines() or [f"exit {out.returncode}"]
+        return f"{module}: {lines[-1][:300]}"
+    return None
 
 
 def remove_docker_objects(label: str) -> list[str]:
@@ -430,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="after teardown, remove docker containers/networks and iptables rules with it",
     )
+    parser.add_argument(
+        "--sandbox-stop",
+        default=None,
+        help="after teardown, `python -I -m` this module with `--stop MARKER` (in --cwd)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -456,6 +481,10 @@ def main(argv: list[str] | None = None) -> int:
     supervisor.note(f"tearing down: {reason}")
     stopped_by_us = supervisor.child_status is None
     supervisor.teardown()
+    if args.sandbox_stop is not None:
+        failed = stop_sandboxes(args.sandbox_stop, args.marker, args.cwd)
+        supervisor.note(f"could not remove the stack's sandboxes: {failed}" if failed else
+                        "removed the stack's sandboxes")  # fmt: skip
     if args.docker_label is not None:
         for line in remove_docker_objects(args.docker_label):
             supervisor.note(f"could not remove a container object: {line}")

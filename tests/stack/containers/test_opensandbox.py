@@ -9,9 +9,12 @@ stand-in execd (`containers.opensandbox_execd`, docs/containers.md says what it 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,19 +23,25 @@ from typing import Any
 
 import pytest
 from helpers.evals import eval_traces, vf_eval_command
-from helpers.processes import gone
+from helpers.processes import gone, run_tag, until
 from helpers.stacks import runtime_flags, stack_host_log
 from opensandbox_server import OpenSandboxServer
 
 from verifiers_nemogym.containers import images
 from verifiers_nemogym.containers.docker import run_docker
 from verifiers_nemogym.containers.kit import TaskKit, make_tasks
-from verifiers_nemogym.containers.providers.opensandbox import STACK_KEY
+from verifiers_nemogym.containers.providers.opensandbox import (
+    STACK_KEY,
+    STOP_FILE,
+    OpenSandbox,
+    stop_record,
+)
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG
 from verifiers_nemogym.containers.seam import StackSandboxes
 from verifiers_nemogym.errors import ConfigError, StackError
+from verifiers_nemogym.nemo import supervisor
 from verifiers_nemogym.nemo.catalog import Catalog
-from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR
+from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, env_value, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
 
@@ -103,6 +112,36 @@ def config_paths(kit: TaskKit, envs: tuple[str, ...] = ENVS) -> list[str]:
     ]
 
 
+def one_worker_each(kit: TaskKit, envs: tuple[str, ...], path: Path) -> str:
+    """A config giving each agent of `envs` one uvicorn worker (NeMo Gym's pairing asks for 4):
+    uvicorn kills a worker that is not up within 5 s, and on a loaded 2-core machine importing
+    the sandbox clients (opensandbox, daytona, e2b, boto3) takes longer, so the workers were
+    restarted for ever. Its path."""
+    path.write_text(
+        "".join(
+            f"{kit.task(env).agent}:\n  responses_api_agents:\n    opencode_sandboxed_agent:\n"
+            "      num_workers: 1\n"
+            for env in envs
+        )
+    )
+    return str(path)
+
+
+def stack_sandboxes(server: OpenSandboxServer, marker: str) -> set[str]:
+    """Ids of the sandboxes the server lists for stack `marker`."""
+    return {
+        s["id"] for s in server.sandboxes() if (s.get("metadata") or {}).get(STACK_KEY) == marker
+    }
+
+
+def stack_marker(tag: str) -> str | None:
+    """The marker of the stack a process tagged `tag` (a test's `run_tag`) runs, if any yet."""
+    for pid in processes_with_env(tag):
+        if marker := env_value(pid, MARKER_ENV_VAR):
+            return marker
+    return None
+
+
 @pytest.mark.timeout(1800)  # a stack start, then OpenCode and the grading in sandboxes
 async def test_container_environments_through_opensandbox_score_right_fix_and_useless_edit(
     nemo_venv_07: NeMoGymVenv,
@@ -118,24 +157,14 @@ async def test_container_environments_through_opensandbox_score_right_fix_and_us
     sandbox and docker has no container of one."""
     chosen = [(env, right) for right in (True, False) for env in ENVS]
     table = cases(kit, chosen, tmp_path / "rows.jsonl")
-    # One uvicorn worker per agent (NeMo Gym's pairing asks for 4): uvicorn kills a worker that
-    # is not up within 5 s, and on a loaded 2-core machine importing the sandbox clients
-    # (opensandbox, daytona, e2b, boto3) takes longer, so the workers were restarted for ever.
-    workers = tmp_path / "workers.yaml"
-    workers.write_text(
-        "".join(
-            f"{kit.task(env).agent}:\n  responses_api_agents:\n    opencode_sandboxed_agent:\n"
-            "      num_workers: 1\n"
-            for env in ENVS
-        )
-    )
+    workers = one_worker_each(kit, ENVS, tmp_path / "workers.yaml")
     for name, value in provider_env(server).items():
         monkeypatch.setenv(name, value)
     wrong = frozenset(i for i, (_, right) in enumerate(chosen) if not right)
     async with FixerPolicy(tasks=table, wrong=wrong) as policy:
         cmd = vf_eval_command(
             "policy", policy.base_url, "FIXER_KEY", len(chosen), 1, len(chosen), tmp_path / "out",
-            "--env.taskset.config-paths", json.dumps([*config_paths(kit), str(workers)]),
+            "--env.taskset.config-paths", json.dumps([*config_paths(kit), workers]),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",
             "--env.taskset.allow-unisolated-containers", "true",  # no egress image here
@@ -157,6 +186,85 @@ async def test_container_environments_through_opensandbox_score_right_fix_and_us
     assert "OpenSandbox sandboxes run UNISOLATED (allow_unisolated_containers)" in host
     assert await gone(tag) == []
     assert server.sandboxes() == [] and sandbox_containers() == []
+
+
+DEADLINE = 240.0
+"""The SIGKILLed vf-eval's `run_timeout`: its first rollout (sandbox, OpenCode, `sleep 600`)
+passes it (at a load of 30, one rollout waited over 150 s for OpenCode's first call)."""
+
+
+@pytest.mark.timeout(2400)  # two stack starts, a rollout deadline
+async def test_ctrl_c_sigkill_or_a_deadline_leave_no_sandbox(
+    nemo_venv_07: NeMoGymVenv,
+    kit: TaskKit,
+    server: OpenSandboxServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two vf-evals, each on a private stack, their rollouts' sandboxes running the model's
+    `sleep 600`. The first (one rollout at a time) has its first rollout pass the deadline:
+    that sandbox is gone within 20 s of the second rollout's start, the stack still up; then it
+    is SIGKILLed during the second, and its stack's supervisor deletes that sandbox through
+    the server's API. The other is interrupted (Ctrl-C) during its rollout. Afterwards no
+    process of either is left, the server lists no sandbox of either and docker has no
+    container of one."""
+    for name, value in provider_env(server).items():
+        monkeypatch.setenv(name, value)
+    workers = one_worker_each(kit, ("swebench_pro",), tmp_path / "workers.yaml")
+
+    async def interrupted(how: signal.Signals, rollouts: int) -> tuple[str, str]:
+        rows = tmp_path / f"{how.name}.jsonl"
+        table = cases(kit, [("swebench_pro", True)] * rollouts, rows)
+        sleeping = [replace(t, fix="sleep 600") for t in table]
+        async with FixerPolicy(tasks=sleeping) as policy:
+            cmd = vf_eval_command(
+                "policy", policy.base_url, "FIXER_KEY", rollouts, 1, 1, tmp_path / how.name,
+                "--env.taskset.config-paths",
+                json.dumps([*config_paths(kit, ("swebench_pro",)), workers]),
+                "--env.taskset.jsonl-path", str(rows),
+                "--env.taskset.shared-stack", "false",
+                "--env.taskset.allow-unisolated-containers", "true",
+                "--env.taskset.task.run-timeout", str(DEADLINE if rollouts > 1 else 1800),
+                *runtime_flags(nemo_venv_07),
+            )  # fmt: skip
+            tag, environ = run_tag(FIXER_KEY="unused")
+            with (tmp_path / f"{how.name}.log").open("wb") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd, env=environ, stdout=log, stderr=subprocess.STDOUT
+                )
+            try:
+
+                def fixing(count: int) -> bool:
+                    assert proc.returncode is None, f"vf-eval exited: {tmp_path / how.name}"
+                    return sum(c.step == "fix" for c in policy.log) >= count
+
+                await until(lambda: fixing(1), 900, f"{how.name}: the first rollout's command")
+                marker = await until(lambda: stack_marker(tag), 30, "the stack's marker")
+                (first,) = await until(lambda: stack_sandboxes(server, marker), 30, "a sandbox")
+                if rollouts > 1:
+                    await until(lambda: fixing(2), DEADLINE + 600, "the second rollout")
+                    await until(
+                        lambda: first not in stack_sandboxes(server, marker), 20,
+                        "the sandbox of the rollout past its deadline to go",
+                    )  # fmt: skip
+                    assert len(stack_sandboxes(server, marker)) == 1
+                os.kill(proc.pid, how)
+                await asyncio.wait_for(proc.wait(), 120)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        return tag, marker
+
+    # One after the other: two stack starts at once on a loaded 2-core machine lost Ray's node.
+    runs = [await interrupted(signal.SIGKILL, 2), await interrupted(signal.SIGINT, 1)]
+    for tag, _ in runs:
+        assert await gone(tag) == []
+    markers = [marker for _, marker in runs]
+    await until(
+        lambda: not any(stack_sandboxes(server, m) or sandbox_containers(m) for m in markers), 60,
+        "the sandboxes of both stacks to go",
+    )  # fmt: skip
 
 
 def _merged(nemo_venv_07: NeMoGymVenv, kit: TaskKit) -> list[dict[str, Any]]:
@@ -237,3 +345,54 @@ async def test_a_start_deletes_the_sandboxes_a_dead_stack_left(
         keeper.wait()
         for sandbox in (made[live], other):
             server.call("DELETE", f"/v1/sandboxes/{sandbox}")
+
+
+OWNER = """
+import subprocess, sys, time
+subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE)
+time.sleep(600)
+"""
+"""A stack's owner: starts the supervisor (argv) with its stdin a pipe, then waits."""
+
+
+async def test_the_supervisor_of_a_sigkilled_owner_deletes_its_stacks_sandboxes(
+    kit: TaskKit, server: OpenSandboxServer, tmp_path: Path
+) -> None:
+    """A stack's supervisor (`--sandbox-stop`, what the stack passes for OpenSandbox) whose
+    owner is SIGKILLed tears the stack down and then deletes the stack's sandbox through the
+    server's API, reading the server from the stack folder's file (the key as an environment
+    reference: the key itself is in neither that file nor the stack's log); another stack's
+    sandbox stays."""
+    marker, neighbour = uuid.uuid4().hex, uuid.uuid4().hex
+    image = kit.task("swebench_pro").image
+    ours, theirs = (server.create(image, {STACK_KEY: m}) for m in (marker, neighbour))
+    connection = {
+        "domain": "${oc.env:OPENSANDBOX_DOMAIN}",
+        "api_key": "${oc.env:OPENSANDBOX_API_KEY}",
+    }
+    (tmp_path / STOP_FILE).write_text(json.dumps(stop_record({"connection": connection})))
+    log = tmp_path / "ng_run.log"
+    argv = [
+        sys.executable, "-I", supervisor.__file__, "--marker", marker, "--log", str(log),
+        "--cwd", str(tmp_path), "--sandbox-stop", str(OpenSandbox.stop_module),
+        "--", "sleep", "600",
+    ]  # fmt: skip
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, *argv], env={**os.environ, **provider_env(server)}
+    )
+    try:
+        await until(lambda: processes_with_env(f"{MARKER_ENV_VAR}={marker}"), 60, "the stack")
+        owner.kill()
+        owner.wait()
+        await until(lambda: ours not in {s["id"] for s in server.sandboxes()}, 90, "the delete")
+        assert theirs in {s["id"] for s in server.sandboxes()}
+        assert sandbox_containers(marker) == []
+        await until(lambda: "teardown complete" in log.read_text(), 30, "the teardown")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        server.call("DELETE", f"/v1/sandboxes/{theirs}")
+    assert "removed the stack's sandboxes" in log.read_text()
+    for written in (log, tmp_path / STOP_FILE):
+        assert server.key not in written.read_text()

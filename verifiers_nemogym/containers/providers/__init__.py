@@ -5,7 +5,9 @@ made), `sweep` (what dead stacks left), `prepare` (config entries merged after t
 configs, and the door's address as its sandboxes see it), `route` (the config that routes its
 sandboxes' model calls to the door the stack started there, and labels and bounds them),
 `isolation` (one line: what it can promise, or what it cannot) and `stop` (removes what the
-stack made, through the provider's own API for a remote one). `containers.seam.StackSandboxes`
+stack made, through the provider's own API for a remote one; `stop_module`, when it has one,
+does it again from the stack's supervisor, whoever ended the stack).
+`containers.seam.StackSandboxes`
 picks a stack's provider (`seam.provider_for`) and drives it in that order. Docker
 (`providers/docker.py`) and OpenSandbox (`providers/opensandbox.py`) have modules here; every
 other NeMo Gym provider, the built-in ones and those a NeMo Gym plug-in registers through the
@@ -45,6 +47,12 @@ class Provider(Protocol):
     @property
     def name(self) -> str:
         """The NeMo Gym provider name(s) it runs, for messages."""
+
+    @property
+    def stop_module(self) -> str | None:
+        """A module the stack's supervisor runs (`python -I -m <module> --stop <marker>`, in the
+        stack's folder) once the stack's servers are gone, also after its owner was SIGKILLed:
+        it removes the stack's sandboxes as `stop` does. None: `stop` alone."""
 
     async def check(self, plan: SandboxPlan, *, allow_unisolated: bool) -> None:
         """A one-line ConfigError/StackError naming the provider for what is missing, and for

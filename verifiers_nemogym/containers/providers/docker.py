@@ -49,6 +49,7 @@ class Docker:
     capabilities, lifetime (`sandbox.Bounds`), and disk where the daemon can keep one."""
 
     name = NAME
+    stop_module: str | None = None  # its supervisor removes its objects itself (`label`)
 
     def __init__(
         self, marker: str, log: logging.Logger = logger, *, bounds: Bounds | None = None

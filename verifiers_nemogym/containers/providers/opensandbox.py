@@ -12,8 +12,10 @@ this module is what the stack does around it:
   `default_metadata`, which NeMo Gym merges into each sandbox's metadata and OpenSandbox turns
   into labels), and the door's bind address: `$VF_NEMOGYM_DOOR_HOST`, else docker's default
   bridge gateway (where the server's docker runtime puts sandboxes).
-- `stop` deletes the stack's sandboxes through the server's API (listed by that metadata);
-  `sweep` does the same for stacks whose processes are all gone.
+- `stop` deletes the stack's sandboxes through the server's API (listed by that metadata); the
+  stack's supervisor does it again once the stack's servers are gone (`python -m` this module
+  `--stop <marker>`, reading `STOP_FILE` in the stack's folder), so a SIGKILLed owner leaves no
+  sandbox either; `sweep` deletes those of stacks whose processes are all gone.
 The API key is sent only in the `OPEN-SANDBOX-API-KEY` header, never logged or put in an error.
 """
 
@@ -46,6 +48,10 @@ API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 API_TIMEOUT = 30.0
 """Seconds one call to the server's lifecycle API may take."""
 PAGE_SIZE = 200
+STOP_FILE = "vf_nemogym_opensandbox.json"
+"""In the stack's folder: how the supervisor's `--stop` reaches the server (the connection's
+`domain`, `protocol` and `api_key` as the config spells them; a key only as an `${oc.env:...}`
+reference, resolved from the supervisor's environment, never the key itself)."""
 _ENV_REF = re.compile(r"^\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,(.*))?\}$", re.S)
 
 
@@ -192,6 +198,7 @@ class OpenSandbox:
     """The module contract, for the stack of `marker`."""
 
     name = NAME
+    stop_module: str | None = __name__
 
     def __init__(self, marker: str, log: logging.Logger = logger) -> None:
         self.marker = marker
@@ -219,6 +226,7 @@ class OpenSandbox:
                 "name a top-level provider block (NeMo Gym's configs/opensandbox.yaml)"
             )
         host = os.environ.get(DOOR_HOST_ENV) or bridge_gateway()
+        (workdir / STOP_FILE).write_text(json.dumps(stop_record(plan.providers[NAME])))
         return Prepared(config=config, door_host=host)
 
     async def route(
@@ -255,3 +263,49 @@ class OpenSandbox:
             return
         for sandbox in await self.server.sandboxes(self.marker):
             await self.server.delete(str(sandbox.get("id")))
+
+
+def stop_record(settings: dict[str, Any]) -> dict[str, Any]:
+    """`STOP_FILE`'s content for the provider's `settings`: the connection's domain and protocol,
+    and its api_key only when it is an environment reference."""
+    connection = settings.get("connection") or {}
+    record = {k: connection[k] for k in ("domain", "protocol") if connection.get(k) is not None}
+    key = connection.get("api_key")
+    if isinstance(key, str) and _ENV_REF.match(key.strip()):
+        record["api_key"] = key
+    return {"connection": record}
+
+
+async def stop_stack(folder: Path, marker: str) -> int:
+    """Delete the sandboxes of stack `marker` through the server `folder`'s `STOP_FILE` names;
+    how many. ConfigError/StackError (one line, no key) if it cannot."""
+    record = json.loads((folder / STOP_FILE).read_text())
+    server = Server.from_settings(record)
+    listed = await server.sandboxes(marker)
+    for sandbox in listed:
+        await server.delete(str(sandbox.get("id")))
+    return len(listed)
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m` this module `--stop MARKER` (the stack's supervisor, in the stack's folder):
+    exit 0 once the stack's sandboxes are deleted, else 1 with one line on stderr."""
+    import asyncio
+    import sys
+
+    if len(argv) != 2 or argv[0] != "--stop":
+        sys.stderr.write("usage: python -m verifiers_nemogym.containers.providers.opensandbox "
+                         "--stop MARKER\n")  # fmt: skip
+        return 2
+    try:
+        asyncio.run(stop_stack(Path.cwd(), argv[1]))
+    except (ConfigError, StackError, OSError, ValueError) as e:
+        sys.stderr.write(f"{e}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(_main(sys.argv[1:]))

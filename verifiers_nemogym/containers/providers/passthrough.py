@@ -53,6 +53,8 @@ class PassThrough:
     def name(self) -> str:
         return ",".join(self.names) or "pass-through"
 
+    stop_module: str | None = None  # NeMo Gym's provider alone removes its sandboxes
+
     async def check(self, plan: SandboxPlan, *, allow_unisolated: bool) -> None:
         check_isolation(plan, None, allow_unisolated, log=None)  # `isolation` says it once
         self.names = sorted(plan.providers)

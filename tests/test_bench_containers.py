@@ -64,3 +64,13 @@ def test_table_shows_a_failed_side() -> None:
     result = {"envs": {"x": {"native": {"error": "boom"}, "ours": ours}}}
     assert containers.table(result)[2] == "| x | error | 1, 0 | error | 2.3 |"
     assert containers.phase_table(result) == containers.phase_table({"envs": {}})
+
+
+def test_swe_next_scores_natively() -> None:
+    """swe_next's row natively (the 2026-11-27 run's `/run` had answered 500 on it): both cases
+    scored as the fixer calls for, each with its fix and final call, no container left."""
+    result = json.loads((ROOT / "benchmarks/results/2026-11-28-swe-next-native.json").read_text())
+    native = result["envs"]["swe_next"]["native"]
+    assert native["rewards"] == result["expected_rewards"]
+    assert native["calls_by_case"] == [{"fix": 1, "final": 1}] * len(result["cases"])
+    assert native["containers_left"] == 0

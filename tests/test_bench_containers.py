@@ -24,7 +24,8 @@ def test_every_measured_side_scores_each_row_as_its_case_calls_for() -> None:
             assert side["rewards"] == result["expected_rewards"], name
             for rewards in side["timed_rewards"]:
                 assert rewards == result["expected_rewards"], name
-            assert side["containers_left"] == 0, name
+            # a run cut short leaves the containers of the batch it cut (counted, then removed)
+            assert side["containers_left"] == 0 or "cut_short" in result, name
             assert [int(k) for k in side["levels"]] == result["levels"], name
 
 

@@ -1,5 +1,6 @@
 """NeMo Gym's container environments, natively and through nemo-gym-env, in one run:
-`uv run python -m benchmarks.containers [--env ENV ...] [--side native|ours ...] [--levels 1,2,4]`
+`uv run python -m benchmarks.containers [--env ENV ...] [--side native|ours ...]
+[--levels 1,2,4] [--repeats 2]`
 
 Each container environment of the hand-made task kit (`containers.kit.make_tasks`: swebench_pro
 `tinycalc`, terminal_bench_2_1 `wordstats`, swe_next `textkit`) runs OpenCode inside the task's
@@ -7,9 +8,16 @@ docker container, against the fixer policy (`policies.fixer`). Its row is duplic
 the problem tagged with the case (so the fixer tells the rows apart), and each case has its own
 fixer entry: case 0 gets the right fix (NeMo Gym's reward 1.0), case 1 a real but useless edit
 (0.0). Both sides get the same rows, images, NeMo Gym configs and fixer table, and the same timed
-batches: per level `c` of `--levels`, every row `c` times with `c` rollouts in flight (rollouts
-per minute, median seconds per rollout, the host's CPU busy share and load average over the
-batch; level 1 first, its rollouts one at a time give the phases).
+batches, run interleaved: both sides' stacks are up at once (started one after the other, each
+start timed), then per level `c` of `--levels` (level 1 first: its rollouts, one at a time,
+give the phases, each rollout's kept and their means reported) `--repeats` rounds, each round
+one batch per side, the sides one after the other and their order turned every round (native,
+ours; ours, native; ...), so each side's batch meets the load the other's met just before or
+after it. A batch runs every row `c` times with `c`
+rollouts in flight and records its wall time, rollouts per minute, the seconds of each rollout,
+the host's CPU busy share over it (`/proc/stat`, every process of the machine) and the 1-minute
+load average before and after it; a level's ratio ours / native is the median of the rounds'
+ratios (`ratio`).
 
 - `native`: plain NeMo Gym 0.7 as a user runs it. `gym env start` with NeMo Gym's pairing
   (`benchmarks/<...>/opencode.yaml`), the docker provider config, the kit's override, and a
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -42,7 +51,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -139,6 +148,8 @@ def load() -> list[float]:
 
 LEVELS = (1, 2, 4)
 """Rollouts in flight (`-c`) of the timed batches; each batch runs every row that many times."""
+REPEATS = 2
+"""Rounds per level; each round runs one batch per side, the sides one after the other."""
 
 
 def cpu_times() -> tuple[float, float]:
@@ -160,69 +171,165 @@ class Rollout:
     phases: dict[str, float] | None = None
 
 
-async def timed_levels(
-    one: Callable[[int], Awaitable[Rollout]], cases: int, levels: tuple[int, ...]
+@dataclass
+class Running:
+    """A side with its stack up: `one(case)` runs one rollout of case `case`'s row; `start_s` is
+    the seconds the stack took to start, `policy` the side's own fixer (its call log), `left`
+    the containers of the side found after its stack stopped (set on the way out; None before)."""
+
+    one: Callable[[int], Awaitable[Rollout]]
+    start_s: float
+    policy: FixerPolicy
+    load_before: list[float]
+    left: int | None = None
+
+
+async def batch(
+    one: Callable[[int], Awaitable[Rollout]], cases: int, level: int
 ) -> tuple[dict[str, Any], list[Rollout]]:
-    """For each level `c` of `levels`, every case run `c` times with `c` rollouts in flight
-    (`one(case)` runs one): rollouts per minute, median seconds per rollout, the rewards, the
-    host's CPU busy share and load average over the batch. Also the rollouts of level 1."""
-    out: dict[str, Any] = {}
-    first: list[Rollout] = []
+    """Every case run `level` times with `level` rollouts in flight (`one(case)` runs one): the
+    batch's wall time, rollouts per minute, median seconds per rollout, the rewards, the host's
+    CPU busy share and its load average before and after; and the rollouts."""
+    gate = asyncio.Semaphore(level)
+
+    async def limited(case: int) -> Rollout:
+        async with gate:
+            return await one(case)
+
+    order = [case for _ in range(level) for case in range(cases)]
+    load_before, (busy0, total0), t0 = load(), cpu_times(), time.time()
+    rollouts = await asyncio.gather(*(limited(case) for case in order))
+    wall = time.time() - t0
+    busy1, total1 = cpu_times()
+    per_case: list[list[float]] = [[] for _ in range(cases)]
+    for r in rollouts:
+        per_case[r.case].append(r.reward)
+    summary = {
+        "rollouts": len(rollouts),
+        "wall_s": round(wall, 1),
+        "per_minute": round(len(rollouts) * 60 / wall, 2),
+        "s_per_rollout": round(statistics.median(r.ended - r.began for r in rollouts), 2),
+        "rollout_s": [round(r.ended - r.began, 2) for r in rollouts],
+        "timed_rewards": [[per_case[i][k] for i in range(cases)] for k in range(level)],
+        "cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1.0), 3),
+        "load_before": load_before,
+        "load_after": load(),
+    }
+    return summary, list(rollouts)
+
+
+def level_totals(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """One level of a side over its rounds (`batches`, in round order, each `batch`'s summary
+    with its `repeat`): rollouts per minute over all of them, the median seconds per rollout, the
+    rewards, the CPU busy share weighted by wall time, the load before the first and after the
+    last; and the batches themselves (the ratios are taken per round from them)."""
+    wall = sum(b["wall_s"] for b in batches)
+    rollouts = sum(b["rollouts"] for b in batches)
+    seconds = [s for b in batches for s in b["rollout_s"]]
+    return {
+        "rollouts": rollouts,
+        "wall_s": round(wall, 1),
+        "per_minute": round(rollouts * 60 / wall, 2),
+        "s_per_rollout": round(statistics.median(seconds), 2),
+        "rollout_s": seconds,
+        "timed_rewards": [rewards for b in batches for rewards in b["timed_rewards"]],
+        "cpu_busy": round(sum(b["cpu_busy"] * b["wall_s"] for b in batches) / wall, 3),
+        "load_before": batches[0]["load_before"],
+        "load_after": batches[-1]["load_after"],
+        "batches": batches,
+    }
+
+
+Measured = dict[str, tuple[dict[str, Any], list[Rollout]] | str]
+"""Per side: its levels (`level_totals`) and its rollouts of level 1, or the error that stopped
+it."""
+
+
+async def interleaved(
+    sides: dict[str, Running], cases: int, levels: tuple[int, ...], repeats: int,
+    save: Callable[[Measured], None] = lambda _: None,
+) -> Measured:  # fmt: skip
+    """Per level of `levels` (in order), `repeats` rounds; a round runs one `batch` per side,
+    the sides one after the other, the order turned each round (native first, then ours first,
+    ...), so each side's batch meets the load the other's met just before or after it. Per side:
+    its levels (`level_totals`) and its rollouts of level 1 (one at a time: their phases), or
+    the error that stopped it (the other side goes on). `save` gets what is measured so far
+    after every batch (a run cut short keeps it)."""
+    names = list(sides)
+    done: dict[str, dict[str, list[dict[str, Any]]]] = {n: {} for n in names}
+    first: dict[str, list[Rollout]] = {n: [] for n in names}
+    failed: dict[str, str] = {}
+
+    def so_far() -> Measured:
+        out: Measured = {}
+        for n in names:
+            totals = {k: level_totals(v) for k, v in done[n].items()}
+            out[n] = failed[n] if n in failed else (totals, first[n])
+        return out
+
     for level in levels:
-        gate = asyncio.Semaphore(level)
-
-        async def limited(case: int, gate: asyncio.Semaphore = gate) -> Rollout:
-            async with gate:
-                return await one(case)
-
-        order = [case for _ in range(level) for case in range(cases)]
-        load_before, (busy0, total0), t0 = load(), cpu_times(), time.time()
-        rollouts = await asyncio.gather(*(limited(case) for case in order))
-        wall = time.time() - t0
-        busy1, total1 = cpu_times()
-        per_case: list[list[float]] = [[] for _ in range(cases)]
-        for r in rollouts:
-            per_case[r.case].append(r.reward)
-        out[str(level)] = {
-            "rollouts": len(rollouts),
-            "wall_s": round(wall, 1),
-            "per_minute": round(len(rollouts) * 60 / wall, 2),
-            "s_per_rollout": round(statistics.median(r.ended - r.began for r in rollouts), 2),
-            "rollout_s": [round(r.ended - r.began, 2) for r in rollouts],
-            "timed_rewards": [[per_case[i][k] for i in range(cases)] for k in range(level)],
-            "cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1.0), 3),
-            "load_before": load_before,
-            "load_after": load(),
-        }
-        if level == levels[0]:
-            first = list(rollouts)
-    return out, first
+        for repeat in range(repeats):
+            turn = repeat % len(names)
+            order = [n for n in names[turn:] + names[:turn] if n not in failed]
+            for position, name in enumerate(order):
+                try:
+                    summary, rollouts = await batch(sides[name].one, cases, level)
+                except Exception as e:  # a side failing is a result, not the end
+                    failed[name] = f"{type(e).__name__}: {str(e)[-3000:]}"
+                    continue
+                summary |= {"repeat": repeat, "position": position}
+                done[name].setdefault(str(level), []).append(summary)
+                if level == 1:
+                    first[name] += rollouts
+                print(
+                    f"-c {level} round {repeat + 1}/{repeats} {name}: {summary['wall_s']} s, "
+                    f"load {summary['load_before'][0]}",
+                    flush=True,
+                )
+                save(so_far())
+    return so_far()
 
 
-def median_phases(rollouts: list[Rollout]) -> dict[str, float]:
-    """Medians over `rollouts` of their phases (`PHASES`, `run`), the wall time (`wall`) and
-    what the wall time holds beyond NeMo Gym's `/run` (`other`: verifiers' own work, ours)."""
-    phased = [r for r in rollouts if r.phases is not None]
-    if not phased:
+def rollout_phases_of(r: Rollout) -> dict[str, float]:
+    """One rollout's phases (`PHASES`, `run`), its wall time (`wall`) and what the wall time
+    holds beyond NeMo Gym's `/run` (`other`: verifiers' own work, ours); empty without phases."""
+    if r.phases is None:
         return {}
-    out = {k: statistics.median(float(r.phases[k]) for r in phased) for k in (*PHASES, "run")}  # type: ignore[index]
-    out["wall"] = statistics.median(r.ended - r.began for r in phased)
-    out["other"] = statistics.median(r.ended - r.began - float(r.phases["run"]) for r in phased)  # type: ignore[index]
+    out = {k: float(r.phases[k]) for k in (*PHASES, "run")}
+    out["wall"] = r.ended - r.began
+    out["other"] = out["wall"] - out["run"]
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def mean_phases(rollouts: list[Rollout]) -> dict[str, float]:
+    """Means over `rollouts` of `rollout_phases_of` (means, unlike medians, add up as each
+    rollout's phases do: the phases to `run`, `run` and `other` to `wall`)."""
+    each = [p for p in map(rollout_phases_of, rollouts) if p]
+    if not each:
+        return {}
+    return {k: round(statistics.fmean(p[k] for p in each), 2) for k in each[0]}
+
+
 def _side(
-    levels: dict[str, Any], first: list[Rollout], log: list[Any], cases: int
+    running: Running, levels: dict[str, Any], first: list[Rollout], cases: int
 ) -> dict[str, Any]:
+    log = running.policy.log
     timed = [rewards for level in levels.values() for rewards in level["timed_rewards"]]
     return {
         "rewards": timed[0],
         "timed_rewards": timed,
         "s_per_rollout": levels[min(levels, key=int)]["s_per_rollout"],
         "levels": levels,
-        "phases": median_phases(first),
+        "phases": mean_phases(first),
+        "phases_of": "mean",
+        "phases_each": [rollout_phases_of(r) for r in first],
         "policy_calls": {"total": len(log)},
         "calls_by_case": _calls_by_case(log, cases),
+        "start_s": round(running.start_s, 1),
+        "containers_left": running.left,
+        "complete": running.left is not None,
+        "load_before": running.load_before,
+        "load_after": load(),
     }
 
 
@@ -258,16 +365,18 @@ async def _start_native(
     raise AssertionError("unreachable")
 
 
-async def run_native(
-    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask],
-    levels: tuple[int, ...],
-) -> dict[str, Any]:  # fmt: skip
-    """`task`'s environment on plain NeMo Gym (module contract)."""
+@contextlib.asynccontextmanager
+async def native_side(
+    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask]
+) -> AsyncIterator[Running]:
+    """`task`'s environment on plain NeMo Gym (module contract), its stack up while in the
+    block; the containers of its run left afterwards are counted, then removed."""
     site = runtime.site_packages
     openai_model = site / "responses_api_models/openai_model/configs/openai_model.yaml"
     run_label = f"{RUN_LABEL}={uuid.uuid4().hex}"
     load_before = load()
     lines = [json.loads(line) for line in rows.read_text().splitlines() if line]
+    running: Running | None = None
     try:
         async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
             with tempfile.TemporaryDirectory(prefix="containers-native-") as tmp:
@@ -299,22 +408,16 @@ async def run_native(
                             reward = await _post_run(http, url, lines[case])
                             return Rollout(t0, time.time(), case, reward)
 
-                        measured, first = await timed_levels(one, len(table), levels)
+                        running = Running(one, start_s, policy, load_before)
+                        yield running
                 finally:
                     await stack.stop()
-            log = policy.log
     finally:
         left = containers(run_label)
         if left:
             docker.run_docker("rm", "-f", *sorted(left))
-    _native_phases(first, log)
-    return {
-        **_side(measured, first, log, len(table)),
-        "start_s": round(start_s, 1),
-        "containers_left": len(left),
-        "load_before": load_before,
-        "load_after": load(),
-    }
+        if running is not None:
+            running.left = len(left)
 
 
 def _calls_by_case(log: list[Any], cases: int) -> list[dict[str, int]]:
@@ -326,50 +429,113 @@ def _calls_by_case(log: list[Any], cases: int) -> list[dict[str, int]]:
     return out
 
 
-async def run_ours(
-    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask],
-    levels: tuple[int, ...],
-) -> dict[str, Any]:  # fmt: skip
-    """`task`'s environment through nemo-gym-env (module contract)."""
-
+@contextlib.asynccontextmanager
+async def ours_side(
+    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask]
+) -> AsyncIterator[Running]:
+    """`task`'s environment through nemo-gym-env (module contract), its stack up while in the
+    block; the containers of its stack left afterwards are counted."""
     configs = [*task.config_paths, DOCKER_CONFIG, str(task.override)]
     load_before = load()
-    async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
-        env = private_env(runtime, config_paths=configs, jsonl_path=str(rows), agent=agent)
-        tasks = list(env.taskset)
-        ctx = model_context(MODEL, policy.base_url)
-        async with timed_serving(env) as start_s:
-            marker = env.stack_marker
+    running: Running | None = None
+    marker = None
+    try:
+        async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
+            env = private_env(runtime, config_paths=configs, jsonl_path=str(rows), agent=agent)
+            tasks = list(env.taskset)
+            ctx = model_context(MODEL, policy.base_url)
+            async with timed_serving(env) as start_s:
+                marker = env.stack_marker
 
-            async def one(case: int) -> Rollout:
-                t0 = time.time()
-                episode = await env.run_episode(tasks[case], ctx)
-                (trace,) = episode.traces
-                if trace.errors:
-                    raise RuntimeError(f"a rollout failed: {trace.errors[0].message[:1000]}")
-                phases = {k: float(v) for k, v in trace.info["nemo_gym_phases"].items()}
-                return Rollout(t0, time.time(), case, float(trace.reward), phases)
+                async def one(case: int) -> Rollout:
+                    t0 = time.time()
+                    episode = await env.run_episode(tasks[case], ctx)
+                    (trace,) = episode.traces
+                    if trace.errors:
+                        raise RuntimeError(f"a rollout failed: {trace.errors[0].message[:1000]}")
+                    phases = {k: float(v) for k, v in trace.info["nemo_gym_phases"].items()}
+                    return Rollout(t0, time.time(), case, float(trace.reward), phases)
 
-            measured, first = await timed_levels(one, len(table), levels)
-        log = policy.log
-    left = containers(f"{STACK_LABEL}={marker}") if marker else set()
-    return {
-        **_side(measured, first, log, len(table)),
-        "start_s": round(start_s, 1),
-        "containers_left": len(left),
-        "load_before": load_before,
-        "load_after": load(),
-    }
+                running = Running(one, start_s, policy, load_before)
+                yield running
+    finally:
+        if running is not None and marker:
+            running.left = len(containers(f"{STACK_LABEL}={marker}"))
 
 
-SIDES = {"native": run_native, "ours": run_ours}
+SIDES = {"native": native_side, "ours": ours_side}
+
+
+def _error(e: BaseException) -> dict[str, str]:
+    return {"error": f"{type(e).__name__}: {str(e)[-3000:]}"}
+
+
+SIDE_STARTS = 4
+"""Starts of a side's stack (each with its own retries) while Ray's node times out (a loaded
+machine: Ray waits a fixed 30 s for it)."""
+
+
+def results(measured: Measured, running: dict[str, Running], cases: int) -> dict[str, Any]:
+    """Per side of `measured`, its result (module contract) or `{"error": ...}`; a side without
+    a batch yet is left out."""
+    out: dict[str, Any] = {}
+    for side, got in measured.items():
+        if isinstance(got, str):
+            out[side] = {"error": got}
+            continue
+        by_level, first = got
+        if not by_level:
+            continue
+        if side == "native":
+            _native_phases(first, running[side].policy.log)
+        out[side] = _side(running[side], by_level, first, cases)
+    return out
+
+
+async def measure_env(
+    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask],
+    sides: list[str], levels: tuple[int, ...], repeats: int,
+    save: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:  # fmt: skip
+    """Both sides' stacks up at once (their starts timed one after the other), then the
+    `interleaved` batches; per side its result, or the error that stopped it. `save` gets the
+    sides' results so far after every batch (`complete` false, containers left not counted)."""
+    out: dict[str, Any] = {}
+    running: dict[str, Running] = {}
+    measured: Measured = {}
+    try:
+        async with contextlib.AsyncExitStack() as stacks:
+            for side in sides:
+                for attempt in range(1, SIDE_STARTS + 1):
+                    try:
+                        cm = SIDES[side](runtime, task, agent, rows, table)
+                        running[side] = await stacks.enter_async_context(cm)
+                        break
+                    except Exception as e:  # one side failing is a result, not the end
+                        out[side] = _error(e)
+                        if RAY_NODE_TIMEOUT not in str(e) or attempt == SIDE_STARTS:
+                            break
+                        print(f"{side} start {attempt}/{SIDE_STARTS}: Ray's node timed out; again")
+                        del out[side]
+                print(f"{task.env} {side}: {json.dumps(out.get(side, 'up'))[:600]}", flush=True)
+            if running:
+
+                def partial(so_far: Measured) -> None:
+                    save(out | results(so_far, running, len(table)))
+
+                measured = await interleaved(running, len(table), levels, repeats, partial)
+    except Exception as e:  # a stack that failed to stop: its side's result is that error
+        for side in running:
+            out[side] = _error(e)
+        return out
+    return out | results(measured, running, len(table))
 
 
 async def measure(
-    envs: list[str] | None, sides: list[str], levels: tuple[int, ...], path: Path
+    envs: list[str] | None, sides: list[str], levels: tuple[int, ...], repeats: int, path: Path
 ) -> dict[str, Any]:
-    """The result (module contract), also written to `path` after each side (a run cut short
-    keeps what it measured)."""
+    """The result (module contract), also written to `path` after each environment (a run cut
+    short keeps what it measured)."""
     runtime = ensure_venv(NEMO_GYM_VERSION, allow_below_floor=True)
     kit: TaskKit = await asyncio.to_thread(make_tasks, cache_root() / "bench-containers-kit")
     chosen = list(kit.tasks) if envs is None else [kit.task(env) for env in envs]
@@ -378,6 +544,8 @@ async def measure(
         "cases": ["right" if right else "wrong" for right in CASES],
         "expected_rewards": expected_rewards(),
         "levels": list(levels),
+        "repeats": repeats,
+        "interleaved": True,
         "cpus": os.cpu_count(),
         "envs": {},
     }
@@ -392,14 +560,19 @@ async def measure(
                 "agent": agent,
                 "config_paths": [*task.config_paths, DOCKER_CONFIG, "<kit override>"],
             }
-            for side in sides:
-                try:
-                    entry[side] = await SIDES[side](runtime, task, agent, rows, table, levels)
-                except Exception as e:  # one side failing is a result, not the end
-                    entry[side] = {"error": f"{type(e).__name__}: {str(e)[-3000:]}"}
-                print(f"{task.env} {side}: {json.dumps(entry[side])[:600]}", flush=True)
-                out["envs"][task.env] = entry
+
+            def save(sides_so_far: dict[str, Any], env: str = task.env) -> None:
+                out["envs"][env] = out["envs"][env] | sides_so_far
                 path.write_text(json.dumps(out, indent=2) + "\n")
+
+            out["envs"][task.env] = entry
+            entry |= await measure_env(
+                runtime, task, agent, rows, table, sides, levels, repeats, save
+            )
+            for side in sides:
+                print(f"{task.env} {side}: {json.dumps(entry[side])[:600]}", flush=True)
+            out["envs"][task.env] = entry
+            path.write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 
@@ -431,7 +604,8 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def phase_table(result: dict[str, Any]) -> list[str]:
-    """Per environment and side, the median phases of a rollout run one at a time, in seconds:
+    """Per environment and side, the phases of a rollout run one at a time, in seconds (their
+    means, `mean_phases`; each phase's median in a result without `phases_of`):
     the rollout's wall time, `/run`'s start, model, tools and finish (`verifiers_nemogym.
     phases`), and the rest of the wall time (`other`: verifiers' own work around `/run`)."""
     lines = [
@@ -443,18 +617,44 @@ def phase_table(result: dict[str, Any]) -> list[str]:
             p = entry.get(side, {}).get("phases")
             if not p:
                 continue
-            cells = [f"{p[k]:.1f}" for k in ("wall", *PHASES, "other")]
+            # + 0.0: a tiny negative `other` (clock rounding) shows as 0.0, not -0.0
+            cells = [f"{round(p[k], 1) + 0.0:.1f}" for k in ("wall", *PHASES, "other")]
             lines.append(f"| {name} | {side} | {' | '.join(cells)} |")
     return lines
 
 
+def ratio(native: dict[str, Any], ours: dict[str, Any]) -> float:
+    """Rollouts per minute ours / native at one level: the median of the ratios taken within
+    each round (both sides' batches of the same round met the same load), or of the totals for
+    a result without rounds."""
+    pairs = {b["repeat"]: b["per_minute"] for b in native.get("batches", [])}
+    rounds = [
+        b["per_minute"] / pairs[b["repeat"]]
+        for b in ours.get("batches", [])
+        if b["repeat"] in pairs
+    ]
+    if rounds:
+        return statistics.median(rounds)
+    return float(ours["per_minute"]) / float(native["per_minute"])
+
+
+def _load_range(*levels: dict[str, Any]) -> str:
+    """The 1-minute load average's range over the batches of `levels` (before and after each)."""
+    seen = [
+        b[k][0] for level in levels for b in level.get("batches", [level])
+        for k in ("load_before", "load_after")
+    ]  # fmt: skip
+    return f"{min(seen):.1f}-{max(seen):.1f}"
+
+
 def rate_table(result: dict[str, Any]) -> list[str]:
-    """Per environment and level (`-c`), rollouts per minute native and ours, their ratio, and
-    the host's CPU busy share during each batch (all processes of the machine)."""
+    """Per environment and level (`-c`), rollouts per minute native and ours, their ratio (the
+    median of the rounds' ratios, `ratio`), the host's CPU busy share during each side's
+    batches (all processes of the machine) and the 1-minute load average's range over them."""
     lines = [
         "| environment | -c | per minute native | per minute ours | ours / native "
-        "| CPU busy native | CPU busy ours |",
-        "|---|---|---|---|---|---|---|",
+        "| CPU busy native | CPU busy ours | load |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in result["envs"].items():
         native = entry.get("native", {}).get("levels", {})
@@ -465,8 +665,8 @@ def rate_table(result: dict[str, Any]) -> list[str]:
                 continue
             lines.append(
                 f"| {name} | {level} | {n['per_minute']:.1f} | {o['per_minute']:.1f} | "
-                f"{o['per_minute'] / n['per_minute']:.2f} | {n['cpu_busy']:.0%} | "
-                f"{o['cpu_busy']:.0%} |"
+                f"{ratio(n, o):.2f} | {n['cpu_busy']:.0%} | {o['cpu_busy']:.0%} | "
+                f"{_load_range(n, o)} |"
             )
     return lines
 
@@ -479,8 +679,14 @@ def main() -> None:
         "--levels", default=",".join(map(str, LEVELS)),
         help="rollouts in flight per timed batch, comma-separated, the first 1 (default 1,2,4)",
     )  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=int, default=REPEATS,
+        help=f"interleaved rounds per level, each one batch per side (default {REPEATS})",
+    )  # fmt: skip
     parser.add_argument("-o", "--output", type=Path, default=None)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, not {args.repeats}")
     try:
         levels = tuple(int(x) for x in args.levels.split(","))
     except ValueError:
@@ -490,7 +696,7 @@ def main() -> None:
     sides = args.side or ["native", "ours"]
     day = datetime.date.today().isoformat()
     path = args.output or RESULTS / f"{day}-containers.json"
-    result = asyncio.run(measure(args.env or None, sides, levels, path))
+    result = asyncio.run(measure(args.env or None, sides, levels, args.repeats, path))
     print("\n".join([*table(result), "", *phase_table(result), "", *rate_table(result)]))
     print(f"written to {path}")
 

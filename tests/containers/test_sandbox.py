@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers.sandboxes import DOCKER, SERVERS
 
 from verifiers_nemogym.containers import sandbox
 from verifiers_nemogym.containers.docker import DockerHost, check_isolation
@@ -28,30 +29,6 @@ from verifiers_nemogym.containers.sandbox import (
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError
-
-DOCKER = {
-    "sandbox": {
-        "default_metadata": {"sandbox-api": "docker-cli"},
-        "docker": {"create": {"use_init": True, "extra_run_args": ["--init"]}},
-    }
-}
-SERVERS = {
-    "swepro": {"resources_servers": {"swebench_pro": {
-        "entrypoint": "app.py", "image_repository": "local/swetask",
-        "sandbox_provider": "sandbox",
-        "sandbox_config": {"resources": {"cpu": 4, "memory_mib": 2048}}}}},
-    "agent": {"responses_api_agents": {"opencode_sandboxed_agent": {
-        "entrypoint": "app.py", "sandbox_provider": "sandbox", "artifacts_dir": None,
-        "resources_server": {"type": "resources_servers", "name": "swepro"},
-        "model_server": {"type": "responses_api_models", "name": "policy_model"}}}},
-    "tb": {"resources_servers": {"terminal_bench_2_1": {
-        "entrypoint": "app.py", "sandbox_provider": "sandbox"}}},
-    "tb_agent": {"responses_api_agents": {"opencode_sandboxed_agent": {
-        "entrypoint": "app.py", "sandbox_provider": "sandbox",
-        "resources_server": {"type": "resources_servers", "name": "tb"},
-        "model_server": {"type": "responses_api_models", "name": "policy_model"}}}},
-    "plain": {"responses_api_agents": {"simple_agent": {"entrypoint": "app.py"}}},
-}  # fmt: skip
 
 
 def test_no_sandboxed_server_is_no_plan() -> None:
@@ -273,7 +250,7 @@ def test_nemo_gyms_sandbox_ttl_is_capped_at_the_lifetime_unless_the_keepalive_is
 REFUSE = """
 import logging, sys
 sys.path.insert(0, {tests!r})
-from test_sandbox import DOCKER, SERVERS
+from helpers.sandboxes import DOCKER, SERVERS
 from verifiers_nemogym.containers.docker import DockerHost, check_isolation
 from verifiers_nemogym.containers.sandbox import sandbox_plan
 from verifiers_nemogym.errors import ConfigError
@@ -294,7 +271,7 @@ def test_isolation_fails_closed_for_a_second_uid_and_the_opt_in_says_what_is_exp
     """Run as uid 65534 (a real second uid: no iptables rules for it), the docker containers
     of a plan cannot be firewalled: refused in one line naming root and the option; with the
     option, one warning saying what they reach."""
-    code = REFUSE.format(tests=str(Path(__file__).parent))
+    code = REFUSE.format(tests=str(Path(__file__).parent.parent))
     out = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
          sys.executable, "-c", code],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.sandboxes import SERVERS
 
 from verifiers_nemogym.cli.list import providers_table
 from verifiers_nemogym.containers.providers import provider_table
@@ -24,24 +25,6 @@ from verifiers_nemogym.nemo.sandboxes import Unprepared, sandbox_servers
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 DOCKER = {"sandbox": {"docker": {"create": {"use_init": True}}}}
-SERVERS = {
-    "swepro": {"resources_servers": {"swebench_pro": {
-        "entrypoint": "app.py", "image_repository": "local/swetask",
-        "sandbox_provider": "sandbox"}}},
-    "agent": {"responses_api_agents": {"opencode_sandboxed_agent": {
-        "entrypoint": "app.py", "sandbox_provider": "sandbox",
-        "resources_server": {"type": "resources_servers", "name": "swepro"},
-        "model_server": {"type": "responses_api_models", "name": "policy_model"}}}},
-    "tb": {"resources_servers": {"terminal_bench_2_1": {
-        "entrypoint": "app.py", "sandbox_provider": "sandbox"}}},
-    "tb_agent": {"responses_api_agents": {"opencode_sandboxed_agent": {
-        "entrypoint": "app.py", "sandbox_provider": "sandbox",
-        "resources_server": {"type": "resources_servers", "name": "tb"},
-        "model_server": {"type": "responses_api_models", "name": "policy_model"}}}},
-    "plain": {"responses_api_agents": {"simple_agent": {"entrypoint": "app.py"}}},
-}  # fmt: skip
-"""NeMo Gym 0.7.0's shapes (as tests/containers/test_sandbox.py's): two sandboxed benchmarks
-and their agents naming the `sandbox` provider block, and one plain agent."""
 BUILTIN = RELEASES["0.7.0"].sandbox_providers
 PLUGIN = {"sandbox": {"vf_fake_plugin": {"root": "/tmp"}}}
 """A provider NeMo Gym 0.7.0 does not ship: what a plug-in's entry point would register."""

@@ -193,7 +193,7 @@ DEADLINE = 240.0
 passes it (at a load of 30, one rollout waited over 150 s for OpenCode's first call)."""
 
 
-@pytest.mark.timeout(2400)  # two stack starts, a rollout deadline
+@pytest.mark.timeout(2400)  # a stack start, a rollout deadline
 async def test_a_deadline_or_sigkill_leaves_no_sandbox(
     nemo_venv_07: NeMoGymVenv,
     kit: TaskKit,

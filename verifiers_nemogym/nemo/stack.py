@@ -90,10 +90,9 @@ def _hydra_list(paths: list[Path]) -> str:
     return "[" + ",".join(_hydra_quote(str(p)) for p in paths) + "]"
 
 
-WORKER_HEALTHCHECK = "uvicorn_timeout_worker_healthcheck"
-"""NeMo Gym's (0.6+) seconds a multi-worker server's worker may miss uvicorn's ping before it is
-killed and replaced (its default 30); a user's config that sets it is kept."""
-WORKER_HEALTHCHECK_S = 600
+WORKER_HEALTHCHECK, WORKER_HEALTHCHECK_S = "uvicorn_timeout_worker_healthcheck", 600
+"""NeMo Gym's (0.6+) key for the seconds a server's worker may miss uvicorn's ping before it is
+killed and replaced (its default 30), and ours; a user's config that sets it is kept."""
 RAY_NODE_TIMEOUT = "The current node timed out during startup"
 """Ray's error when the raylet does not register with its GCS within Ray's fixed 30 s
 (`RAY_NODE_WAIT`; no setting changes it): load on the machine, not the stack's config."""
@@ -238,13 +237,9 @@ class NeMoGymStack:
         self._started = False
         self._failed = False
         self._merged: list[dict[str, Any]] | None = None
+        policy = f"http://{policy_host}:{policy_port}"
         self.containers: StackSandboxes = (
-            sandboxes(
-                self.marker,
-                f"http://{policy_host}:{policy_port}",
-                log,
-                allow_unisolated=allow_unisolated_containers,
-            )
+            sandboxes(self.marker, policy, log, allow_unisolated=allow_unisolated_containers)
             if sandboxes is not None
             else Unprepared()
         )
@@ -466,10 +461,9 @@ class NeMoGymStack:
         if has.worker_healthcheck and not any(
             WORKER_HEALTHCHECK in config for config in self._merged_configs()
         ):
-            # uvicorn kills a server's worker that answers no ping within NeMo Gym's 30 s and
-            # starts another: on a loaded machine a worker still importing (~6 CPU-s) misses it,
-            # and each restart loads the machine more (a restart storm; an in-flight /run is
-            # lost with its worker). A hung worker is the rollout deadline's to catch.
+            # A worker still importing (~6 CPU-s) on a loaded machine misses the 30 s; each
+            # restart loads it more, and a /run in flight dies with its worker. A hung worker
+            # is the rollout deadline's to catch.
             command.append(f"+{WORKER_HEALTHCHECK}={WORKER_HEALTHCHECK_S}")
         if has.pairing_check and (restricted := self._model_type_restrictions()):
             # Our placeholder is no model adapter NeMo Gym knows (it only points agents at the

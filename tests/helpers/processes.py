@@ -23,7 +23,7 @@ from verifiers_nemogym.nemo.supervisor import alive, env_value, processes_with_e
 from verifiers_nemogym.policies.local_model import MARKER_ENV_VAR as MODEL_MARKER_VAR
 from verifiers_nemogym.util import poll_until, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 """The repository root (wherever under tests/ the test that asks for it lives)."""
 
 

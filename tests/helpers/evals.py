@@ -160,6 +160,10 @@ SERVE_ENV_SCRIPT = (
 env, in a process of its own (what prime-rl's `env-server` runs)."""
 
 
+PROVIDERS_HEADING = "\nsandbox providers NeMo Gym "
+"""Where `nemo-gym-env list`'s sandbox providers' part begins, after the environments."""
+
+
 @dataclass(frozen=True)
 class ListSurvey:
     """What `nemo-gym-env list --resolve` printed: its count line and its table's rows (each
@@ -180,7 +184,10 @@ class ListSurvey:
         )
         assert found is not None, printed[:2000]
         rs, all_rs, env, all_env = map(int, found.groups())
-        rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ")][1:]
+        # The environments' table alone: `list` prints the sandbox providers' table after it.
+        environments = printed[found.end() :].split(PROVIDERS_HEADING)[0]
+        rows = [line.split(" | ") for line in environments.splitlines() if line.startswith("| ")]
+        rows = rows[1:]
         survey = cls((rs, env), (all_rs, all_env), rows)
         assert len(rows) == sum(survey.total)
         assert len(survey.unresolved) == sum(survey.total) - sum(survey.resolvable)

@@ -116,7 +116,7 @@ def check_phases(trace: dict[str, Any], calls: int) -> None:
     assert abs(sum(phases[p] for p in PHASES) - phases["run"]) < 0.01, phases
     agent = trace["timing"]["agent"]
     took = agent["end"] - agent["start"]
-    assert 0.95 * took <= phases["run"] <= took, (phases, agent)
+    assert 0.95 * took <= phases["run"] <= took + 0.001, (phases, agent)  # phases: to the ms
 
 
 def case_of(trace: dict[str, Any], table: list[FixTask]) -> int:

@@ -125,16 +125,13 @@ class StackSandboxes:
             await self.door.start()
             door = (prepared.door_host, self.door.port)
         config = merge_configs([await provider.route(plan, door, workdir), prepared.config])
-        if isinstance(provider, Docker):  # docker's lines are its own (`Docker._describe`)
-            pass
-        elif self.door is not None:
-            self.log.warning(
-                "%s; model calls go to the door %s, rollout routes only",
-                provider.isolation(),
-                self.door.url,
+        if not isinstance(provider, Docker):  # docker's lines are its own (`Docker._describe`)
+            door_line = (
+                f"; model calls go to the door {self.door.url}, rollout routes only"
+                if self.door is not None
+                else ""
             )
-        else:
-            self.log.warning("%s", provider.isolation())
+            self.log.warning("%s%s", provider.isolation(), door_line)
         path = workdir / CONFIG_NAME
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path

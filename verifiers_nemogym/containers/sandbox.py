@@ -2,10 +2,10 @@
 
 A container server names a sandbox provider (`sandbox_provider: sandbox`, a reference to a
 top-level block a provider config defines, or an inline `{<provider>: {...}}`), or takes its
-server's default (`DEFAULT_PROVIDERS`). `sandbox_plan` reads what they ask, `row_image` the image
-a row runs in, and `stack_config` is what a stack adds after the user's configs so containers are
-labelled, isolated, bounded and routed, whichever way they name their provider
-(docs/containers.md).
+server's default (`nemo.sandboxes.DEFAULT_PROVIDERS`). `sandbox_plan` reads what they ask,
+`row_image` the image a row runs in, and `stack_config` is what a stack adds after the user's
+configs so containers are labelled, isolated, bounded and routed, whichever way they name their
+provider (docs/containers.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import (
     AGENTS,
-    ENVIRONMENT_SERVERS,
     MODELS,
     PLACEHOLDER_IMPL,
     RESOURCES_SERVERS,
@@ -27,7 +26,7 @@ from verifiers_nemogym.nemo.catalog import (
     rollout_correlation,
     server_blocks,
 )
-from verifiers_nemogym.nemo.sandboxes import DEFAULT_PROVIDERS, PROVIDER_REF
+from verifiers_nemogym.nemo.sandboxes import PROVIDER_REF, provider_refs
 
 _RESERVED = frozenset({"default_metadata"})
 CONTAINER_POLICY_INSTANCE = "vf_container_policy_model"
@@ -169,23 +168,15 @@ def sandbox_plan(configs: Iterable[dict[str, Any]]) -> SandboxPlan | None:
     servers: list[SandboxedServer] = []
     providers: dict[str, dict[str, Any]] = {}
     blocks: dict[str, str] = {}
-    for server_type in (AGENTS, RESOURCES_SERVERS, ENVIRONMENT_SERVERS):
-        for instance, (impl, settings) in server_blocks(merged, server_type).items():
-            ref = settings.get(PROVIDER_REF)
-            if ref is None and server_type == AGENTS:
-                ref = DEFAULT_PROVIDERS.get(impl)
-            if ref is None:
-                continue
-            name, provider_settings = _resolve(instance, ref, merged)
-            providers[name] = provider_settings
-            block = ref if isinstance(ref, str) else None
-            if block is not None:
-                blocks[block] = name
-            servers.append(
-                SandboxedServer(
-                    instance, server_type, impl, name, settings, block, provider_settings
-                )
-            )
+    for server_type, instance, impl, settings, ref in provider_refs(merged):
+        name, provider_settings = _resolve(instance, ref, merged)
+        providers[name] = provider_settings
+        block = ref if isinstance(ref, str) else None
+        if block is not None:
+            blocks[block] = name
+        servers.append(
+            SandboxedServer(instance, server_type, impl, name, settings, block, provider_settings)
+        )
     return SandboxPlan(servers, providers, blocks, merged) if servers else None
 
 

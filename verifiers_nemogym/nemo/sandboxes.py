@@ -12,6 +12,7 @@ before anything starts: sandboxes nobody prepared would run unlabelled and uniso
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,16 +38,22 @@ DEFAULT_PROVIDERS: dict[str, str | dict[str, Any]] = {
 defaults for those agents' config fields)."""
 
 
-def sandbox_servers(merged: dict[str, Any]) -> list[str]:
-    """The server instances of `merged` (one merged config) that start sandboxes: a
-    `sandbox_provider` setting, or an agent type whose default names one (`DEFAULT_PROVIDERS`)."""
-    found = []
+def provider_refs(merged: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any], Any]]:
+    """`(server type, instance, impl, settings, provider reference)` of each server of `merged`
+    (one merged config) that starts sandboxes: its `sandbox_provider` setting, or the default of
+    its agent type (`DEFAULT_PROVIDERS`)."""
     for server_type in (AGENTS, RESOURCES_SERVERS, ENVIRONMENT_SERVERS):
         for instance, (impl, settings) in server_blocks(merged, server_type).items():
             ref = settings.get(PROVIDER_REF)
-            if ref is not None or (server_type == AGENTS and impl in DEFAULT_PROVIDERS):
-                found.append(instance)
-    return found
+            if ref is None and server_type == AGENTS:
+                ref = DEFAULT_PROVIDERS.get(impl)
+            if ref is not None:
+                yield server_type, instance, impl, settings, ref
+
+
+def sandbox_servers(merged: dict[str, Any]) -> list[str]:
+    """The server instances of `merged` (one merged config) that start sandboxes."""
+    return [instance for _, instance, _, _, _ in provider_refs(merged)]
 
 
 class StackSandboxes(Protocol):

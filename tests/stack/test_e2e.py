@@ -9,9 +9,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers.evals import model_context, read_episodes, vf_eval_command
 from helpers.processes import gone, run_command, run_tag
-from helpers.stacks import runtime_flags
+from helpers.stacks import VERSIONS, runtime_flags
 
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -19,6 +20,13 @@ from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
 from verifiers_nemogym.stack_access import PrivateStack, SharedStack
 
 ENV = "example_single_tool_call"
+# 0.4.0's vf-eval and Python API runs are surveyed: CI runs 0.4.0 through vf-eval in
+# test_metrics.py and through the Python API in test_judges.py and test_conformance.py.
+ON_RELEASES = pytest.mark.parametrize(
+    "any_nemo_venv",
+    [pytest.param(VERSIONS[0], marks=pytest.mark.survey), *VERSIONS[1:]],
+    indirect=True,
+)
 
 
 def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
@@ -31,6 +39,7 @@ def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
         assert "vf_nemogym_route" not in json.dumps(call.body.get("metadata") or {})
 
 
+@ON_RELEASES
 async def test_vf_eval_runs_rollouts_on_a_real_stack(
     policy: ScriptedPolicy, tmp_path: Path, any_nemo_venv: NeMoGymVenv
 ):
@@ -99,23 +108,33 @@ async def _run_all(env: Any, policy: ScriptedPolicy) -> tuple[list[Any], int, di
     return eps, prefixed, relayed
 
 
+@ON_RELEASES
 async def test_python_api_runs_episodes_and_stops_cleanly(
-    policy: ScriptedPolicy, any_nemo_venv: NeMoGymVenv
+    policy: ScriptedPolicy, any_nemo_venv: NeMoGymVenv, tmp_path: Path
 ):
-    env = _load_env(any_nemo_venv)
+    """The Python API on a private stack: every episode scores NeMo Gym's reward, each agent's
+    `/run` goes where the release sends it, and nothing is left. On 0.7.0 with NeMo Gym's
+    observability on (one stack start for both): its agents call `/ng-rollout/<id>/v1/...`, the
+    id being our route id (the row's `_ng_rollout_id`), so every call still reaches its rollout."""
+    observed = any_nemo_venv.nemo_gym_version == "0.7.0"
+    extra = tmp_path / "observability.yaml"
+    extra.write_text("observability_enabled: true\n")
+    env = _load_env(any_nemo_venv, config_paths=[str(extra)] if observed else [])
     eps, prefixed, relayed = await _run_all(env, policy)
     traces = [t for e in eps for t in e.traces]
     assert [t.reward for t in traces] == [1.0] * len(eps)
     check_calls(policy, [t.model_dump() for t in traces])
-    assert prefixed == 0  # observability is off by default
-    if any_nemo_venv.nemo_gym_version == "0.7.0":
-        # NeMo Gym 0.7's own path: /run goes to the environment server fronting the agent.
-        assert list(relayed) == [f"{ENV}_simple_agent"]
-        info = traces[0].info["nemo_gym"]
-        assert info["mask_sample"] is False
-        assert "mask_sample" not in traces[0].metrics  # a boolean is not a metric
-    else:
-        assert relayed == {}
+    if not observed:
+        assert prefixed == 0 and relayed == {}  # NeMo Gym 0.4.0 has no observability
+        return
+    assert prefixed == len(policy.calls) == 2 * len(eps)
+    # NeMo Gym 0.7's own path: /run goes to the environment server fronting the agent.
+    assert list(relayed) == [f"{ENV}_simple_agent"]
+    info = traces[0].info["nemo_gym"]
+    assert info["mask_sample"] is False
+    assert "mask_sample" not in traces[0].metrics  # a boolean is not a metric
+    # NeMo Gym's trajectory echo stays out of the trace unless asked for.
+    assert "ng_trajectory" not in info
 
 
 async def test_observability_on_a_shared_stack_routes_through_the_front(
@@ -147,20 +166,3 @@ async def test_observability_on_a_shared_stack_routes_through_the_front(
     check_calls(policy, [t.model_dump() for t in traces])
     assert prefixed == len(policy.calls) == 2 * len(eps)
     assert await gone(marker) == []  # the last user left: the stack stops
-
-
-async def test_observability_on_routes_rollout_prefixed_model_calls(
-    policy: ScriptedPolicy, nemo_venv_07: NeMoGymVenv, tmp_path: Path
-):
-    """With NeMo Gym 0.7's observability on, agents call `/ng-rollout/<id>/v1/responses`; the id
-    is our route id (the row's `_ng_rollout_id`), so every call still reaches its rollout."""
-    extra = tmp_path / "observability.yaml"
-    extra.write_text("observability_enabled: true\n")
-    env = _load_env(nemo_venv_07, config_paths=[str(extra)])
-    eps, prefixed, _ = await _run_all(env, policy)
-    traces = [t for e in eps for t in e.traces]
-    assert [t.reward for t in traces] == [1.0] * len(eps)
-    check_calls(policy, [t.model_dump() for t in traces])
-    assert prefixed == len(policy.calls) == 2 * len(eps)
-    # NeMo Gym's trajectory echo stays out of the trace unless asked for.
-    assert "ng_trajectory" not in traces[0].info["nemo_gym"]

@@ -351,7 +351,8 @@ class TestOnOneSharedStack:
         await held.released()
 
 
-@pytest.mark.parametrize("victim", ["resources", "agent"])
+# CI kills the resources server; the agent is surveyed (the same report and failure path).
+@pytest.mark.parametrize("victim", ["resources", pytest.param("agent", marks=pytest.mark.survey)])
 async def test_killed_server_is_reported_and_fails_remaining_rollouts(
     policy: ScriptedPolicy, victim: str
 ):
@@ -406,7 +407,10 @@ async def test_exception_inside_start_leaves_nothing():
     assert await gone(tag) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+# CI sends Ctrl-C; SIGTERM (the same handler) is surveyed.
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.survey)]
+)
 async def test_signal_to_vf_eval_mid_run_leaves_nothing(
     policy: ScriptedPolicy, tmp_path: Path, sig: signal.Signals
 ):
@@ -471,6 +475,7 @@ class RayletFreeze(threading.Thread):
             os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.survey  # CI: a start failure tried again with a fresh stack (below)
 async def test_ray_node_timeout_at_start_is_tried_again_with_a_fresh_stack(
     policy: ScriptedPolicy, caplog: pytest.LogCaptureFixture
 ):

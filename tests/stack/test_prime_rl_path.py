@@ -145,6 +145,7 @@ async def test_taskset_in_one_process_env_server_in_another_eval_and_train(
     assert await gone(tag, SHARED_STACK_GONE_S) == []  # the stack left with its last user
 
 
+@pytest.mark.survey  # CI: the env-server path (above), harness environments (test_harnesses)
 async def test_a_coding_agent_harness_environment_through_the_env_server(
     nemo_venv_07: NeMoGymVenv, tmp_path: Path
 ) -> None:
@@ -176,6 +177,7 @@ async def test_a_coding_agent_harness_environment_through_the_env_server(
     assert await gone(tag, SHARED_STACK_GONE_S) == []  # CLIs and stack left with the server
 
 
+@pytest.mark.survey  # CI: a stack that cannot start, through the Python API (test_harnesses.py)
 async def test_a_stack_that_cannot_start_fails_every_rollout_through_the_env_server(
     policy: ScriptedPolicy, tmp_path: Path
 ) -> None:

@@ -272,6 +272,7 @@ def with_private_tmp(private_tmp: Path, command: list[str]) -> tuple[list[str], 
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+@pytest.mark.survey  # CI: joining a cluster (above)
 async def test_a_cluster_this_machine_is_no_node_of_is_one_line_and_starts_nothing(
     nemo_venv: NeMoGymVenv, tmp_path: Path
 ) -> None:

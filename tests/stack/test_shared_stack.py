@@ -267,6 +267,7 @@ async def test_env_server_pools_share_one_stack(
     assert await gone(f"{MARKER_ENV_VAR}={markers[0]}", 1) == []
 
 
+@pytest.mark.survey  # CI: an owner SIGKILLed (test_stack.py), a starter SIGKILLed (below)
 async def test_sigkilled_workers_leave_the_stack_to_the_others_then_it_stops(
     nemo_venv: NeMoGymVenv, policy: ScriptedPolicy, tmp_path: Path
 ) -> None:

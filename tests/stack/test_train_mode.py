@@ -208,6 +208,7 @@ async def test_train_mode_records_tokens_on_every_call(
     secret_watch.assert_absent(texts)
 
 
+@pytest.mark.survey  # CI: the real model in eval mode (policies/test_local_model.py)
 def test_eval_local_train_records_real_tokens_and_logprobs(tmp_path: Path) -> None:
     """`nemo-gym-env eval-local --train`: the packaged model on llama.cpp behind the generate
     adapter, verifiers' train client, one rollout. The model's wording is never asserted: only

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from verifiers_nemogym.nemo.stack import NeMoGymStack
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR as STACK_MARKER_VAR
 from verifiers_nemogym.shared import protocol
@@ -76,6 +78,14 @@ def unstarted_stack(venv: Any, configs: list[Path], timeout: float = 300) -> NeM
 VERSIONS = ["0.4.0", "0.7.0-below-floor"]
 """Test ids of the NeMo Gym releases the end-to-end and conformance tests run on: 0.7.0 on a
 Python below its declared floor (3.13.14; none here), with the package's explicit opt-in."""
+
+SURVEYED_ON_040 = pytest.mark.parametrize(
+    "any_nemo_venv",
+    [pytest.param(VERSIONS[0], marks=pytest.mark.survey), *VERSIONS[1:]],
+    indirect=True,
+)
+"""A test over `any_nemo_venv` whose 0.4.0 case is surveyed (tests/survey.sh), not run by CI:
+it repeats on 0.4.0 what CI shows on 0.7.0 and, on 0.4.0, through other tests."""
 
 
 def runtime_flags(runtime: NeMoGymVenv) -> list[str]:

@@ -9,10 +9,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
 from helpers.evals import model_context, read_episodes, vf_eval_command
 from helpers.processes import gone, run_command, run_tag
-from helpers.stacks import VERSIONS, runtime_flags
+from helpers.stacks import SURVEYED_ON_040, runtime_flags
 
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
@@ -20,13 +19,6 @@ from verifiers_nemogym.policies.scripted import ANSWER, ScriptedPolicy
 from verifiers_nemogym.stack_access import PrivateStack, SharedStack
 
 ENV = "example_single_tool_call"
-# 0.4.0's vf-eval and Python API runs are surveyed: CI runs 0.4.0 through vf-eval in
-# test_metrics.py and through the Python API in test_judges.py and test_conformance.py.
-ON_RELEASES = pytest.mark.parametrize(
-    "any_nemo_venv",
-    [pytest.param(VERSIONS[0], marks=pytest.mark.survey), *VERSIONS[1:]],
-    indirect=True,
-)
 
 
 def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
@@ -39,7 +31,7 @@ def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
         assert "vf_nemogym_route" not in json.dumps(call.body.get("metadata") or {})
 
 
-@ON_RELEASES
+@SURVEYED_ON_040  # 0.4.0 in CI: vf-eval in test_metrics.py, the Python API in test_judges.py
 async def test_vf_eval_runs_rollouts_on_a_real_stack(
     policy: ScriptedPolicy, tmp_path: Path, any_nemo_venv: NeMoGymVenv
 ):
@@ -108,7 +100,7 @@ async def _run_all(env: Any, policy: ScriptedPolicy) -> tuple[list[Any], int, di
     return eps, prefixed, relayed
 
 
-@ON_RELEASES
+@SURVEYED_ON_040
 async def test_python_api_runs_episodes_and_stops_cleanly(
     policy: ScriptedPolicy, any_nemo_venv: NeMoGymVenv, tmp_path: Path
 ):

@@ -24,6 +24,7 @@ import pytest
 import verifiers.v1 as vf
 from helpers.evals import error_text, model_context, train_context
 from helpers.processes import gone, run_tag
+from helpers.stacks import SURVEYED_ON_040
 
 import nemo_gym_env
 from verifiers_nemogym.judge.relay import JUDGE_RETRY
@@ -71,6 +72,7 @@ def _question(task: vf.Task) -> str:
     return str(text)
 
 
+@SURVEYED_ON_040  # 0.4.0 in CI: its judges graded in test_judge_conformance.py and below
 async def test_judge_environments_grade_with_the_named_judge_on_both_releases(
     policy: ScriptedPolicy, any_nemo_venv: NeMoGymVenv, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from helpers.evals import vf_eval_command
 from helpers.processes import gone, run_command, run_tag
 
@@ -18,6 +19,7 @@ from verifiers_nemogym.policies.scripted import ScriptedPolicy
 ENV = "example_single_tool_call"
 
 
+@pytest.mark.survey  # CI: the same stop through vf-eval's train client (test_train_mode.py)
 async def test_turn_limit_stop_keeps_reward_through_vf_eval(policy: ScriptedPolicy, tmp_path: Path):
     """`--env.agent.max-turns 1`: verifiers refuses the second model call; the proxy turns that
     into an `incomplete` reply, NeMo Gym verifies, and the trace keeps its reward and stop."""

@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from helpers.evals import error_text, model_context
 
@@ -95,6 +96,7 @@ def _posts_to_run(stack: NeMoGymStack, server: str) -> int:
     return stack.ng_log.server_tail(server, n=100_000).count('"POST /run ')
 
 
+@pytest.mark.survey  # CI: attaching by stack_url (above)
 async def test_attach_by_stack_url_on_07_posts_run_to_the_environment_server(
     nemo_venv_07: NeMoGymVenv, policy: ScriptedPolicy, tmp_path: Path
 ) -> None:

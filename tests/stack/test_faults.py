@@ -461,6 +461,14 @@ class RayletFreeze(threading.Thread):
 
     def _freeze(self, pid: int) -> None:
         os.kill(pid, signal.SIGSTOP)
+        # Read once it has stopped: a SIGSTOP takes effect after its exec completes, and
+        # /proc/<pid>/environ read while the exec is still under way is empty (a survey run's
+        # frozen raylet once showed no marker).
+        for _ in range(100):  # bounded: 2 s
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+                    break
+            time.sleep(0.02)
         self.marker = env_value(pid, MARKER_ENV_VAR) or ""
         self.ray_tmpdir = env_value(pid, "RAY_TMPDIR") or ""
         self.workdir = str(cwd_of(pid) or "")

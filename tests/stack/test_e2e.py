@@ -110,7 +110,8 @@ async def test_python_api_runs_episodes_and_stops_cleanly(
     id being our route id (the row's `_ng_rollout_id`), so every call still reaches its rollout."""
     observed = any_nemo_venv.nemo_gym_version == "0.7.0"
     extra = tmp_path / "observability.yaml"
-    extra.write_text("observability_enabled: true\n")
+    if observed:
+        extra.write_text("observability_enabled: true\n")
     env = _load_env(any_nemo_venv, config_paths=[str(extra)] if observed else [])
     eps, prefixed, relayed = await _run_all(env, policy)
     traces = [t for e in eps for t in e.traces]

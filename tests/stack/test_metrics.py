@@ -29,11 +29,10 @@ from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 
 ROWS, REPEATS = 3, 4
-# Environments with their own compute_metrics / get_key_metrics.
-# One environment a case: the aggregate's task indices count a run's rows (ours: environment,
-# then line), so environments mixed in one run compare only with one native collection of the
-# same mixed rows.
-CASES = [("0.4.0", ("mcqa",)), ("0.4.0", ("hotpotqa_qa",)), ("0.7.0", ("mcqa",))]
+# Environments with their own compute_metrics / get_key_metrics, one a case: the aggregate's
+# task indices count a run's rows (ours: environment, then line), so environments mixed in one
+# run compare only with one native collection of the same mixed rows.
+CASES = [("0.4.0", "mcqa"), ("0.4.0", "hotpotqa_qa"), ("0.7.0", "mcqa")]
 SURVEYED = {CASES[1]}  # CI: mcqa on both releases
 COMPARED = ("agent_metrics", "key_metrics", "group_level_metrics", "repeat_level_metrics")
 
@@ -62,44 +61,36 @@ def _same(ours: Any, native: Any, where: str) -> None:
         assert ours == native, f"{where}: {ours!r} != {native!r}"
 
 
-async def _native(
-    runtime: NeMoGymVenv, envs: tuple[str, ...], policy: ScriptedPolicy, tmp: Path
-) -> list[Any]:
-    """NeMo Gym's own aggregate of each of `envs` (one collection each, on one stack of them
-    all): their entries, in `envs`' order."""
-    catalog = Catalog(runtime)
-    specs = [catalog.env(env) for env in envs]
-    stack = native_stack(runtime, [p for spec in specs for p in spec.config_paths], policy.port)
-    entries: list[Any] = []
+async def _native(runtime: NeMoGymVenv, env: str, policy: ScriptedPolicy, tmp: Path) -> Any:
+    spec = Catalog(runtime).env(env)
+    lines = [line for line in spec.dataset("example").read_text().splitlines() if line.strip()]
+    rows = tmp / "rows.jsonl"
+    rows.write_text("\n".join(lines[:ROWS]) + "\n")
+    stack = native_stack(runtime, spec.config_paths, policy.port)
     try:
         await stack.start()
-        for spec in specs:
-            lines = [ln for ln in spec.dataset("example").read_text().splitlines() if ln.strip()]
-            rows = tmp / f"{spec.name}.jsonl"
-            rows.write_text("\n".join(lines[:ROWS]) + "\n")
-            output = tmp / f"native-{spec.name}.jsonl"
-            await collect_rollouts(
-                runtime, stack, spec.agent.name, rows, output, repeats=REPEATS, in_flight=4
-            )
-            entries += json.loads((tmp / f"native-{spec.name}_aggregate_metrics.json").read_text())
+        output = tmp / "native.jsonl"
+        await collect_rollouts(
+            runtime, stack, spec.agent.name, rows, output, repeats=REPEATS, in_flight=4
+        )
     finally:
         await stack.stop()
-    return entries
+    return json.loads((tmp / "native_aggregate_metrics.json").read_text())
 
 
 @pytest.mark.parametrize(
-    ("version", "envs"),
+    ("version", "env"),
     [pytest.param(*c, marks=[pytest.mark.survey] if c in SURVEYED else []) for c in CASES],
-    ids=[f"{v}-{'+'.join(e)}" for v, e in CASES],
+    ids=[f"{v}-{e}" for v, e in CASES],
 )
 async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
-    version: str, envs: tuple[str, ...], policy: ScriptedPolicy, tmp_path: Path
+    version: str, env: str, policy: ScriptedPolicy, tmp_path: Path
 ) -> None:
     runtime = _runtime(version)
     out = tmp_path / "out"
     cmd = vf_eval_command(
-        "scripted", policy.base_url, "SCRIPTED_KEY", ROWS * len(envs), REPEATS, 4, out,
-        "--env.taskset.nemo-env", ",".join(envs),
+        "scripted", policy.base_url, "SCRIPTED_KEY", ROWS, REPEATS, 4, out,
+        "--env.taskset.nemo-env", env,
         *runtime_flags(runtime),  # the default: a shared stack
         "--env.taskset.stack-idle-grace", "0",
     )  # fmt: skip
@@ -107,21 +98,19 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
     # Both sides at once (their own stacks; the policy answers each call the same): the test
     # takes the time of the slower one.
     native, (code, log) = await asyncio.gather(
-        _native(runtime, envs, policy, tmp_path), run_command(cmd, environ)
+        _native(runtime, env, policy, tmp_path), run_command(cmd, environ)
     )
     assert code == 0, log[-5000:]
     (run,) = out.glob("*/traces.jsonl")
     written = run.parent / METRICS_FILE
     ours = json.loads(written.read_text())
-    names = sorted(e["agent_ref"]["name"] for e in native)
-    assert sorted(e["agent_ref"]["name"] for e in ours) == names and len(names) == len(envs)
-    by_agent = {e["agent_ref"]["name"]: e for e in ours}
-    for theirs in native:
-        mine = by_agent[theirs["agent_ref"]["name"]]
+    names = [e["agent_ref"]["name"] for e in native]
+    assert [e["agent_ref"]["name"] for e in ours] == names
+    for mine, theirs in zip(ours, native, strict=True):
         assert mine["agent_metrics"]["mean/reward"] is not None
         for part in COMPARED:
             if part in theirs:
-                _same(mine[part], theirs[part], f"{mine['agent_ref']['name']}@{version}:{part}")
+                _same(mine[part], theirs[part], f"{env}@{version}:{part}")
     # The key metrics are logged at the end of the run (its eval.log).
     logged = (run.parent / "logs" / "latest" / "eval.log").read_text()
     assert f"NeMo Gym aggregate metrics ({written}):" in logged, logged[-3000:]
@@ -129,7 +118,7 @@ async def test_aggregate_metrics_equal_nemo_gyms_own_eval(
         for key in entry["key_metrics"]:
             assert key in logged
     assert await gone(tag) == []
-    if (version, envs) != CASES[0]:
+    if (version, env) != CASES[0]:
         return
     # `nemo-gym-env metrics` on vf-eval's `-o` folder (it holds one run) prints the same file;
     # its log says what it starts and why, and nothing of verifiers' rollout machinery (no

@@ -154,6 +154,15 @@ class OpenSandboxServer:
         )  # fmt: skip
         return str(made["id"])
 
+    def kill(self) -> None:
+        """The server going down at once (SIGKILL): what it made stays in docker; `start()`
+        brings it back on the same port and key, listing those sandboxes again (its docker
+        runtime keeps no state of its own)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
     def stop(self) -> None:
         """Stop the server by its PID (SIGTERM, then SIGKILL after 30 s)."""
         proc, self._proc = self._proc, None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -17,11 +18,12 @@ from aiohttp import web
 from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
+from verifiers_nemogym.containers.providers.opensandbox import health
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError
 from verifiers_nemogym.harness import _post_run, record
 from verifiers_nemogym.nemo.rewards import RewardRange
-from verifiers_nemogym.net import serve_app
+from verifiers_nemogym.net import free_port, serve_app
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.taskset import parse_row
 
@@ -48,7 +50,8 @@ async def run_server() -> AsyncIterator[tuple[list[Any], list[dict[str, Any]], s
                 http.post(url, json=row["responses_create_params"]) as reply,
             ):
                 assert reply.status == 200, await reply.text()
-        return web.json_response(results.pop(0))
+        answer = results.pop(0)
+        return answer if isinstance(answer, web.Response) else web.json_response(answer)
 
     app = web.Application()
     app.router.add_post("/run", run)
@@ -61,7 +64,7 @@ async def run_server() -> AsyncIterator[tuple[list[Any], list[dict[str, Any]], s
 
 async def _run(
     url: str,
-    result: dict[str, Any],
+    result: dict[str, Any] | web.Response,
     results: list[Any],
     *,
     model_call: bool = True,
@@ -240,3 +243,34 @@ async def test_untagged_failure_fields_keep_the_reward(run_server):
     results, _, url = run_server
     result = {"reward": 1.0, "_ng_failure_class": None, "_ng_no_persist": False}
     assert (await _run(url, result, results))["reward"] == 1.0
+
+
+async def test_a_failed_run_is_led_by_the_sandbox_provider_gone_mid_run(run_server):
+    """An agent answers a sandbox provider gone mid-run with an error of its own naming no
+    provider (NeMo Gym 0.7.0's OpenCode agent: a 500 "Failed to export OpenCode results"): the
+    rollout's error leads with the provider's own line (an OpenSandbox server on a loopback port
+    nothing listens on); while the provider answers (no line), the agent's error stands as is."""
+    results, _, url = run_server
+    closed = free_port()  # bound, then released: nothing listens there
+    settings = {"connection": {"domain": f"http://127.0.0.1:{closed}", "api_key": "k"}}
+
+    def agents_500() -> web.Response:
+        return web.Response(status=500, text='{"detail": "Failed to export OpenCode results"}')
+
+    with pytest.raises(AgentRunError) as caught:
+        await _run(url, agents_500(), results, sandbox_health=partial(health, settings))
+    assert str(caught.value).startswith(
+        f"the OpenSandbox server at http://127.0.0.1:{closed} (NeMo Gym's opensandbox sandbox "
+        "provider) does not answer: "
+    ), caught.value
+    assert str(caught.value).endswith(
+        "; then rows.jsonl:1: agent 'a' /run answered 500: "
+        '{"detail": "Failed to export OpenCode results"}'
+    ), caught.value
+
+    async def serving() -> None:
+        return None
+
+    with pytest.raises(AgentRunError) as caught:
+        await _run(url, agents_500(), results, sandbox_health=serving)
+    assert str(caught.value).startswith("rows.jsonl:1: agent 'a' /run answered 500"), caught.value

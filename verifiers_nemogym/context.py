@@ -9,6 +9,7 @@ with that message instead of waiting on a server that will never answer.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,10 @@ class RolloutContext:
     reward_ranges: dict[str, RewardRange] = field(default_factory=dict)
     """Agent instance -> the reward range NeMo Gym's manifests declare for it (used without
     `reward_range`). A reward outside its agent's range makes the rollout an error."""
+    sandbox_health: Callable[[], Awaitable[str | None]] | None = None
+    """Why the stack's remote sandbox provider cannot serve (one line naming it; None while it
+    serves), when it has one (`containers.seam.sandbox_health`): asked once a rollout's `/run`
+    fails, and put first in its error."""
     warned: set[str] = field(default_factory=set)
     """One-time warnings already logged in this process (e.g. row sampling fields)."""
     death: Latch = field(default_factory=Latch)

@@ -18,6 +18,7 @@ import verifiers.v1 as vf
 from verifiers_nemogym import metrics
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
 from verifiers_nemogym.bridge.redact import NOTICE_LIMIT, cut
+from verifiers_nemogym.containers.seam import sandbox_health
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, NeMoGymError
 from verifiers_nemogym.nemo.ray_cluster import RayCluster
@@ -92,9 +93,12 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         # rollouts run (an env server's worker, or vf-eval's process).
         runtime = await asyncio.to_thread(lambda: taskset.nemo_venv)
         config_paths = await asyncio.to_thread(taskset.config_paths)
+        health = None
         if config.stack_url is None:
             # Rows whose container image is missing: one line now, not an error per rollout.
             await asyncio.to_thread(taskset.check_container_images, config_paths)
+            # A stack elsewhere reads its provider's settings there, not from this process.
+            health = sandbox_health(await asyncio.to_thread(taskset.sandbox_plan, config_paths))
         reward_ranges = await asyncio.to_thread(taskset.reward_ranges, config_paths)
         logger.info(
             "NeMo Gym %s on Python %s%s (runtime %s)",
@@ -152,6 +156,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             judge=self._stack.judge,
             reward_range=taskset.stated_range(),
             reward_ranges=reward_ranges,
+            sandbox_health=health,
         )
         config.task._live = context
         self._watchdog = asyncio.create_task(_fail_when_lost(self._stack, context))

@@ -188,8 +188,13 @@ async def _post_run(
     elif died in done:
         raise AgentRunError(f"{where} lost its NeMo Gym stack: {live.failure}")
     else:
-        raise AgentRunError(f"{where} did not return within {live.run_timeout:g} s")
-    result = read_json_answer(where, status, text, AgentRunError)
+        raise await _sandboxes_blamed(
+            live, AgentRunError(f"{where} did not return within {live.run_timeout:g} s")
+        )
+    try:
+        result = read_json_answer(where, status, text, AgentRunError)
+    except AgentRunError as e:
+        raise await _sandboxes_blamed(live, e) from None
     if isinstance(result, dict) and result.get("mask_sample") is True:
         raise _masked(where, result)
     if isinstance(result, dict) and (
@@ -218,6 +223,15 @@ async def _post_run(
             "(no model call of this rollout came through the proxy)"
         )
     return result
+
+
+async def _sandboxes_blamed(live: RolloutContext, error: AgentRunError) -> AgentRunError:
+    """`error`, led by why the stack's sandbox provider cannot serve when it cannot (NeMo Gym's
+    agents answer a provider gone mid-run with errors of their own, e.g. a 500 "Failed to
+    export OpenCode results", which name no provider)."""
+    if live.sandbox_health is None or (down := await live.sandbox_health()) is None:
+        return error
+    return AgentRunError(f"{down}; then {error}")
 
 
 def _finite_number(value: Any) -> bool:

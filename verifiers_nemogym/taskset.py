@@ -21,7 +21,7 @@ from verifiers.v1.dialects.responses import ResponsesDialect
 from verifiers.v1.runtimes import Runtime
 
 from verifiers_nemogym.containers.docker import check_isolation, daemon, missing_images
-from verifiers_nemogym.containers.sandbox import row_image, sandbox_plan
+from verifiers_nemogym.containers.sandbox import SandboxPlan, row_image, sandbox_plan
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
@@ -385,14 +385,19 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
             known.update(server_blocks(catalog.merged_config(catalog.config_path(extra)), AGENTS))
         return known
 
+    def sandbox_plan(self, config_paths: list[Path]) -> SandboxPlan | None:
+        """What `config_paths` (what `config_paths()` returned) ask of sandbox providers
+        (`containers.sandbox.sandbox_plan`); None when no server starts a sandbox."""
+        catalog = Catalog(self.nemo_venv)
+        return sandbox_plan(catalog.merged_config(path) for path in config_paths)
+
     def check_container_images(self, config_paths: list[Path]) -> None:
         """For `config_paths` (what `config_paths()` returned) whose servers run rows in
         containers (`containers.sandbox`), before any rollout starts: a one-line error if they
         cannot be isolated and `allow_unisolated_containers` is off (`check_isolation`), or
         naming the first row whose docker image the daemon does not have (and how many are
         missing), or no daemon. Reads no image of a provider other than docker."""
-        catalog = Catalog(self.nemo_venv)
-        plan = sandbox_plan(catalog.merged_config(path) for path in config_paths)
+        plan = self.sandbox_plan(config_paths)
         if plan is None:
             return
         host = daemon() if plan.docker is not None else None

@@ -12,89 +12,26 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import verifiers.v1 as vf
-from helpers.evals import SERVE_ENV_SCRIPT, error_text
-from helpers.processes import REPO, SHARED_STACK_GONE_S, gone, run_command, run_tag
-from renderers.configs import DefaultRendererConfig
-from verifiers.v1.configs.client import EvalClientConfig, TrainClientConfig
-from verifiers.v1.serve.client import EnvClient
-from verifiers.v1.serve.pool import env_config_data
+from helpers.env_servers import EnvServer, load_tasks, train_client
+from helpers.evals import error_text
+from helpers.processes import REPO, SHARED_STACK_GONE_S, gone, run_tag
+from verifiers.v1.configs.client import EvalClientConfig
 
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
-from verifiers_nemogym.net import free_port
 from verifiers_nemogym.policies.answer_key import AnswerKeyPolicy, load_answer_key
-from verifiers_nemogym.policies.gguf_tokenizer import tokenizer_dir
-from verifiers_nemogym.policies.local_model import packaged_model_path
 from verifiers_nemogym.policies.scripted import ScriptedPolicy
 from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 from verifiers_nemogym.util import clean_env, find_uv
 
 ENV = "example_single_tool_call"
-# What prime-rl's orchestrator runs, in its own process.
-LOAD = (
-    "import json, sys\n"
-    "import verifiers.v1 as vf\n"
-    "config = vf.resolve_env_config({'taskset': json.loads(sys.argv[1])})\n"
-    "tasks = list(vf.load_taskset(config.taskset))\n"
-    "print(json.dumps([t.data.model_dump(mode='json') for t in tasks]))\n"
-)
-
-
-async def load_tasks(python: str, taskset: dict[str, Any], env: dict[str, str]) -> list[dict]:
-    code, out = await run_command(
-        [python, "-c", LOAD, json.dumps(taskset)], env, 600, stdout_only=True
-    )
-    assert code == 0, out[-2000:]
-    return json.loads(out.strip().splitlines()[-1])
-
-
-class EnvServer:
-    """`serve_env` in its own process (SIGTERM: verifiers' graceful teardown), and a client."""
-
-    def __init__(self, python: str, taskset: dict[str, Any], env: dict[str, str], log: Path):
-        config = vf.resolve_env_config({"taskset": taskset})
-        self.address = f"tcp://127.0.0.1:{free_port()}"
-        args = {
-            "address": self.address,
-            "config_data": env_config_data(config),
-            "max_workers": 2,
-            "elastic": False,
-        }
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [python, "-c", SERVE_ENV_SCRIPT, json.dumps(args)],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.client = EnvClient(self.address)
-
-    async def run(self, client: Any, model: str, tasks: list[dict]) -> list[vf.Episode]:
-        async def one(task: dict) -> vf.Episode:
-            return await self.client.run(client, model, vf.SamplingConfig(), task)
-
-        return list(await asyncio.gather(*(one(t) for t in tasks)))
-
-    async def stop(self) -> None:
-        await self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(self.proc.wait, 120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            await asyncio.to_thread(self.proc.wait)
 
 
 def eval_client(policy: ScriptedPolicy) -> EvalClientConfig:
@@ -123,14 +60,8 @@ async def test_taskset_in_one_process_env_server_in_another_eval_and_train(
         episodes = await asyncio.wait_for(server.run(eval_client(policy), "scripted", tasks), 900)
         check_scored(episodes, 5)
         assert len({c.session_id for c in policy.calls}) == 5  # each rollout its own calls
-        renderer = DefaultRendererConfig(tool_parser="qwen3", reasoning_parser="think")
         async with TokenServer(packaged_tokenizer()) as tokens:
-            train = TrainClientConfig(
-                base_url=tokens.base_url,
-                api_key_var="VF_NEMOGYM_TEST_NO_KEY",
-                renderer=renderer,
-                renderer_model_name=str(tokenizer_dir(packaged_model_path())),
-            )
+            train = train_client(tokens.base_url, "VF_NEMOGYM_TEST_NO_KEY")
             trained = await asyncio.wait_for(server.run(train, "token-server", tasks), 900)
         check_scored(trained, 5)
         for trace in (t for e in trained for t in e.traces):

@@ -11,13 +11,15 @@ logs the provider's `isolation` line. `stop` ends the provider's sandboxes, then
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from verifiers_nemogym.containers.door import ModelDoor
-from verifiers_nemogym.containers.providers import Provider
+from verifiers_nemogym.containers.providers import Provider, opensandbox
 from verifiers_nemogym.containers.providers.docker import Docker
 from verifiers_nemogym.containers.providers.opensandbox import NAME, OpenSandbox
 from verifiers_nemogym.containers.providers.passthrough import PassThrough
@@ -61,6 +63,16 @@ def provider_for(
     if plan.docker is not None:
         return Docker(marker, log, bounds=bounds)
     return PassThrough(marker, log, builtin=builtin, bounds=bounds)
+
+
+def sandbox_health(plan: SandboxPlan | None) -> Callable[[], Awaitable[str | None]] | None:
+    """For a run whose configs ask for `plan`: a probe of its remote sandbox provider (None
+    while it serves, else one line naming it), asked where a rollout fails so that its error
+    names a provider gone mid-run; None when no provider of `plan` can be asked (docker's
+    failures reach NeMo Gym's answer as they are; a passed-through one is not known here)."""
+    if plan is None or NAME not in plan.providers:
+        return None
+    return partial(opensandbox.health, plan.providers[NAME])
 
 
 class StackSandboxes:

@@ -1,10 +1,11 @@
 """NeMo Gym 0.7's container environments through its `opensandbox` sandbox provider, on the real
-chain: vf-eval -> NeMoGymHarness -> NeMo Gym's servers, their `OpenSandboxProvider` (its shipped
-`configs/opensandbox.yaml`, the real `opensandbox` SDK from `nemo-gym[sandbox]`) -> the real
-`opensandbox-server` 1.1.1 (docker runtime, on loopback) -> a sandbox container of the hand-made
-task image, OpenCode inside -> the door on docker's default bridge -> the model proxy -> the
-fixer policy. The one double besides the model is OpenSandbox's in-sandbox daemon: the package's
-stand-in execd (`containers.opensandbox_execd`, docs/containers.md says what it does not cover).
+chain: prime-rl's env server or vf-eval -> NeMoGymHarness -> NeMo Gym's servers, their
+`OpenSandboxProvider` (its shipped `configs/opensandbox.yaml`, the real `opensandbox` SDK from
+`nemo-gym[sandbox]`) -> the real `opensandbox-server` 1.1.1 (docker runtime, on loopback) -> a
+sandbox container of the hand-made task image, OpenCode inside -> the door on docker's default
+bridge -> the model proxy -> the fixer policy (the token server in train mode). The one double
+besides the model is OpenSandbox's in-sandbox daemon: the package's stand-in execd
+(`containers.opensandbox_execd`, docs/containers.md says what it does not cover).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.evals import eval_traces, vf_eval_command
-from helpers.processes import gone, run_tag, until
-from helpers.stacks import runtime_flags, stack_host_log
+from helpers.env_servers import EnvServer, load_tasks, train_client
+from helpers.evals import error_text, vf_eval_command
+from helpers.processes import SHARED_STACK_GONE_S, gone, run_tag, until
+from helpers.stacks import runtime_flags
 from opensandbox_server import OpenSandboxServer
+from verifiers.v1.configs.client import EvalClientConfig
 
 from verifiers_nemogym.containers import images
 from verifiers_nemogym.containers.docker import run_docker
@@ -44,6 +46,7 @@ from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, env_value, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.policies.fixer import FixerPolicy, FixTask
+from verifiers_nemogym.policies.token_server import TokenServer, packaged_tokenizer
 
 OPENSANDBOX_CONFIG = PROVIDER_CONFIG.format(name="opensandbox")
 
@@ -142,50 +145,85 @@ def stack_marker(tag: str) -> str | None:
     return None
 
 
-@pytest.mark.timeout(1800)  # a stack start, then OpenCode and the grading in sandboxes
-async def test_container_environments_through_opensandbox_score_right_fix_and_useless_edit(
-    nemo_venv_07: NeMoGymVenv,
-    kit: TaskKit,
-    server: OpenSandboxServer,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.timeout(2400)  # a stack start, OpenCode and the grading in sandboxes, a server stop
+async def test_opensandbox_through_the_env_server_eval_train_and_its_server_going_down(
+    nemo_venv_07: NeMoGymVenv, kit: TaskKit, server: OpenSandboxServer, tmp_path: Path
 ) -> None:
-    """swebench_pro and terminal_bench_2_1 mixed on one stack through vf-eval, all four rollouts
-    at once, OpenCode in OpenSandbox sandboxes: NeMo Gym's reward 1.0 for the right fix and 0.0 for
-    the useless edit, every model call from a sandbox through the door on its rollout's route;
-    the stack says its sandboxes are unisolated (opted in), and afterwards the server lists no
-    sandbox and docker has no container of one."""
-    chosen = [(env, right) for right in (True, False) for env in ENVS]
+    """prime-rl's split (tasks loaded in one process, rollouts on an env server of its own) on
+    one shared stack of swebench_pro and terminal_bench_2_1, OpenCode in OpenSandbox sandboxes:
+    - eval: all four at once, NeMo Gym's reward 1.0 for the right fix and 0.0 for the useless
+      edit, every model call from a sandbox through the door on its rollout's route;
+    - train: verifiers' train client, token ids on every call made from the sandbox;
+    - the OpenSandbox server killed mid-rollout: that rollout is an error naming the provider,
+      never a reward; the server back, the stack's stop deletes what was left.
+    Afterwards the server lists no sandbox, docker has no container of one, and no process of
+    the run is left."""
+    chosen = [(env, right) for right in (True, False) for env in ENVS] + [("swebench_pro", True)]
     table = cases(kit, chosen, tmp_path / "rows.jsonl")
+    table[-1] = replace(table[-1], fix="sleep 600")  # the rollout the server's stop catches
     workers = one_worker_each(kit, ENVS, tmp_path / "workers.yaml")
-    for name, value in provider_env(server).items():
-        monkeypatch.setenv(name, value)
+    tag, env = run_tag(FIXER_KEY="x", VF_NEMOGYM_TEST_NO_KEY="x", **provider_env(server))
+    taskset = {
+        "id": "nemo-gym-env",
+        "config_paths": [*config_paths(kit), workers],
+        "jsonl_path": str(tmp_path / "rows.jsonl"),
+        "allow_unisolated_containers": True,  # no egress image here
+        "nemo_gym_version": nemo_venv_07.nemo_gym_version,
+        "python": str(nemo_venv_07.python),
+        "allow_python_below_floor": nemo_venv_07.below_floor,
+        "start_timeout": 900,
+    }
+    tasks = await load_tasks(sys.executable, taskset, env)
+    assert len(tasks) == len(chosen)
     wrong = frozenset(i for i, (_, right) in enumerate(chosen) if not right)
-    async with FixerPolicy(tasks=table, wrong=wrong) as policy:
-        cmd = vf_eval_command(
-            "policy", policy.base_url, "FIXER_KEY", len(chosen), 1, len(chosen), tmp_path / "out",
-            "--env.taskset.config-paths", json.dumps([*config_paths(kit), workers]),
-            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
-            "--env.taskset.stack-idle-grace", "0",
-            "--env.taskset.allow-unisolated-containers", "true",  # no egress image here
-            *runtime_flags(nemo_venv_07),
-        )  # fmt: skip
-        tag, traces = await eval_traces(cmd, tmp_path / "out", len(chosen), 1800, FIXER_KEY="x")
-    for trace in traces:
-        text = json.dumps(trace["task"])
-        case = max(
-            (i for i, t in enumerate(table) if json.dumps(t.key)[1:-1] in text),
-            key=lambda i: len(table[i].key),
-        )
-        expected = 1.0 if chosen[case][1] else 0.0
-        assert trace["rewards"]["nemo_gym"]["score"] == expected, (chosen[case], trace["errors"])
-    sessions = {t["id"] for t in traces}
-    assert policy.log and all(call.session_id in sessions for call in policy.log)
-    assert {call.task for call in policy.log if call.step == "fix"} == set(range(len(chosen)))
-    host = stack_host_log(tmp_path / "out")
-    assert "OpenSandbox sandboxes run UNISOLATED (allow_unisolated_containers)" in host
-    assert await gone(tag) == []
-    assert server.sandboxes() == [] and sandbox_containers() == []
+    graded, sleeping = tasks[:4], tasks[4]
+    envs = EnvServer(sys.executable, taskset, env, tmp_path / "env-server.log")
+    try:
+        async with FixerPolicy(tasks=table, wrong=wrong) as policy:
+            client = EvalClientConfig(base_url=policy.base_url, api_key_var="FIXER_KEY")
+            episodes = await asyncio.wait_for(envs.run(client, "fixer", graded), 1500)
+            for i, episode in enumerate(episodes):
+                assert episode.ok, (chosen[i], error_text(episode))
+                (trace,) = episode.traces
+                assert trace.reward == (1.0 if chosen[i][1] else 0.0), (chosen[i], trace.info)
+            assert {call.task for call in policy.log if call.step == "fix"} == set(range(4))
+            sessions = {call.session_id for call in policy.log}
+            assert len(sessions) == 4  # each rollout on its own route
+
+            async with TokenServer(packaged_tokenizer()) as tokens:
+                train = train_client(tokens.base_url, "VF_NEMOGYM_TEST_NO_KEY")
+                (trained,) = await asyncio.wait_for(envs.run(train, "tokens", tasks[:1]), 900)
+            assert trained.ok, error_text(trained)
+            for trace in trained.traces:
+                assert trace.calls and "nemo_gym" in trace.rewards
+                for call in trace.calls:
+                    assert call.node is not None, call.error
+                    node = trace.nodes[call.node]
+                    assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
+
+            marker = await until(lambda: stack_marker(tag), 30, "the stack's marker")
+            rollout = asyncio.ensure_future(envs.run(client, "fixer", [sleeping]))
+            await until(lambda: any(c.task == 4 and c.step == "fix" for c in policy.log), 600,
+                        "the sleeping rollout's command")  # fmt: skip
+            assert len(stack_sandboxes(server, marker)) == 1
+            server.kill()
+            try:
+                (down,) = await asyncio.wait_for(rollout, 600)
+            finally:
+                server.start()
+        assert not down.ok and all(t.reward is None or "nemo_gym" not in t.rewards
+                                   for t in down.traces), down.traces  # fmt: skip
+        assert error_text(down).startswith(
+            f"harness 'nemo-gym-env': AgentRunError: the OpenSandbox server at {server.url} "
+            "(NeMo Gym's opensandbox sandbox provider) does not answer"
+        ), error_text(down)
+    finally:
+        await envs.stop()
+    assert await gone(tag, SHARED_STACK_GONE_S) == []
+    await until(
+        lambda: not stack_sandboxes(server, marker) and not sandbox_containers(marker), 60,
+        "the stack's sandboxes to go",
+    )  # fmt: skip
 
 
 DEADLINE = 180.0
@@ -203,67 +241,60 @@ async def test_a_deadline_or_sigkill_leaves_no_sandbox(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A vf-eval on a private stack, one rollout at a time, its rollouts' sandboxes running the
-    model's `sleep 600`: its first rollout passes the deadline, and that sandbox is gone within
-    20 s of the second rollout's start, the stack still up; then vf-eval is SIGKILLed during
-    the second, and its stack's supervisor deletes that sandbox through the server's API.
-    Afterwards no process of it is left, the server lists no sandbox of it and docker has no
-    container of it. (Ctrl-C is the normal stop, the provider's `stop`, which every other test
-    here ends with; a run of its own cost CI a stack start.)"""
+    model's `sleep 600`: the stack says its sandboxes are unisolated (opted in); its first
+    rollout passes the deadline, and that sandbox is gone within 20 s of the second rollout's
+    start, the stack still up; then vf-eval is SIGKILLed during the second, and its stack's
+    supervisor deletes that sandbox through the server's API. Afterwards no process of it is
+    left, the server lists no sandbox of it and docker has no container of it. (Ctrl-C is the
+    normal stop, the provider's `stop`, which every other test here ends with; a run of its own
+    cost CI a stack start.)"""
     for name, value in provider_env(server).items():
         monkeypatch.setenv(name, value)
     workers = one_worker_each(kit, ("swebench_pro",), tmp_path / "workers.yaml")
+    table = cases(kit, [("swebench_pro", True)] * 2, tmp_path / "rows.jsonl")
+    async with FixerPolicy(tasks=[replace(t, fix="sleep 600") for t in table]) as policy:
+        cmd = vf_eval_command(
+            "policy", policy.base_url, "FIXER_KEY", 2, 1, 1, tmp_path / "out",
+            "--env.taskset.config-paths",
+            json.dumps([*config_paths(kit, ("swebench_pro",)), workers]),
+            "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
+            "--env.taskset.shared-stack", "false",
+            "--env.taskset.allow-unisolated-containers", "true",  # no egress image here
+            "--env.taskset.task.run-timeout", str(DEADLINE),
+            *runtime_flags(nemo_venv_07),
+        )  # fmt: skip
+        tag, environ = run_tag(FIXER_KEY="unused")
+        with (tmp_path / "vf-eval.log").open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, env=environ, stdout=log, stderr=subprocess.STDOUT
+            )
+        try:
 
-    async def interrupted(how: signal.Signals, rollouts: int) -> tuple[str, str]:
-        rows = tmp_path / f"{how.name}.jsonl"
-        table = cases(kit, [("swebench_pro", True)] * rollouts, rows)
-        sleeping = [replace(t, fix="sleep 600") for t in table]
-        async with FixerPolicy(tasks=sleeping) as policy:
-            cmd = vf_eval_command(
-                "policy", policy.base_url, "FIXER_KEY", rollouts, 1, 1, tmp_path / how.name,
-                "--env.taskset.config-paths",
-                json.dumps([*config_paths(kit, ("swebench_pro",)), workers]),
-                "--env.taskset.jsonl-path", str(rows),
-                "--env.taskset.shared-stack", "false",
-                "--env.taskset.allow-unisolated-containers", "true",
-                "--env.taskset.task.run-timeout", str(DEADLINE if rollouts > 1 else 1800),
-                *runtime_flags(nemo_venv_07),
+            def fixing(count: int) -> bool:
+                assert proc.returncode is None, f"vf-eval exited: {tmp_path / 'vf-eval.log'}"
+                return sum(c.step == "fix" for c in policy.log) >= count
+
+            await until(lambda: fixing(1), 900, "the first rollout's command")
+            marker = await until(lambda: stack_marker(tag), 30, "the stack's marker")
+            (first,) = await until(lambda: stack_sandboxes(server, marker), 30, "a sandbox")
+            await until(lambda: fixing(2), DEADLINE + 600, "the second rollout")
+            await until(
+                lambda: first not in stack_sandboxes(server, marker), 20,
+                "the sandbox of the rollout past its deadline to go",
             )  # fmt: skip
-            tag, environ = run_tag(FIXER_KEY="unused")
-            with (tmp_path / f"{how.name}.log").open("wb") as log:
-                proc = await asyncio.create_subprocess_exec(
-                    *cmd, env=environ, stdout=log, stderr=subprocess.STDOUT
-                )
-            try:
-
-                def fixing(count: int) -> bool:
-                    assert proc.returncode is None, f"vf-eval exited: {tmp_path / how.name}"
-                    return sum(c.step == "fix" for c in policy.log) >= count
-
-                await until(lambda: fixing(1), 900, f"{how.name}: the first rollout's command")
-                marker = await until(lambda: stack_marker(tag), 30, "the stack's marker")
-                (first,) = await until(lambda: stack_sandboxes(server, marker), 30, "a sandbox")
-                if rollouts > 1:
-                    await until(lambda: fixing(2), DEADLINE + 600, "the second rollout")
-                    await until(
-                        lambda: first not in stack_sandboxes(server, marker), 20,
-                        "the sandbox of the rollout past its deadline to go",
-                    )  # fmt: skip
-                    assert len(stack_sandboxes(server, marker)) == 1
-                os.kill(proc.pid, how)
-                await asyncio.wait_for(proc.wait(), 120)
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
-        return tag, marker
-
-    runs = [await interrupted(signal.SIGKILL, 2)]
-    for tag, _ in runs:
-        assert await gone(tag) == []
-    markers = [marker for _, marker in runs]
+            assert len(stack_sandboxes(server, marker)) == 1
+            proc.kill()
+            await asyncio.wait_for(proc.wait(), 120)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    logged = "".join(log.read_text() for log in (tmp_path / "out").glob("*/logs/latest/*.log"))
+    assert "OpenSandbox sandboxes run UNISOLATED (allow_unisolated_containers)" in logged
+    assert await gone(tag) == []
     await until(
-        lambda: not any(stack_sandboxes(server, m) or sandbox_containers(m) for m in markers), 60,
-        "the sandboxes of both stacks to go",
+        lambda: not stack_sandboxes(server, marker) and not sandbox_containers(marker), 60,
+        "the stack's sandboxes to go",
     )  # fmt: skip
 
 

@@ -149,6 +149,17 @@ class Server:
                 raise
 
 
+async def health(settings: dict[str, Any]) -> str | None:
+    """None while the OpenSandbox server of the provider's `settings` is healthy and takes the
+    key; else one line naming it and what fails (asked when a rollout's `/run` fails, so that
+    the rollout's error says the provider went away, not only what the agent made of it)."""
+    try:
+        await Server.from_settings(settings).check()
+    except (ConfigError, StackError) as e:
+        return str(e)
+    return None
+
+
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body)

@@ -92,6 +92,35 @@ def test_a_line_that_is_not_utf8_names_its_line(tmp_path: Path):
         list(taskset(jsonl_path=path, agent="example_single_tool_call_simple_agent"))
 
 
+def test_sandbox_packages_take_a_line_or_a_list_and_refuse_bad_ones_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "p-0.1-py3-none-any.whl").write_bytes(b"wheel")
+    monkeypatch.chdir(tmp_path)  # a relative path is the cwd's, made absolute
+    wheel = str(tmp_path / "p-0.1-py3-none-any.whl")
+    one = NeMoGymTasksetConfig(id="nemo-gym-env", sandbox_packages="./p-0.1-py3-none-any.whl")
+    assert one.sandbox_packages == [wheel]
+    listed = NeMoGymTasksetConfig(
+        id="nemo-gym-env", sandbox_packages='["my-provider==1.2", "p-0.1-py3-none-any.whl"]'
+    )
+    assert listed.sandbox_packages == ["my-provider==1.2", wheel]
+    assert NeMoGymTasksetConfig(id="nemo-gym-env").sandbox_packages == []
+    for bad, says in (
+        ("./gone.whl", "no wheel, sdist or package folder"),
+        ('["--index-url https://elsewhere"]', "is a pip option"),
+        ("[not json", "not a JSON list"),
+    ):
+        with pytest.raises(ValidationError) as raised:
+            NeMoGymTasksetConfig(id="nemo-gym-env", sandbox_packages=bad)
+        (error,) = raised.value.errors()
+        assert "sandbox_packages" in error["msg"] and says in error["msg"], error["msg"]
+        assert "\n" not in error["msg"]
+    with pytest.raises(ValidationError, match="sandbox-packages is for stacks this machine"):
+        NeMoGymTasksetConfig(
+            id="nemo-gym-env", sandbox_packages="my-provider", stack_url="http://127.0.0.1:9"
+        )
+
+
 def test_missing_and_empty_files(tmp_path: Path, nemo_venv):
     with pytest.raises(ValidationError, match="no such file"):
         taskset(jsonl_path=tmp_path / "nope.jsonl", agent="a")

@@ -135,6 +135,7 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
             judge=judge,
             ray=ray,
             allow_unisolated_containers=config.allow_unisolated_containers,
+            sandbox_packages=config.sandbox_packages,
         )
         what, where = self._stack.describe()
         logger.info(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
@@ -216,13 +217,15 @@ async def open_stack(
     judge: Judge | None = None,
     ray: RayCluster | None = None,
     allow_unisolated_containers: bool = False,
+    sandbox_packages: Sequence[str] = (),
 ) -> Stack:
     """The stack the taskset config asks for (the module names the four); `remote` is the
     `stack_url` stack (`describe_stack_url`), if one was named. The proxy must be serving
     already: the stack's `policy_model` is its address (or, shared, the host's front
     forwarder's). A `judge` (carrying its key, held by the process that runs the stack) serves
     the stack's judge references; it is part of a shared stack's identity, as is `ray`, the
-    user's Ray cluster a stack started here joins (`nemo/ray_cluster.py`)."""
+    user's Ray cluster a stack started here joins (`nemo/ray_cluster.py`), and so are
+    `sandbox_packages`, the requirement lines of its sandbox servers' venvs."""
     if isinstance(remote, GateTarget):
         link = GateLink(remote, proxy.url, proxy.secret)
         await link.open()
@@ -234,14 +237,16 @@ async def open_stack(
             await attach_or_start(
                 runtime, config_paths, proxy_url=proxy.url, proxy_secret=proxy.secret,
                 idle_timeout=idle_timeout, start_timeout=start_timeout, judge=judge, ray=ray,
-                allow_unisolated_containers=allow_unisolated_containers, log=logger,
+                allow_unisolated_containers=allow_unisolated_containers,
+                sandbox_packages=sandbox_packages, log=logger,
             )
         )  # fmt: skip
     process = await start_stack(
         lambda seconds: NeMoGymStack(
             runtime, config_paths, policy_host=proxy.host, policy_port=proxy.port,
             start_timeout=seconds, judge=judge, ray=ray,
-            allow_unisolated_containers=allow_unisolated_containers, sandboxes=StackSandboxes,
+            allow_unisolated_containers=allow_unisolated_containers,
+            sandbox_packages=sandbox_packages, sandboxes=StackSandboxes,
         ),
         start_timeout,
     )  # fmt: skip

@@ -21,7 +21,13 @@ from verifiers.v1.dialects.responses import ResponsesDialect
 from verifiers.v1.runtimes import Runtime
 
 from verifiers_nemogym.containers.docker import check_isolation, daemon, missing_images
-from verifiers_nemogym.containers.sandbox import SandboxPlan, row_image, sandbox_plan
+from verifiers_nemogym.containers.sandbox import (
+    SANDBOX_PACKAGES_OPTION,
+    SandboxPlan,
+    check_sandbox_packages,
+    row_image,
+    sandbox_plan,
+)
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import ConfigError, VenvSetupError
 from verifiers_nemogym.judge.config import NeMoGymJudgeConfig
@@ -135,6 +141,14 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
     such a stack is refused in one line naming what is missing; with it the containers reach
     every service this host serves them and one warning says so. Part of a shared stack's
     identity (docs/containers.md, "Isolation")."""
+    sandbox_packages: list[str] = Field(default_factory=list)
+    """Requirement lines added to the venvs of the NeMo Gym servers that start sandboxes, e.g.
+    the package of a NeMo Gym plug-in's sandbox provider (one its `nemo_gym.sandbox_providers`
+    entry point registers): a requirement (`my-provider==1.2`) or a local wheel, sdist or
+    package folder (made absolute). Those servers' venvs are then a set of their own, named by
+    the lines and the local packages' contents. A pip option, a URL with credentials or a
+    missing path is refused in one line. Part of a shared stack's identity
+    (docs/containers.md, "Sandbox providers")."""
     judge: NeMoGymJudgeConfig | None = None
     """The judge for NeMo Gym's LLM-judge environments (`--env.taskset.judge.base-url URL
     --env.taskset.judge.model NAME --env.taskset.judge.api-key-var VAR`). Without one, an
@@ -167,6 +181,22 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
         if not isinstance(value, list | tuple):
             raise ValueError(f"{REWARD_RANGE_OPTION} takes [low, high], got {value!r}")
         return check_range(value)
+
+    @field_validator("sandbox_packages", mode="before")
+    @classmethod
+    def _sandbox_packages(cls, value: Any) -> Any:
+        # A flag's text: one line, or a JSON list of them.
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.lstrip().startswith("[") else [value]
+            except ValueError:
+                raise ValueError(f"{SANDBOX_PACKAGES_OPTION}: not a JSON list: {value}") from None
+        if not isinstance(value, list):
+            raise ValueError(f"{SANDBOX_PACKAGES_OPTION} takes a list of requirement lines")
+        try:
+            return check_sandbox_packages(value)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("ray_address")
     @classmethod
@@ -216,6 +246,11 @@ class NeMoGymTasksetConfig(vf.TasksetConfig):
             raise ValueError(
                 "--env.taskset.ray-address is for stacks this machine starts; a stack named by "
                 "--env.taskset.stack-url runs on the Ray its starter gave it"
+            )
+        if self.sandbox_packages and self.stack_url is not None:
+            raise ValueError(
+                "--env.taskset.sandbox-packages is for stacks this machine starts; a stack named "
+                "by --env.taskset.stack-url has the venvs its starter gave it"
             )
         if self.stack_pin is not None:
             try:

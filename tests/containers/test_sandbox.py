@@ -21,7 +21,9 @@ from verifiers_nemogym.containers.sandbox import (
     CONTAINER_POLICY_INSTANCE,
     GUARDED_VERIFY,
     NG_KEEPALIVE,
+    SANDBOX_PACKAGES_OPTION,
     Bounds,
+    check_sandbox_packages,
     docker_creates,
     row_image,
     sandbox_plan,
@@ -29,6 +31,7 @@ from verifiers_nemogym.containers.sandbox import (
     stack_config,
 )
 from verifiers_nemogym.errors import ConfigError
+from verifiers_nemogym.nemo.venv import NeMoGymVenv
 
 
 def test_no_sandboxed_server_is_no_plan() -> None:
@@ -371,3 +374,93 @@ def test_a_disk_bound_becomes_a_storage_opt_unless_the_user_set_one() -> None:
     own = {"create": {"extra_run_args": ["--storage-opt", "size=1g"]}}
     args = sandbox.docker_create(own, [], None, Bounds(disk="64m"))["extra_run_args"]
     assert args.count("--storage-opt") == 1 and "size=1g" in args, args
+
+
+# ------------------------------------------------------------------ sandbox_packages
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("", "is not one requirement line"),
+        ("my-provider\n--index-url https://elsewhere", "is not one requirement line"),
+        ("--extra-index-url https://elsewhere/simple", "is a pip option"),
+        ("-e ./somewhere", "is a pip option"),
+        ("my-provider @ https://user:s3cret@example.org/p.whl", "a URL with credentials"),
+        ("git+https://tok@example.org/p.git", "a URL with credentials"),
+        ("./missing-0.1-py3-none-any.whl", "no wheel, sdist or package folder"),
+        ("/nonexistent/folder/", "no wheel, sdist or package folder"),
+        ("my provider!", "is neither a requirement"),
+    ],
+)
+def test_a_bad_sandbox_package_is_one_line_naming_the_option(line: str, says: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        check_sandbox_packages([line])
+    message = str(raised.value)
+    assert message.startswith(SANDBOX_PACKAGES_OPTION) and says in message, message
+    assert "\n" not in message
+    assert "s3cret" not in message and "tok@" not in message  # the credential is not repeated
+
+
+def test_sandbox_packages_keep_requirements_and_make_local_paths_absolute(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "p-0.1-py3-none-any.whl").write_bytes(b"wheel")
+    lines = ["my-provider==1.2", "./plugin", "p-0.1-py3-none-any.whl", "q @ https://h/q.whl"]
+    assert check_sandbox_packages(lines, base=tmp_path) == [
+        "my-provider==1.2",
+        str(tmp_path / "plugin"),
+        str(tmp_path / "p-0.1-py3-none-any.whl"),
+        "q @ https://h/q.whl",
+    ]
+    # A folder that is no package is refused like a missing one.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no wheel, sdist or package folder"):
+        check_sandbox_packages([str(tmp_path / "empty")])
+
+
+def test_every_sandbox_server_gets_the_sandbox_packages_in_its_requirements(
+    tmp_path: Path,
+) -> None:
+    """A plug-in provider's package reaches the venv of each server that starts sandboxes
+    (whichever provider, docker's included), after the server's own requirements; the
+    installed requirements are untouched."""
+    installed, workdir = tmp_path / "site-packages", tmp_path / "stack"
+    agent = installed / "responses_api_agents" / "opencode_sandboxed_agent"
+    agent.mkdir(parents=True)
+    (agent / "requirements.txt").write_text("-e nemo-gym[dev,sandbox] @ ../../\n")
+    plugin = {"sandbox": {"fake_plugin": {}}}
+    for name, provider in (("plugin", plugin), ("docker", DOCKER)):
+        plan = sandbox_plan([{"agent": SERVERS["agent"]}, provider])
+        assert plan is not None
+        packages = ["/wheels/my_provider-0.1-py3-none-any.whl", "other==2"]
+        shadowed = shadow_servers(plan, installed, workdir / name, "0.7.0", packages)
+        assert shadowed == ["responses_api_agents/opencode_sandboxed_agent"], name
+        shadow = workdir / name / "responses_api_agents" / "opencode_sandboxed_agent"
+        assert (shadow / "requirements.txt").read_text().splitlines() == [
+            "-e nemo-gym[dev,sandbox] @ ../../",
+            *packages,
+        ]
+    assert (agent / "requirements.txt").read_text() == "-e nemo-gym[dev,sandbox] @ ../../\n"
+    # Without packages a plug-in's server keeps NeMo Gym's folder (nothing to add).
+    plan = sandbox_plan([{"agent": SERVERS["agent"]}, plugin])
+    assert plan is not None
+    assert shadow_servers(plan, installed, workdir / "none", "0.7.0") == []
+
+
+def test_sandbox_packages_get_server_venvs_of_their_own(tmp_path: Path) -> None:
+    """NeMo Gym puts a server's venv at `<uv_venv_dir>/<type>/<name>` whatever it installs:
+    a stack with sandbox packages uses a folder named by them and by a local wheel's bytes."""
+    runtime = NeMoGymVenv(tmp_path / "rt", tmp_path / "python", "3.13.0", "0.7.0")
+    wheel = tmp_path / "p-0.1-py3-none-any.whl"
+    wheel.write_bytes(b"one")
+    assert runtime.server_venvs_for([]) == runtime.server_venvs_dir
+    first = runtime.server_venvs_for([str(wheel)])
+    assert first.parent == runtime.server_venvs_dir.parent
+    assert first.name.startswith(f"{runtime.server_venvs_dir.name}+sandbox-")
+    assert runtime.server_venvs_for([str(wheel)]) == first  # stable
+    wheel.write_bytes(b"two")  # rebuilt at the same path
+    assert runtime.server_venvs_for([str(wheel)]) not in (first, runtime.server_venvs_dir)
+    assert runtime.server_venvs_for(["other==1"]) != runtime.server_venvs_for(["other==2"])

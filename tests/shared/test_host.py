@@ -564,3 +564,17 @@ def test_other_cache_folders_others_can_write_are_refused(cache: Path, name: str
     (cache / name).chmod(0o777)
     with pytest.raises(ConfigError, match=f"{name} is group- or world-writable"):
         use()
+
+
+def test_sandbox_packages_are_part_of_a_stacks_identity(configs: list[Path], tmp_path: Path):
+    """A user asking for other sandbox packages (or a rebuilt wheel at the same path) never
+    attaches to a stack whose sandbox servers have another set; none keeps the old key."""
+    wheel = tmp_path / "p-0.1-py3-none-any.whl"
+    wheel.write_bytes(b"one")
+    plain = client.stack_key(VENV, configs)
+    assert client.stack_key(VENV, configs, sandbox_packages=()) == plain
+    with_wheel = client.stack_key(VENV, configs, sandbox_packages=[str(wheel)])
+    assert with_wheel != plain
+    assert client.stack_key(VENV, configs, sandbox_packages=[str(wheel)]) == with_wheel
+    wheel.write_bytes(b"two")
+    assert client.stack_key(VENV, configs, sandbox_packages=[str(wheel)]) not in (plain, with_wheel)

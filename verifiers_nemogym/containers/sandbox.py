@@ -10,11 +10,14 @@ provider (docs/containers.md).
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from verifiers_nemogym.errors import ConfigError
 from verifiers_nemogym.nemo.catalog import (
@@ -362,8 +365,75 @@ def _server_settings(config: dict[str, Any], server: SandboxedServer) -> dict[st
     return settings
 
 
+SANDBOX_PACKAGES_OPTION = "sandbox_packages (--env.taskset.sandbox-packages)"
+"""The option naming extra requirement lines for the servers that start sandboxes."""
+_LOCAL_SUFFIXES = (".whl", ".tar.gz", ".zip")
+
+
+def check_sandbox_packages(lines: Sequence[str], base: Path | None = None) -> list[str]:
+    """`lines` as requirement lines for the venvs of the servers that start sandboxes: each a
+    PEP 508 requirement (`my-provider==1.2`, `my-provider @ https://...`) or a local package
+    (a wheel or sdist file, or a folder with `pyproject.toml` or `setup.py`), which is made
+    absolute (against `base`, default the cwd: the servers run elsewhere). One-line ConfigError
+    naming the option for an empty line, a line of several lines, a pip option (`-...`: an index
+    or a constraint would change every package of the venv), a URL carrying credentials (they
+    would land in the stack's files and uv's log: give them to uv, e.g. `UV_INDEX_*` or netrc),
+    a local path that does not exist, and text that is neither."""
+    found: list[str] = []
+    for raw in lines:
+        line = raw.strip() if isinstance(raw, str) else ""
+        if not line or "\n" in line or "\r" in line:
+            raise ConfigError(f"{SANDBOX_PACKAGES_OPTION}: {raw!r} is not one requirement line")
+        if line.startswith("-"):
+            raise ConfigError(
+                f"{SANDBOX_PACKAGES_OPTION}: {line!r} is a pip option; name a package or a path"
+            )
+        if "://" in line and "@" in line.split("://", 1)[1].split("/", 1)[0]:
+            raise ConfigError(
+                f"{SANDBOX_PACKAGES_OPTION}: a URL with credentials; give them to uv (netrc, "
+                "UV_INDEX_* variables), never in the requirement"
+            )
+        local = _local_package(line, base)
+        if local is not None:
+            found.append(str(local))
+            continue
+        try:
+            Requirement(line)
+        except InvalidRequirement:
+            raise ConfigError(
+                f"{SANDBOX_PACKAGES_OPTION}: {line!r} is neither a requirement (name, version, "
+                "URL) nor an existing local package"
+            ) from None
+        found.append(line)
+    return found
+
+
+def _local_package(line: str, base: Path | None) -> Path | None:
+    """The absolute path `line` names when it is written as a path (a separator, a leading
+    `.` or `~`, or an archive suffix, and no URL); ConfigError if nothing usable is there;
+    None for a line written as a requirement."""
+    if "://" in line or "@" in line:
+        return None  # a URL or a direct reference (`name @ url`): a requirement
+    if not (os.sep in line or line.startswith(("~", ".")) or line.endswith(_LOCAL_SUFFIXES)):
+        return None
+    path = Path(line).expanduser()
+    path = (base or Path.cwd()) / path if not path.is_absolute() else path
+    if path.is_file() and path.name.endswith(_LOCAL_SUFFIXES):
+        return path.resolve()
+    if path.is_dir() and any((path / f).is_file() for f in ("pyproject.toml", "setup.py")):
+        return path.resolve()
+    raise ConfigError(
+        f"{SANDBOX_PACKAGES_OPTION}: {line!r}: no wheel, sdist or package folder (pyproject.toml "
+        "or setup.py) there"
+    )
+
+
 def shadow_servers(
-    plan: SandboxPlan, installed: Path, workdir: Path, nemo_gym_version: str
+    plan: SandboxPlan,
+    installed: Path,
+    workdir: Path,
+    nemo_gym_version: str,
+    packages: Sequence[str] = (),
 ) -> list[str]:
     """Run some servers of `plan` from a folder of the stack's own, `workdir/<type>/<name>/` (NeMo
     Gym looks for a server's folder in its cwd, the stack's folder, before its install,
@@ -374,6 +444,8 @@ def shadow_servers(
       (`READS_BESIDE`) are linked beside it;
     - for a server whose provider is a Python package (`PROVIDER_PACKAGES`), `requirements.txt`:
       the installed one plus `nemo-gym[sandbox]==<nemo_gym_version>`, so its venv has the client;
+      with `packages` (`check_sandbox_packages`'s lines: a plug-in provider's package), every
+      server of `plan` gets them in its `requirements.txt` too;
     - for a resources server of `GUARDED_VERIFY` all of whose instances use docker, `app.py`:
       a copy of the guard (a copy, not a link: Python puts a script's real folder first on
       `sys.path`).
@@ -385,14 +457,16 @@ def shadow_servers(
         }
         writes = WRITES_IN_ITS_FOLDER.get(impl, ()) if server_type == RESOURCES_SERVERS else ()
         client = bool(providers & PROVIDER_PACKAGES)
+        extra = [f"nemo-gym[sandbox]=={nemo_gym_version}"] if client else []
+        extra += list(packages)
         docker_only = server_type == RESOURCES_SERVERS and providers == {"docker"}
         guard = GUARDED_VERIFY.get(impl) if docker_only else None
         source = installed / server_type / impl
-        if not (writes or client or guard) or not source.is_dir():
+        if not (writes or extra or guard) or not source.is_dir():
             continue
         target = workdir / server_type / impl
         target.mkdir(parents=True, exist_ok=True)
-        own = {*writes, "requirements.txt"} if client else set(writes)
+        own = {*writes, "requirements.txt"} if extra else set(writes)
         if guard is not None:
             own.add("app.py")
             (target / "app.py").write_text(Path(__file__).with_name(guard).read_text())
@@ -401,12 +475,11 @@ def shadow_servers(
                 (target / entry.name).symlink_to(entry)
         for folder in writes:
             (target / folder).mkdir(exist_ok=True)
-        if client:
+        if extra:
             requirements = source / "requirements.txt"
             text = requirements.read_text() if requirements.is_file() else ""
-            (target / "requirements.txt").write_text(
-                f"{text.rstrip()}\nnemo-gym[sandbox]=={nemo_gym_version}\n".lstrip()
-            )
+            lines = "".join(f"{line}\n" for line in extra)
+            (target / "requirements.txt").write_text(f"{text.rstrip()}\n{lines}".lstrip())
         for sibling in READS_BESIDE.get(impl, ()):
             if not (workdir / server_type / sibling).exists():
                 (workdir / server_type / sibling).symlink_to(installed / server_type / sibling)

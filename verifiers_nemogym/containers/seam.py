@@ -11,7 +11,7 @@ logs the provider's `isolation` line. `stop` ends the provider's sandboxes, then
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,9 @@ def sandbox_health(plan: SandboxPlan | None) -> Callable[[], Awaitable[str | Non
 class StackSandboxes:
     """What one stack (`marker`) makes for its sandboxes, whose model calls go to `policy_url`
     (see the module contract). `allow_unisolated`: run sandboxes the package cannot isolate;
-    `bounds`: the docker containers' bounds (`sandbox.Bounds`)."""
+    `bounds`: the docker containers' bounds (`sandbox.Bounds`); `packages`: requirement lines
+    (`sandbox.check_sandbox_packages`) added to the venvs of the servers that start sandboxes,
+    e.g. a NeMo Gym plug-in's provider."""
 
     def __init__(
         self,
@@ -88,8 +90,10 @@ class StackSandboxes:
         *,
         allow_unisolated: bool = False,
         bounds: Bounds | None = None,
+        packages: Sequence[str] = (),
     ) -> None:
         self.marker = marker
+        self.packages = tuple(packages)
         self.policy_url = policy_url
         self.log = log
         self.allow_unisolated = allow_unisolated
@@ -122,12 +126,20 @@ class StackSandboxes:
         await provider.check(plan, allow_unisolated=self.allow_unisolated)
         self.provider = provider
         self.log.info("servers starting sandboxes: %s", plan.describe())
-        if shadowed := shadow_servers(plan, venv.site_packages, workdir, venv.nemo_gym_version):
+        shadowed = shadow_servers(
+            plan, venv.site_packages, workdir, venv.nemo_gym_version, self.packages
+        )
+        if shadowed:
+            # Names only: a requirement line is the user's text (`check_sandbox_packages`
+            # refuses credentials in it, but the stack's log need not repeat it).
             self.log.info(
                 "%s run from the stack's folder (%s): what they write stays there, and their "
-                "venvs get the sandbox provider's client",
+                "venvs get the sandbox provider's client%s",
                 ", ".join(shadowed),
                 workdir,
+                f" and {len(self.packages)} package(s) of sandbox_packages"
+                if self.packages
+                else "",
             )
         await provider.sweep()
         prepared = await provider.prepare(plan, workdir)

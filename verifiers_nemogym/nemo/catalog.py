@@ -311,9 +311,10 @@ def write_policy_placeholder(
     return path
 
 
-def placeholder_server_venv(venv: NeMoGymVenv) -> Path:
-    """Where `ng_run` (with `+uv_venv_dir`) puts the placeholder model server's venv."""
-    return venv.server_venvs_dir / MODELS / PLACEHOLDER_IMPL / ".venv"
+def placeholder_server_venv(server_venvs: Path) -> Path:
+    """Where `ng_run` (with `+uv_venv_dir=<server_venvs>`) puts the placeholder model server's
+    venv."""
+    return server_venvs / MODELS / PLACEHOLDER_IMPL / ".venv"
 
 
 def _source(entry: dict[str, Any], kind: str) -> dict[str, str] | None:

@@ -12,7 +12,7 @@ before anything starts: sandboxes nobody prepared would run unlabelled and uniso
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -78,11 +78,18 @@ class StackSandboxes(Protocol):
 
 class SandboxesFactory(Protocol):
     """Makes a stack's `StackSandboxes`: the stack's `marker`, the URL its sandboxes' model
-    calls go to (`policy_url`), its log, and whether sandboxes the package cannot isolate are
-    accepted (`allow_unisolated`)."""
+    calls go to (`policy_url`), its log, whether sandboxes the package cannot isolate are
+    accepted (`allow_unisolated`), and the requirement lines added to the venvs of the servers
+    that start sandboxes (`packages`, e.g. a NeMo Gym plug-in's provider)."""
 
     def __call__(
-        self, marker: str, policy_url: str, log: logging.Logger, *, allow_unisolated: bool = False
+        self,
+        marker: str,
+        policy_url: str,
+        log: logging.Logger,
+        *,
+        allow_unisolated: bool = False,
+        packages: Sequence[str] = (),
     ) -> StackSandboxes: ...
 
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -176,7 +176,10 @@ class NeMoGymStack:
     before anything starts) instead of the stack's private Ray. The sandboxes its servers start
     are prepared by what `sandboxes` makes (`nemo/sandboxes.py`; the package's is
     `containers.seam.StackSandboxes`); without it, configs that start sandboxes are refused.
-    Sandboxes the package cannot isolate are refused unless `allow_unisolated_containers`."""
+    Sandboxes the package cannot isolate are refused unless `allow_unisolated_containers`.
+    `sandbox_packages` (`containers.sandbox.check_sandbox_packages`' lines): added to the venvs
+    of the servers that start sandboxes; the stack's server venvs are then a set of their own
+    (`NeMoGymVenv.server_venvs_for`)."""
 
     def __init__(
         self,
@@ -192,6 +195,7 @@ class NeMoGymStack:
         on_judge_failure: Callable[[JudgeFailure], None] | None = None,
         ray: RayCluster | None = None,
         allow_unisolated_containers: bool = False,
+        sandbox_packages: Sequence[str] = (),
         sandboxes: SandboxesFactory | None = None,
         log: logging.Logger = logger,
     ) -> None:
@@ -227,8 +231,10 @@ class NeMoGymStack:
         """Every NeMo Gym server instance name -> base URL (including policy_model)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._ray_tmpdir: Path | None = None
+        self.server_venvs = venv.server_venvs_for(sandbox_packages)
+        """Where NeMo Gym builds this stack's server venvs (`+uv_venv_dir`)."""
         self.warm_start = WarmStart(
-            venv.server_venvs_dir, self.config_paths, judge.api if judge is not None else None
+            self.server_venvs, self.config_paths, judge.api if judge is not None else None
         )
         self._workdir_lock: IO[str] | None = None
         self._warm = False
@@ -239,7 +245,13 @@ class NeMoGymStack:
         self._merged: list[dict[str, Any]] | None = None
         policy = f"http://{policy_host}:{policy_port}"
         self.containers: StackSandboxes = (
-            sandboxes(self.marker, policy, log, allow_unisolated=allow_unisolated_containers)
+            sandboxes(
+                self.marker,
+                policy,
+                log,
+                allow_unisolated=allow_unisolated_containers,
+                packages=sandbox_packages,
+            )
             if sandboxes is not None
             else Unprepared()
         )
@@ -311,7 +323,7 @@ class NeMoGymStack:
         # a server once another sharing its venv had created it, before its packages were in
         # (`No module named fastapi`), and reuse venvs an interrupted start left half-built.
         warm = self._warm = self.warm_start.stamp.exists()
-        placeholder_venv = placeholder_server_venv(self.venv)
+        placeholder_venv = placeholder_server_venv(self.server_venvs)
         if not warm and placeholder_venv.is_symlink():
             placeholder_venv.unlink()  # older releases linked it to the runtime venv
 
@@ -446,7 +458,7 @@ class NeMoGymStack:
             f"+head_server.port={head_port}",
             # NeMo Gym's default is already loopback unless use_absolute_ip; say so explicitly.
             "+default_host=127.0.0.1",
-            f"+uv_venv_dir={self.venv.server_venvs_dir}",
+            f"+uv_venv_dir={self.server_venvs}",
             f"+skip_venv_if_present={str(warm).lower()}",
             f"+uv_cache_dir={uv_cache_dir()}",
         ]

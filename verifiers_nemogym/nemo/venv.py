@@ -20,7 +20,7 @@ import stat
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -341,6 +341,18 @@ class NeMoGymVenv:
             / _runtime_name(self.nemo_gym_version, self.python_version, self.below_floor)
         )
 
+    def server_venvs_for(self, packages: Sequence[str]) -> Path:
+        """`server_venvs_dir`, or for a stack whose sandbox servers get `packages` (absolute
+        local paths or requirements, `containers.sandbox.check_sandbox_packages`) a folder of
+        its own beside it, named by `packages_digest`: NeMo Gym puts a server's venv at
+        `<uv_venv_dir>/<type>/<name>/.venv` whatever its requirements say, so a plug-in's
+        package (and what it pulls in) would otherwise land in the venvs every other stack
+        uses, and a changed package would meet a venv NeMo Gym skips as present."""
+        base = self.server_venvs_dir
+        if not packages:
+            return base
+        return base.with_name(f"{base.name}+sandbox-{packages_digest(packages)}")
+
     def env(self, ray_tmpdir: Path | None = None) -> dict[str, str]:
         """The process environment for NeMo Gym subprocesses.
 
@@ -373,6 +385,29 @@ class NeMoGymVenv:
             # refuse this interpreter; uv reads `[pip] python-version` from this file instead.
             env["UV_CONFIG_FILE"] = str(self.uv_config)
         return env
+
+
+def packages_digest(lines: Sequence[str]) -> str:
+    """16 hex digits naming `lines` (as `check_sandbox_packages` returns them) and what the
+    local ones hold (a file's bytes; a folder's files' names, sizes and modification times,
+    its hidden folders, `__pycache__` and `build` skipped), so a rebuilt wheel at the same path
+    names a new set of server venvs."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode() + b"\0")
+        path = Path(line)
+        if path.is_absolute() and path.is_file():
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        elif path.is_absolute() and path.is_dir():
+            for folder, dirs, files in os.walk(path):
+                dirs[:] = sorted(
+                    d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "build")
+                )
+                for name in sorted(files):
+                    info = (Path(folder) / name).stat()
+                    rel = (Path(folder) / name).relative_to(path)
+                    digest.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
 
 
 class WarmStart:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -30,7 +30,7 @@ from verifiers_nemogym.judge.blame import JudgeStatus
 from verifiers_nemogym.judge.endpoint import Judge
 from verifiers_nemogym.nemo import supervisor as procs
 from verifiers_nemogym.nemo.ray_cluster import TOKEN_VAR, RayCluster, check_cluster
-from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.nemo.venv import NeMoGymVenv, packages_digest
 from verifiers_nemogym.shared import protocol
 from verifiers_nemogym.shared.protocol import HOST_ENV_VAR, HostSpec, check_idle_timeout, request
 from verifiers_nemogym.util import (
@@ -75,11 +75,13 @@ def stack_key(
     judge: Judge | None = None,
     ray: RayCluster | None = None,
     allow_unisolated_containers: bool = False,
+    sandbox_packages: Sequence[str] = (),
 ) -> str:
     """The identity of a stack: same runtime, same set of config files with the same contents,
     the same judge (`Judge.identity`: endpoint and a digest of its key), the same Ray (the
     stack's private one, or the cluster at one address) and the same consent to unisolated
-    containers = same stack (an edited config starts a
+    containers, and the same `sandbox_packages` (`NeMoGymVenv.server_venvs_for`'s digest:
+    the lines and the local packages' contents) = same stack (an edited config starts a
     stack of its own instead of attaching to one that runs the old file). Files a config
     includes are not followed."""
     files = sorted({Path(p).absolute() for p in config_paths})
@@ -96,6 +98,8 @@ def stack_key(
         ident["ray_address"] = ray.address  # absent for a private Ray: existing keys stay
     if allow_unisolated_containers:  # a user who did not opt in never attaches to such a stack
         ident["allow_unisolated_containers"] = True
+    if sandbox_packages:  # absent without them: existing keys stay
+        ident["sandbox_packages"] = packages_digest(sandbox_packages)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -265,6 +269,7 @@ def host_spec(
     judge: Judge | None = None,
     ray: RayCluster | None = None,
     allow_unisolated_containers: bool = False,
+    sandbox_packages: Sequence[str] = (),
 ) -> HostSpec:
     """The spec of a host serving `config_paths` on `venv`'s release and Python."""
     return HostSpec(
@@ -278,6 +283,7 @@ def host_spec(
         judge=judge.to_dict() if judge is not None else None,
         ray=ray.to_dict() if ray is not None else None,
         allow_unisolated_containers=allow_unisolated_containers,
+        sandbox_packages=list(sandbox_packages),
     )
 
 
@@ -402,6 +408,7 @@ async def attach_or_start(
     judge: Judge | None = None,
     ray: RayCluster | None = None,
     allow_unisolated_containers: bool = False,
+    sandbox_packages: Sequence[str] = (),
     log: logging.Logger = logger,
 ) -> Lease:
     """A lease on the shared stack for `config_paths` on `venv`, started if none runs.
@@ -413,10 +420,12 @@ async def attach_or_start(
     `ray`, the user's Ray cluster the stack joins (`check_ray`).
     """
     deadline = time.monotonic() + start_timeout + 60
-    directory = stack_dir(stack_key(venv, config_paths, judge, ray, allow_unisolated_containers))
+    key = stack_key(venv, config_paths, judge, ray, allow_unisolated_containers, sandbox_packages)
+    directory = stack_dir(key)
     spec = host_spec(
         venv, config_paths, idle_timeout, start_timeout, judge=judge, ray=ray,
         allow_unisolated_containers=allow_unisolated_containers,
+        sandbox_packages=sandbox_packages,
     )  # fmt: skip
     check_stack_dir(directory)
     await check_ray(venv, ray)

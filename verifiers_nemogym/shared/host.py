@@ -129,6 +129,7 @@ class StackHost:
                     on_judge_failure=self._tell_judge_failure,
                     ray=self.spec.ray_with(self.secrets),
                     allow_unisolated_containers=self.spec.allow_unisolated_containers,
+                    sandbox_packages=self.spec.sandbox_packages,
                     sandboxes=StackSandboxes,
                 ),
                 self.spec.start_timeout,

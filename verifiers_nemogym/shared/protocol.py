@@ -79,6 +79,9 @@ class HostSpec:
     by value reaches the host on its stdin, `host_secrets`), or None for a private Ray."""
     allow_unisolated_containers: bool = False
     """Sandbox containers the package cannot isolate run anyway (the explicit opt-in)."""
+    sandbox_packages: list[str] = dataclasses.field(default_factory=list)
+    """Requirement lines added to the venvs of the servers that start sandboxes (checked by
+    `containers.sandbox.check_sandbox_packages`: no credentials)."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

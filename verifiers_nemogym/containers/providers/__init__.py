@@ -125,10 +125,13 @@ PROVIDER_FACTS: tuple[ProviderFacts, ...] = (
     ProviderFacts(
         "plug-ins (entry point group `nemo_gym.sandbox_providers`)",
         "`providers/passthrough.py`",
-        "refusal and its line only (`tests/containers/test_seam.py`); no sandbox runs",
-        "no: as the line above, the warning naming the entry point group",
-        "the plug-in's package in the venvs of the servers that start sandboxes, its config "
-        "block, the opt-in",
+        "a swebench_pro rollout end to end through a test plug-in (NeMo Gym's docker provider "
+        "registered by entry point as `fake_plugin`, installed with `sandbox_packages`; "
+        "`tests/stack/containers/test_plugin_provider.py`); refusal and its line "
+        "(`tests/containers/test_seam.py`)",
+        "no: as the line above, the warning naming the entry point group; no door, so its "
+        "sandboxes must reach the model server's address themselves",
+        "the plug-in's package (`sandbox_packages`), its config block, the opt-in",
     ),
 )
 """One row per provider or kind, in the order `nemo-gym-env list` prints them."""

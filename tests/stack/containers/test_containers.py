@@ -470,6 +470,8 @@ def _iptables_input() -> list[str]:
     ).stdout.splitlines()
 
 
+# CI: train mode from inside a sandbox, through the door, on OpenSandbox (test_opensandbox.py)
+@pytest.mark.survey
 async def test_train_mode_records_token_ids_of_every_call_from_the_container(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, held: HeldStack, tmp_path: Path
 ) -> None:

@@ -108,7 +108,9 @@ PROVIDER_FACTS: tuple[ProviderFacts, ...] = (
         "`opensandbox`",
         "`providers/opensandbox.py`",
         "swebench_pro, terminal_bench_2_1 against the real `opensandbox-server` 1.1.1 (docker "
-        "runtime) and the stand-in execd (`tests/stack/containers/test_opensandbox.py`)",
+        "runtime) and the stand-in execd: eval and train through prime-rl's env server, "
+        "vf-eval, deadline, SIGKILL, the server killed mid-run, sweep "
+        "(`tests/stack/containers/test_opensandbox.py`)",
         "no (no egress policy set): refused unless opted in; the door, metadata labels, "
         "deletion through the server's API",
         "`OPENSANDBOX_DOMAIN`, `OPENSANDBOX_API_KEY`, `VF_NEMOGYM_DOOR_HOST` (an address the "

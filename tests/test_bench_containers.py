@@ -1,6 +1,7 @@
-"""The container benchmark's committed result (fast tier, nothing started): native NeMo Gym and
+"""The container benchmark's committed results (fast tier, nothing started): native NeMo Gym and
 nemo-gym-env gave every row the same reward, the one its fixer case calls for, at every level of
-rollouts in flight; each side's phases add up; and the docs quote the result's tables."""
+rollouts in flight, with docker's containers and with OpenSandbox's sandboxes; each side's phases
+add up; and the docs quote the results' tables."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from verifiers_nemogym.phases import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "benchmarks/results/2026-11-28-containers.json"
+OPENSANDBOX = ROOT / "benchmarks/results/2026-11-28-opensandbox.json"
+"""`--provider opensandbox`: native and ours through NeMo Gym's opensandbox.yaml."""
 
 
 def test_every_measured_side_scores_each_row_as_its_case_calls_for() -> None:
@@ -124,3 +127,72 @@ def test_swe_next_scores_natively() -> None:
     assert native["rewards"] == result["expected_rewards"]
     assert native["calls_by_case"] == [{"fix": 1, "final": 1}] * len(result["cases"])
     assert native["containers_left"] == 0
+
+
+def test_opensandbox_scores_each_row_alike_natively_and_ours() -> None:
+    """`--provider opensandbox` on swebench_pro and terminal_bench_2_1: native NeMo Gym and
+    nemo-gym-env, both through NeMo Gym's shipped opensandbox.yaml, gave each row the reward its
+    fixer case calls for (right fix 1, useless edit 0) in every batch, each row with one fix and
+    one final call; the parity line says the sides agree; no sandbox was left on the server's
+    list and no container of either side in docker."""
+    result = json.loads(OPENSANDBOX.read_text())
+    sides = [containers.side_name(s, "opensandbox") for s in containers.SIDES]
+    assert result["providers"] == ["opensandbox"]
+    assert set(result["envs"]) == {"swebench_pro", "terminal_bench_2_1"}
+    assert result["expected_rewards"] == [1.0, 0.0]
+    assert result["opensandbox_server"]["sandboxes_left"] == 0
+    for name, entry in result["envs"].items():
+        assert (
+            containers.PROVIDER_CONFIG.format(name="opensandbox")
+            in (entry["opensandbox_config_paths"])
+        ), name
+        assert entry["parity"] == {"sides": sides, "equal": True}, name
+        for side in (entry[s] for s in sides):
+            assert side["rewards"] == result["expected_rewards"], name
+            assert all(r == result["expected_rewards"] for r in side["timed_rewards"]), name
+            assert side["calls_by_case"] == [{"fix": 1, "final": 1}] * len(result["cases"])
+            assert side["containers_left"] == 0 and side["complete"], name
+
+
+def test_opensandbox_tables_render_and_the_docs_quote_them() -> None:
+    """The OpenSandbox result's parity table names its two sides, and docs/containers.md quotes
+    it row for row."""
+    result = json.loads(OPENSANDBOX.read_text())
+    parity = containers.table(result)
+    assert parity[0] == (
+        "| environment | rewards native-opensandbox | rewards ours-opensandbox "
+        "| s/rollout native-opensandbox | s/rollout ours-opensandbox |"
+    )
+    doc = (ROOT / "docs/containers.md").read_text().splitlines()
+    assert [row for row in parity if row not in doc] == []
+
+
+def test_sides_are_named_by_provider_and_the_tables_take_any_of_them() -> None:
+    """docker's sides keep their names (`native`, `ours`), another provider's are suffixed; the
+    parity table has a column pair per side present, in docker-then-OpenSandbox order; `parity`
+    compares the sides that scored."""
+    assert containers.side_name("native", "docker") == "native"
+    assert containers.side_name("ours", "opensandbox") == "ours-opensandbox"
+    assert containers.side_kind("ours-opensandbox") == ("ours", "opensandbox")
+    assert containers.side_kind("native") == ("native", "docker")
+    ok = {"rewards": [1.0, 0.0], "s_per_rollout": 2.0}
+    entry = {"ours-opensandbox": ok, "native": ok, "native-opensandbox": {"error": "boom"}}
+    result = {"envs": {"x": entry}}
+    assert containers.table(result)[2] == "| x | 1, 0 | error | 1, 0 | 2.0 | error | 2.0 |"
+    sides = containers.sides_of(result)
+    assert sides == ["native", "native-opensandbox", "ours-opensandbox"]
+    assert containers.parity(entry, sides) == {
+        "sides": ["native", "ours-opensandbox"],
+        "equal": True,
+    }
+    entry["native"] = {"rewards": [1.0, 1.0]}
+    assert containers.parity(entry, sides)["equal"] is False
+
+
+def test_the_native_docker_override_is_as_before_providers(tmp_path: Path) -> None:
+    """Native docker's own config: the containers on the host's network with the run's label,
+    the agent's artifacts in the run's folder (what the docker results were measured with)."""
+    got = containers.native_override("agent", tmp_path, "run", containers.DOCKER_SANDBOXES)
+    create = {"network": "host", "extra_run_args": ["--label", f"{containers.RUN_LABEL}=run"]}
+    impl = {"opencode_sandboxed_agent": {"artifacts_dir": str(tmp_path)}}
+    assert got == {"sandbox": {"docker": {"create": create}}, "agent": {containers.AGENTS: impl}}

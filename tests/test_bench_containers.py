@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import containers
 from verifiers_nemogym.phases import PHASES
 
@@ -15,6 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "benchmarks/results/2026-11-28-containers.json"
 OPENSANDBOX = ROOT / "benchmarks/results/2026-11-28-opensandbox.json"
 """`--provider opensandbox`: native and ours through NeMo Gym's opensandbox.yaml."""
+PROVIDERS = ROOT / "benchmarks/results/2026-11-28-providers.json"
+"""`--provider docker --provider opensandbox`: the four sides in one run."""
 
 
 def test_every_measured_side_scores_each_row_as_its_case_calls_for() -> None:
@@ -129,15 +133,18 @@ def test_swe_next_scores_natively() -> None:
     assert native["containers_left"] == 0
 
 
-def test_opensandbox_scores_each_row_alike_natively_and_ours() -> None:
-    """`--provider opensandbox` on swebench_pro and terminal_bench_2_1: native NeMo Gym and
-    nemo-gym-env, both through NeMo Gym's shipped opensandbox.yaml, gave each row the reward its
-    fixer case calls for (right fix 1, useless edit 0) in every batch, each row with one fix and
-    one final call; the parity line says the sides agree; no sandbox was left on the server's
-    list and no container of either side in docker."""
-    result = json.loads(OPENSANDBOX.read_text())
-    sides = [containers.side_name(s, "opensandbox") for s in containers.SIDES]
-    assert result["providers"] == ["opensandbox"]
+@pytest.mark.parametrize("path", [OPENSANDBOX, PROVIDERS], ids=["opensandbox", "providers"])
+def test_opensandbox_scores_each_row_alike_natively_and_ours(path: Path) -> None:
+    """`--provider opensandbox` (and with docker too) on swebench_pro and terminal_bench_2_1:
+    native NeMo Gym and nemo-gym-env, through NeMo Gym's shipped opensandbox.yaml (and
+    docker.yaml), gave each row the reward its fixer case calls for (right fix 1, useless edit
+    0) in every batch, each row with one fix and one final call; the parity line names every
+    side and says they agree; no sandbox was left on the server's list and no container of any
+    side in docker."""
+    result = json.loads(path.read_text())
+    providers = result["providers"]
+    assert "opensandbox" in providers
+    sides = [containers.side_name(s, p) for p in providers for s in containers.SIDES]
     assert set(result["envs"]) == {"swebench_pro", "terminal_bench_2_1"}
     assert result["expected_rewards"] == [1.0, 0.0]
     assert result["opensandbox_server"]["sandboxes_left"] == 0
@@ -154,14 +161,18 @@ def test_opensandbox_scores_each_row_alike_natively_and_ours() -> None:
             assert side["containers_left"] == 0 and side["complete"], name
 
 
-def test_opensandbox_tables_render_and_the_docs_quote_them() -> None:
-    """The OpenSandbox result's parity table names its two sides, and docs/containers.md quotes
-    it row for row."""
-    result = json.loads(OPENSANDBOX.read_text())
+@pytest.mark.parametrize("path", [OPENSANDBOX, PROVIDERS], ids=["opensandbox", "providers"])
+def test_opensandbox_tables_render_and_the_docs_quote_them(path: Path) -> None:
+    """Each OpenSandbox result's parity table has a column pair per side it ran, and
+    docs/containers.md quotes it row for row."""
+    result = json.loads(path.read_text())
     parity = containers.table(result)
+    sides = [s for p in result["providers"] for s in (f"native-{p}", f"ours-{p}")]
+    sides = [s.removesuffix("-docker") for s in sides]
     assert parity[0] == (
-        "| environment | rewards native-opensandbox | rewards ours-opensandbox "
-        "| s/rollout native-opensandbox | s/rollout ours-opensandbox |"
+        "| environment | "
+        + " | ".join([f"rewards {s}" for s in sides] + [f"s/rollout {s}" for s in sides])
+        + " |"
     )
     doc = (ROOT / "docs/containers.md").read_text().splitlines()
     assert [row for row in parity if row not in doc] == []

@@ -55,6 +55,10 @@ image) and gives both sides its address and key in `OPENSANDBOX_DOMAIN` / `OPENS
 Each environment's entry gets `parity`: the sides with rewards and whether their per-row rewards
 are all equal.
 
+Ctrl-C stops the run: every side's stack and containers are cleaned up on the way out, and an
+error a cleanup raises then (a rollout cut short) ends the run too, never a side's result after
+which it would go on (`cancelling`).
+
 Writes `benchmarks/results/<date>-containers.json` (or `-o`); `table()`, `phase_table()` and
 `rate_table()` render the docs' tables from it.
 """
@@ -342,6 +346,8 @@ async def interleaved(
                 try:
                     summary, rollouts = await batch(sides[name].one, cases, level)
                 except Exception as e:  # a side failing is a result, not the end
+                    if cancelling():
+                        raise
                     failed[name] = f"{type(e).__name__}: {str(e)[-3000:]}"
                     continue
                 summary |= {"repeat": repeat, "position": position}
@@ -468,8 +474,36 @@ def remove_left(sandboxes: Sandboxes, label: str) -> int:
                 sandboxes.server.call("DELETE", f"/v1/sandboxes/{sandbox['id']}")
     left = containers(label)
     if left:
-        docker.run_docker("rm", "-f", *sorted(left))
+        try:
+            docker.run_docker("rm", "-f", *sorted(left))
+        except StackError:
+            # NeMo Gym's own teardown may be removing them right now (a rollout cut short:
+            # "removal of container ... is already in progress"); what counts is that they go.
+            if not _gone(label, REMOVAL_S):
+                raise
     return max(len(listed), len(left))
+
+
+REMOVAL_S = 60.0
+"""Seconds a run's containers get to go once another removal of them is in progress."""
+
+
+def _gone(label: str, seconds: float) -> bool:
+    """Whether no container carries docker label `label` within `seconds` (polled)."""
+    deadline = time.monotonic() + seconds
+    while containers(label):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
+
+
+def cancelling() -> bool:
+    """Whether the running task is being cancelled (Ctrl-C: `asyncio.run` cancels the main
+    task). An error raised then (a rollout's or a stack's cleanup cut short) is no side's
+    result: taken as one, the run would go on after the user stopped it."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 @contextlib.asynccontextmanager
@@ -637,6 +671,8 @@ async def measure_env(
                         running[side] = await stacks.enter_async_context(cm)
                         break
                     except Exception as e:  # one side failing is a result, not the end
+                        if cancelling():
+                            raise
                         out[side] = _error(e)
                         if RAY_NODE_TIMEOUT not in str(e) or attempt == SIDE_STARTS:
                             break
@@ -650,6 +686,8 @@ async def measure_env(
 
                 measured = await interleaved(running, len(table), levels, repeats, partial)
     except Exception as e:  # a stack that failed to stop: its side's result is that error
+        if cancelling():
+            raise
         for side in running:
             out[side] = _error(e)
         return out

@@ -6,6 +6,10 @@ add up; and the docs quote the results' tables."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -207,3 +211,65 @@ def test_the_native_docker_override_is_as_before_providers(tmp_path: Path) -> No
     create = {"network": "host", "extra_run_args": ["--label", f"{containers.RUN_LABEL}=run"]}
     impl = {"opencode_sandboxed_agent": {"artifacts_dir": str(tmp_path)}}
     assert got == {"sandbox": {"docker": {"create": create}}, "agent": {containers.AGENTS: impl}}
+
+
+CUT_SHORT = """
+import asyncio, contextlib, types
+from benchmarks import containers
+
+
+@contextlib.asynccontextmanager
+async def side(*_args):
+    async def one(case):
+        print("rollout", flush=True)
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            # as the native side's `docker rm -f` racing NeMo Gym's own teardown did
+            raise RuntimeError("cleanup failed while cut short") from None
+        return containers.Rollout(0.0, 0.0, case, 1.0)
+
+    yield containers.Running(one, 0.0, None, [])
+
+
+containers.SIDES.update(native=side, ours=side)
+
+
+async def main():
+    for env in ("first", "second"):
+        task = types.SimpleNamespace(env=env)
+        await containers.measure_env(
+            None, task, "agent", None, [None], ["native", "ours"], (1,), 2, lambda _: None
+        )
+        print("went on after", env, flush=True)
+
+
+asyncio.run(main())
+"""
+"""The benchmark's own `measure_env` (sides, interleaved rounds, batches) on stand-in sides whose
+rollout, cut short, fails in its cleanup."""
+
+
+def test_ctrl_c_stops_the_run_even_when_a_cleanup_fails() -> None:
+    """SIGINT (Ctrl-C) during a batch stops the benchmark: the cleanup's error, raised while the
+    run is being cancelled, ends it (exit status not 0, the error shown) instead of becoming the
+    side's result, after which the run went on with the other side and the next environment
+    (the reported "ignores Ctrl-C"; SIGTERM, with no handler, just ended the process)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CUT_SHORT], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        while (line := proc.stdout.readline()) != "rollout\n":  # the sides' "up" lines first
+            assert line, proc.stderr and proc.stderr.read()
+        time.sleep(0.5)  # into the rollout's sleep
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, (out, err)
+    assert "went on" not in out and "rollout" not in out, out
+    assert "RuntimeError: cleanup failed while cut short" in err, err

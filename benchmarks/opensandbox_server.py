@@ -139,8 +139,8 @@ class OpenSandboxServer:
             f"{self.url}{path}", data=data, method=method, headers=headers
         )
         with urllib.request.urlopen(request, timeout=30) as response:
-            body = response.read()
-        return json.loads(body) if body.strip() else None
+            answer = response.read()
+        return json.loads(answer) if answer.strip() else None
 
     def sandboxes(self) -> list[dict[str, Any]]:
         """Every sandbox the server lists (first 200)."""

@@ -1,6 +1,6 @@
 """NeMo Gym's container environments, natively and through nemo-gym-env, in one run:
 `uv run python -m benchmarks.containers [--env ENV ...] [--side native|ours ...]
-[--levels 1,2,4] [--repeats 2]`
+[--provider docker|opensandbox ...] [--levels 1,2,4] [--repeats 2]`
 
 Each container environment of the hand-made task kit (`containers.kit.make_tasks`: swebench_pro
 `tinycalc`, terminal_bench_2_1 `wordstats`, swe_next `textkit`) runs OpenCode inside the task's
@@ -35,6 +35,30 @@ ratios (`ratio`).
   the trace (`trace.info["nemo_gym_phases"]`), `other` the wall time beyond `/run`; the
   containers of its stack left afterwards are counted.
 
+`--provider opensandbox` runs the same two sides with NeMo Gym's shipped `opensandbox.yaml` in
+place of docker.yaml, as `native-opensandbox` and `ours-opensandbox` (`--provider docker` is the
+default; both flags run all four sides, interleaved alike). The benchmark starts the real
+`opensandbox-server` (`benchmarks.opensandbox_server`: loopback, an API key, the stand-in execd
+image) and gives both sides its address and key in `OPENSANDBOX_DOMAIN` / `OPENSANDBOX_API_KEY`
+(the environment, never a command line); at the end it checks the server lists no sandbox
+(deleting and counting any), then stops it.
+- `native-opensandbox`: as `native`, but the sandboxes sit on docker's default bridge, so NeMo
+  Gym's `openai_model` server (what OpenCode in the sandbox calls) listens on the bridge's
+  gateway address instead of 127.0.0.1 (the fixer stays on loopback: only that server calls
+  it); the agent gets one uvicorn worker (as `ours-opensandbox`), and its sandboxes carry the
+  run's metadata `<RUN_LABEL>=<uuid>` (a docker label), by which what is left is counted, then
+  deleted through the server and docker.
+- `ours-opensandbox`: as `ours`, with `allow_unisolated_containers` (no egress image here) and
+  one uvicorn worker per agent (as tests/stack/containers/test_opensandbox.py: NeMo Gym's 4
+  workers are restarted for ever on a loaded 2-core machine); the door listens on the bridge's
+  gateway.
+Each environment's entry gets `parity`: the sides with rewards and whether their per-row rewards
+are all equal.
+
+Ctrl-C stops the run: every side's stack and containers are cleaned up on the way out, and an
+error a cleanup raises then (a rollout cut short) ends the run too, never a side's result after
+which it would go on (`cancelling`).
+
 Writes `benchmarks/results/<date>-containers.json` (or `-o`); `table()`, `phase_table()` and
 `rate_table()` render the docs' tables from it.
 """
@@ -45,13 +69,14 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -61,8 +86,10 @@ import yaml
 
 from benchmarks.common import model_context, private_env, timed_serving
 from benchmarks.harnesses import NativeHarnessStack, _post_run, report_head
-from verifiers_nemogym.containers import docker
+from benchmarks.opensandbox_server import SERVER, OpenSandboxServer
+from verifiers_nemogym.containers import docker, images
 from verifiers_nemogym.containers.kit import KitTask, TaskKit, make_tasks
+from verifiers_nemogym.containers.providers.opensandbox import STACK_KEY, bridge_gateway
 from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.errors import StackError
 from verifiers_nemogym.nemo.venv import NeMoGymVenv, ensure_venv
@@ -81,7 +108,51 @@ CASES = (True, False)
 AGENTS = "responses_api_agents"
 DOCKER_CONFIG = PROVIDER_CONFIG.format(name="docker")
 RUN_LABEL = "vf-nemogym.bench-run"
-"""Docker label (`<RUN_LABEL>=<uuid>`) the native side adds to the containers of its run."""
+"""Docker label (`<RUN_LABEL>=<uuid>`) the native side adds to the containers of its run (with
+OpenSandbox: sandbox metadata, which the server makes a docker label)."""
+PROVIDERS = ("docker", "opensandbox")
+"""NeMo Gym sandbox providers a side can run its containers with (`--provider`)."""
+OPENSANDBOX_ENV = ("OPENSANDBOX_DOMAIN", "OPENSANDBOX_API_KEY")
+"""What NeMo Gym's shipped opensandbox.yaml reads (the server's address and key)."""
+
+
+@dataclass(frozen=True)
+class Sandboxes:
+    """Where a side's containers run: NeMo Gym's sandbox provider `provider` (its shipped config)
+    and, for `opensandbox`, the server the benchmark started."""
+
+    provider: str = "docker"
+    server: OpenSandboxServer | None = None
+
+    @property
+    def config(self) -> str:
+        """The provider's config path in the NeMo Gym install."""
+        return PROVIDER_CONFIG.format(name=self.provider)
+
+
+DOCKER_SANDBOXES = Sandboxes()
+
+
+def side_name(side: str, provider: str) -> str:
+    """A side's name in the result: `native`/`ours` for docker (as before providers), else
+    `<side>-<provider>`."""
+    return side if provider == "docker" else f"{side}-{provider}"
+
+
+def side_kind(name: str) -> tuple[str, str]:
+    """(`native` or `ours`, provider) of a side's name (`side_name`'s inverse)."""
+    side, _, provider = name.partition("-")
+    return side, provider or "docker"
+
+
+def one_worker(agent: str, path: Path) -> Path:
+    """A config giving `agent` one uvicorn worker (NeMo Gym's pairing asks for 4: uvicorn kills a
+    worker not up within 5 s, and importing the sandbox clients takes longer than that on a
+    loaded 2-core machine, so the workers were restarted for ever). Its path."""
+    path.write_text(
+        yaml.safe_dump({agent: {AGENTS: {"opencode_sandboxed_agent": {"num_workers": 1}}}})
+    )
+    return path
 
 
 class NativeContainerStack(NativeHarnessStack):
@@ -275,6 +346,8 @@ async def interleaved(
                 try:
                     summary, rollouts = await batch(sides[name].one, cases, level)
                 except Exception as e:  # a side failing is a result, not the end
+                    if cancelling():
+                        raise
                     failed[name] = f"{type(e).__name__}: {str(e)[-3000:]}"
                     continue
                 summary |= {"repeat": repeat, "position": position}
@@ -365,15 +438,85 @@ async def _start_native(
     raise AssertionError("unreachable")
 
 
+def native_override(
+    agent: str, artifacts: Path, run_id: str, sandboxes: Sandboxes
+) -> dict[str, Any]:
+    """The native side's own config (module contract): docker's containers on the host's
+    network with the run's label; OpenSandbox's sandboxes with the run's metadata, the agent on
+    one worker, and NeMo Gym's `openai_model` server on docker's default bridge gateway (where
+    the sandboxes reach it: they are on that bridge, and the server must not listen on every
+    address)."""
+    impl: dict[str, Any] = {"artifacts_dir": str(artifacts)}
+    if sandboxes.provider == "docker":
+        create = {"network": "host", "extra_run_args": ["--label", f"{RUN_LABEL}={run_id}"]}
+        return {
+            "sandbox": {"docker": {"create": create}},
+            agent: {AGENTS: {"opencode_sandboxed_agent": impl}},
+        }
+    impl["num_workers"] = 1
+    return {
+        "sandbox": {"default_metadata": {RUN_LABEL: run_id}},
+        agent: {AGENTS: {"opencode_sandboxed_agent": impl}},
+        "policy_model": {"responses_api_models": {"openai_model": {"host": bridge_gateway()}}},
+    }
+
+
+def remove_left(sandboxes: Sandboxes, label: str) -> int:
+    """Remove what of a run is left, found by docker label `label` (`key=value`), and with
+    OpenSandbox first every sandbox its server lists with that metadata (deleted through the
+    server, so its list is clean too); how many there were."""
+    listed: set[str] = set()
+    if sandboxes.server is not None:
+        key, _, value = label.partition("=")
+        for sandbox in sandboxes.server.sandboxes():
+            if (sandbox.get("metadata") or {}).get(key) == value:
+                listed.add(str(sandbox["id"]))
+                sandboxes.server.call("DELETE", f"/v1/sandboxes/{sandbox['id']}")
+    left = containers(label)
+    if left:
+        try:
+            docker.run_docker("rm", "-f", *sorted(left))
+        except StackError:
+            # NeMo Gym's own teardown may be removing them right now (a rollout cut short:
+            # "removal of container ... is already in progress"); what counts is that they go.
+            if not _gone(label, REMOVAL_S):
+                raise
+    return max(len(listed), len(left))
+
+
+REMOVAL_S = 60.0
+"""Seconds a run's containers get to go once another removal of them is in progress."""
+
+
+def _gone(label: str, seconds: float) -> bool:
+    """Whether no container carries docker label `label` within `seconds` (polled)."""
+    deadline = time.monotonic() + seconds
+    while containers(label):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
+
+
+def cancelling() -> bool:
+    """Whether the running task is being cancelled (Ctrl-C: `asyncio.run` cancels the main
+    task). An error raised then (a rollout's or a stack's cleanup cut short) is no side's
+    result: taken as one, the run would go on after the user stopped it."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 @contextlib.asynccontextmanager
 async def native_side(
-    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask]
-) -> AsyncIterator[Running]:
+    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask],
+    sandboxes: Sandboxes = DOCKER_SANDBOXES,
+) -> AsyncIterator[Running]:  # fmt: skip
     """`task`'s environment on plain NeMo Gym (module contract), its stack up while in the
     block; the containers of its run left afterwards are counted, then removed."""
     site = runtime.site_packages
     openai_model = site / "responses_api_models/openai_model/configs/openai_model.yaml"
-    run_label = f"{RUN_LABEL}={uuid.uuid4().hex}"
+    run_id = uuid.uuid4().hex
+    run_label = f"{RUN_LABEL}={run_id}"
     load_before = load()
     lines = [json.loads(line) for line in rows.read_text().splitlines() if line]
     running: Running | None = None
@@ -381,15 +524,17 @@ async def native_side(
         async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
             with tempfile.TemporaryDirectory(prefix="containers-native-") as tmp:
                 native = Path(tmp, "native.yaml")
-                impl = {"opencode_sandboxed_agent": {"artifacts_dir": str(Path(tmp, "artifacts"))}}
-                create = {"network": "host", "extra_run_args": ["--label", run_label]}
-                native.write_text(
-                    yaml.safe_dump(
-                        {"sandbox": {"docker": {"create": create}}, agent: {AGENTS: impl}}
-                    )
-                )
+                override = native_override(agent, Path(tmp, "artifacts"), run_id, sandboxes)
+                native.write_text(yaml.safe_dump(override))
                 configs = [site / p for p in task.config_paths]
-                configs += [site / DOCKER_CONFIG, task.override, native, openai_model]
+                configs += [site / sandboxes.config, task.override]
+                # the native override last where it sets openai_model's own block (its host)
+                tail = (
+                    [native, openai_model]
+                    if sandboxes.provider == "docker"
+                    else [openai_model, native]
+                )
+                configs += tail
                 workdir = Path(tmp, "stack")
                 workdir.mkdir()
                 env_yaml = {"policy_base_url": policy.base_url, "policy_api_key": POLICY_KEY,
@@ -413,11 +558,9 @@ async def native_side(
                 finally:
                     await stack.stop()
     finally:
-        left = containers(run_label)
-        if left:
-            docker.run_docker("rm", "-f", *sorted(left))
+        left = remove_left(sandboxes, run_label)
         if running is not None:
-            running.left = len(left)
+            running.left = left
 
 
 def _calls_by_case(log: list[Any], cases: int) -> list[dict[str, int]]:
@@ -431,17 +574,29 @@ def _calls_by_case(log: list[Any], cases: int) -> list[dict[str, int]]:
 
 @contextlib.asynccontextmanager
 async def ours_side(
-    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask]
-) -> AsyncIterator[Running]:
+    runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask],
+    sandboxes: Sandboxes = DOCKER_SANDBOXES,
+) -> AsyncIterator[Running]:  # fmt: skip
     """`task`'s environment through nemo-gym-env (module contract), its stack up while in the
     block; the containers of its stack left afterwards are counted."""
-    configs = [*task.config_paths, DOCKER_CONFIG, str(task.override)]
+    configs = [*task.config_paths, sandboxes.config, str(task.override)]
+    options: dict[str, Any] = {}
+    label = STACK_LABEL
     load_before = load()
     running: Running | None = None
     marker = None
     try:
-        async with FixerPolicy(tasks=table, wrong=wrong_cases()) as policy:
-            env = private_env(runtime, config_paths=configs, jsonl_path=str(rows), agent=agent)
+        async with contextlib.AsyncExitStack() as scope:
+            if sandboxes.provider == "opensandbox":
+                folder = Path(scope.enter_context(tempfile.TemporaryDirectory(prefix="ours-")))
+                configs.append(str(one_worker(agent, folder / "workers.yaml")))
+                # no egress image here: the sandboxes cannot be isolated (docs/containers.md)
+                options["allow_unisolated_containers"] = True
+                label = STACK_KEY
+            policy = await scope.enter_async_context(FixerPolicy(tasks=table, wrong=wrong_cases()))
+            env = private_env(
+                runtime, config_paths=configs, jsonl_path=str(rows), agent=agent, **options
+            )
             tasks = list(env.taskset)
             ctx = model_context(MODEL, policy.base_url)
             async with timed_serving(env) as start_s:
@@ -460,7 +615,7 @@ async def ours_side(
                 yield running
     finally:
         if running is not None and marker:
-            running.left = len(containers(f"{STACK_LABEL}={marker}"))
+            running.left = len(containers(f"{label}={marker}"))
 
 
 SIDES = {"native": native_side, "ours": ours_side}
@@ -486,7 +641,7 @@ def results(measured: Measured, running: dict[str, Running], cases: int) -> dict
         by_level, first = got
         if not by_level:
             continue
-        if side == "native":
+        if side_kind(side)[0] == "native":
             _native_phases(first, running[side].policy.log)
         out[side] = _side(running[side], by_level, first, cases)
     return out
@@ -496,10 +651,13 @@ async def measure_env(
     runtime: NeMoGymVenv, task: KitTask, agent: str, rows: Path, table: list[FixTask],
     sides: list[str], levels: tuple[int, ...], repeats: int,
     save: Callable[[dict[str, Any]], None],
+    backends: dict[str, Sandboxes] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Both sides' stacks up at once (their starts timed one after the other), then the
+    """Every side's stack up at once (their starts timed one after the other), then the
     `interleaved` batches; per side its result, or the error that stopped it. `save` gets the
-    sides' results so far after every batch (`complete` false, containers left not counted)."""
+    sides' results so far after every batch (`complete` false, containers left not counted).
+    `sides` are `side_name`s; `backends` gives each provider's `Sandboxes` (docker's default)."""
+    backends = backends or {"docker": DOCKER_SANDBOXES}
     out: dict[str, Any] = {}
     running: dict[str, Running] = {}
     measured: Measured = {}
@@ -508,10 +666,13 @@ async def measure_env(
             for side in sides:
                 for attempt in range(1, SIDE_STARTS + 1):
                     try:
-                        cm = SIDES[side](runtime, task, agent, rows, table)
+                        kind, provider = side_kind(side)
+                        cm = SIDES[kind](runtime, task, agent, rows, table, backends[provider])
                         running[side] = await stacks.enter_async_context(cm)
                         break
                     except Exception as e:  # one side failing is a result, not the end
+                        if cancelling():
+                            raise
                         out[side] = _error(e)
                         if RAY_NODE_TIMEOUT not in str(e) or attempt == SIDE_STARTS:
                             break
@@ -525,20 +686,61 @@ async def measure_env(
 
                 measured = await interleaved(running, len(table), levels, repeats, partial)
     except Exception as e:  # a stack that failed to stop: its side's result is that error
+        if cancelling():
+            raise
         for side in running:
             out[side] = _error(e)
         return out
     return out | results(measured, running, len(table))
 
 
+def parity(entry: dict[str, Any], sides: list[str]) -> dict[str, Any]:
+    """Of an environment's entry: the sides (of `sides`, in order) that have rewards, and
+    whether their per-row rewards are all equal (None with fewer than two such sides)."""
+    scored = [s for s in sides if "rewards" in entry.get(s, {})]
+    rewards = {json.dumps(entry[s]["rewards"]) for s in scored}
+    return {"sides": scored, "equal": len(rewards) == 1 if len(scored) > 1 else None}
+
+
+@contextlib.contextmanager
+def opensandbox_server(record: dict[str, Any]) -> Iterator[OpenSandboxServer]:
+    """The real OpenSandbox server (`benchmarks.opensandbox_server`) up while in the block, its
+    address and key in the environment NeMo Gym's opensandbox.yaml reads (both sides' stacks
+    inherit it; restored afterwards). On the way out the sandboxes it still lists are counted
+    into `record["sandboxes_left"]` and deleted through it, then it is stopped by its PID."""
+    with tempfile.TemporaryDirectory(prefix="containers-opensandbox-") as folder:
+        server = OpenSandboxServer(images.execd_image(), Path(folder))
+        saved = {name: os.environ.get(name) for name in OPENSANDBOX_ENV}
+        server.start()
+        try:
+            os.environ.update(OPENSANDBOX_DOMAIN=server.url, OPENSANDBOX_API_KEY=server.key)
+            record["version"] = SERVER
+            yield server
+        finally:
+            try:
+                left = server.sandboxes()
+                record["sandboxes_left"] = len(left)
+                for sandbox in left:
+                    server.call("DELETE", f"/v1/sandboxes/{sandbox['id']}")
+            finally:
+                server.stop()
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+
+
 async def measure(
     envs: list[str] | None, sides: list[str], levels: tuple[int, ...], repeats: int, path: Path
 ) -> dict[str, Any]:
     """The result (module contract), also written to `path` after each environment (a run cut
-    short keeps what it measured)."""
+    short keeps what it measured). `sides` are `side_name`s; an OpenSandbox side's server is
+    started here and stopped at the end (`opensandbox_server`)."""
     runtime = ensure_venv(NEMO_GYM_VERSION, allow_below_floor=True)
     kit: TaskKit = await asyncio.to_thread(make_tasks, cache_root() / "bench-containers-kit")
     chosen = list(kit.tasks) if envs is None else [kit.task(env) for env in envs]
+    providers = sorted({side_kind(side)[1] for side in sides}, key=PROVIDERS.index)
     out: dict[str, Any] = {
         **report_head(runtime),
         "cases": ["right" if right else "wrong" for right in CASES],
@@ -549,6 +751,25 @@ async def measure(
         "cpus": os.cpu_count(),
         "envs": {},
     }
+    if providers != ["docker"]:
+        out["providers"] = providers
+    with contextlib.ExitStack() as scope:
+        backends = {"docker": DOCKER_SANDBOXES}
+        if "opensandbox" in providers:
+            record = out.setdefault("opensandbox_server", {})
+            server = scope.enter_context(opensandbox_server(record))
+            backends["opensandbox"] = Sandboxes("opensandbox", server)
+        await _measure_envs(runtime, chosen, sides, levels, repeats, path, out, backends)
+    if "opensandbox_server" in out:  # the server's count of what was left came at its stop
+        path.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+async def _measure_envs(
+    runtime: NeMoGymVenv, chosen: list[KitTask], sides: list[str], levels: tuple[int, ...],
+    repeats: int, path: Path, out: dict[str, Any], backends: dict[str, Sandboxes],
+) -> None:  # fmt: skip
+    """`measure`'s environments, one after the other, into `out["envs"]` (written to `path`)."""
     with tempfile.TemporaryDirectory(prefix="containers-rows-") as folder:
         for task in chosen:
             agent = agent_of(runtime, task)
@@ -560,6 +781,10 @@ async def measure(
                 "agent": agent,
                 "config_paths": [*task.config_paths, DOCKER_CONFIG, "<kit override>"],
             }
+            if "opensandbox" in backends:
+                entry["opensandbox_config_paths"] = [
+                    *task.config_paths, backends["opensandbox"].config, "<kit override>",
+                ]  # fmt: skip
 
             def save(sides_so_far: dict[str, Any], env: str = task.env) -> None:
                 out["envs"][env] = out["envs"][env] | sides_so_far
@@ -567,13 +792,15 @@ async def measure(
 
             out["envs"][task.env] = entry
             entry |= await measure_env(
-                runtime, task, agent, rows, table, sides, levels, repeats, save
+                runtime, task, agent, rows, table, sides, levels, repeats, save, backends
             )
             for side in sides:
                 print(f"{task.env} {side}: {json.dumps(entry[side])[:600]}", flush=True)
+            if "opensandbox" in backends:
+                entry["parity"] = parity(entry, sides)
+                print(f"{task.env} parity: {json.dumps(entry['parity'])}", flush=True)
             out["envs"][task.env] = entry
             path.write_text(json.dumps(out, indent=2) + "\n")
-    return out
 
 
 def _rewards(side: dict[str, Any]) -> str:
@@ -586,20 +813,28 @@ def _seconds(side: dict[str, Any]) -> str:
     return f"{side['s_per_rollout']:.1f}" if "s_per_rollout" in side else "error"
 
 
+SIDE_ORDER = [side_name(side, provider) for provider in PROVIDERS for side in SIDES]
+"""The sides in the tables' order: docker's native and ours, then OpenSandbox's."""
+
+
+def sides_of(result: dict[str, Any]) -> list[str]:
+    """The sides any environment of `result` has (ran or failed), in `SIDE_ORDER`; native and
+    ours for a result of none."""
+    present = {side for entry in result["envs"].values() for side in entry}
+    return [side for side in SIDE_ORDER if side in present] or list(SIDES)
+
+
 def table(result: dict[str, Any]) -> list[str]:
     """The markdown table docs/containers.md quotes: per environment, the per-row rewards (in row
     order: the right fix, then the useless edit) and the median seconds per rollout one at a
-    time, native and ours."""
-    lines = [
-        "| environment | rewards native | rewards ours | s/rollout native | s/rollout ours |",
-        "|---|---|---|---|---|",
-    ]
+    time, of each side of the result (`sides_of`: native and ours for docker alone)."""
+    sides = sides_of(result)
+    head = [f"rewards {s}" for s in sides] + [f"s/rollout {s}" for s in sides]
+    lines = [f"| environment | {' | '.join(head)} |", "|---" * (1 + len(head)) + "|"]
     for name, entry in result["envs"].items():
-        native, ours = entry.get("native", {}), entry.get("ours", {})
-        lines.append(
-            f"| {name} | {_rewards(native)} | {_rewards(ours)} | "
-            f"{_seconds(native)} | {_seconds(ours)} |"
-        )
+        got = [entry.get(s, {}) for s in sides]
+        cells = [_rewards(side) for side in got] + [_seconds(side) for side in got]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
     return lines
 
 
@@ -613,7 +848,7 @@ def phase_table(result: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in result["envs"].items():
-        for side in ("native", "ours"):
+        for side in sides_of(result):
             p = entry.get(side, {}).get("phases")
             if not p:
                 continue
@@ -650,21 +885,23 @@ def _load_range(*levels: dict[str, Any]) -> str:
 def rate_table(result: dict[str, Any]) -> list[str]:
     """Per environment and level (`-c`), rollouts per minute native and ours, their ratio (the
     median of the rounds' ratios, `ratio`), the host's CPU busy share during each side's
-    batches (all processes of the machine) and the 1-minute load average's range over them."""
+    batches (all processes of the machine) and the 1-minute load average's range over them; a
+    provider other than docker is named after the environment (`swebench_pro (opensandbox)`)."""
     lines = [
         "| environment | -c | per minute native | per minute ours | ours / native "
         "| CPU busy native | CPU busy ours | load |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, entry in result["envs"].items():
-        native = entry.get("native", {}).get("levels", {})
-        ours = entry.get("ours", {}).get("levels", {})
+    for (name, entry), provider in itertools.product(result["envs"].items(), PROVIDERS):
+        native = entry.get(side_name("native", provider), {}).get("levels", {})
+        ours = entry.get(side_name("ours", provider), {}).get("levels", {})
+        label = name if provider == "docker" else f"{name} ({provider})"
         for level in result.get("levels", []):
             n, o = native.get(str(level)), ours.get(str(level))
             if n is None or o is None:
                 continue
             lines.append(
-                f"| {name} | {level} | {n['per_minute']:.1f} | {o['per_minute']:.1f} | "
+                f"| {label} | {level} | {n['per_minute']:.1f} | {o['per_minute']:.1f} | "
                 f"{ratio(n, o):.2f} | {n['cpu_busy']:.0%} | {o['cpu_busy']:.0%} | "
                 f"{_load_range(n, o)} |"
             )
@@ -675,6 +912,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--env", action="append", default=[], help="an environment of the kit")
     parser.add_argument("--side", action="append", choices=sorted(SIDES), default=[])
+    parser.add_argument(
+        "--provider", action="append", choices=PROVIDERS, default=[],
+        help="NeMo Gym sandbox provider of the sides' containers, repeatable (default docker; "
+        "opensandbox starts the real opensandbox-server for the run)",
+    )  # fmt: skip
     parser.add_argument(
         "--levels", default=",".join(map(str, LEVELS)),
         help="rollouts in flight per timed batch, comma-separated, the first 1 (default 1,2,4)",
@@ -693,7 +935,8 @@ def main() -> None:
         parser.error(f"--levels: not comma-separated integers: {args.levels!r}")
     if not levels or levels[0] != 1 or min(levels) < 1:
         parser.error("--levels must start with 1 (the phases are measured one at a time)")
-    sides = args.side or ["native", "ours"]
+    providers = [p for p in PROVIDERS if p in (args.provider or ["docker"])]
+    sides = [side_name(s, p) for p in providers for s in args.side or ["native", "ours"]]
     day = datetime.date.today().isoformat()
     path = args.output or RESULTS / f"{day}-containers.json"
     result = asyncio.run(measure(args.env or None, sides, levels, args.repeats, path))

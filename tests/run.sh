@@ -5,7 +5,7 @@
 #     background: the NeMo Gym runtimes the stack tier uses (`nemo-gym-env setup`, into
 #     $VF_NEMOGYM_CACHE), the container tests' images (`nemo-gym-env make-tasks`: a Debian base
 #     from debootstrap, the hand-made tasks on it), the OpenSandbox server's venv
-#     (tests/opensandbox_server.py) and the pre-release venv (.venv-verifiers-dev:
+#     (benchmarks/opensandbox_server.py) and the pre-release venv (.venv-verifiers-dev:
 #     the same lock, then the verifiers of tests/verifiers-prerelease.txt installed over it).
 #  2. The stack tier (tests/stack/), two test files at a time: a stack test waits on much besides
 #     CPU (model and CLI round trips, containers, deadlines, Ray's node); each worker keeps its
@@ -47,7 +47,7 @@ RUNTIMES_PID=$!
 IMAGES_PID=$!
 # The OpenSandbox server (from the package registry, in a venv of its own under the cache) for the
 # OpenSandbox tests, which build it themselves if this failed.
-.venv/bin/python tests/opensandbox_server.py install >"$BACKGROUND_LOGS/opensandbox.log" 2>&1 &
+.venv/bin/python -m benchmarks.opensandbox_server install >"$BACKGROUND_LOGS/opensandbox.log" 2>&1 &
 OPENSANDBOX_PID=$!
 (
     UV_PROJECT_ENVIRONMENT="$DEV_VENV" uv sync --locked --quiet &&

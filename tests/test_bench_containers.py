@@ -1,17 +1,28 @@
-"""The container benchmark's committed result (fast tier, nothing started): native NeMo Gym and
+"""The container benchmark's committed results (fast tier, nothing started): native NeMo Gym and
 nemo-gym-env gave every row the same reward, the one its fixer case calls for, at every level of
-rollouts in flight; each side's phases add up; and the docs quote the result's tables."""
+rollouts in flight, with docker's containers and with OpenSandbox's sandboxes; each side's phases
+add up; and the docs quote the results' tables."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from benchmarks import containers
 from verifiers_nemogym.phases import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "benchmarks/results/2026-11-28-containers.json"
+OPENSANDBOX = ROOT / "benchmarks/results/2026-11-28-opensandbox.json"
+"""`--provider opensandbox`: native and ours through NeMo Gym's opensandbox.yaml."""
+PROVIDERS = ROOT / "benchmarks/results/2026-11-28-providers.json"
+"""`--provider docker --provider opensandbox`: the four sides in one run."""
 
 
 def test_every_measured_side_scores_each_row_as_its_case_calls_for() -> None:
@@ -124,3 +135,141 @@ def test_swe_next_scores_natively() -> None:
     assert native["rewards"] == result["expected_rewards"]
     assert native["calls_by_case"] == [{"fix": 1, "final": 1}] * len(result["cases"])
     assert native["containers_left"] == 0
+
+
+@pytest.mark.parametrize("path", [OPENSANDBOX, PROVIDERS], ids=["opensandbox", "providers"])
+def test_opensandbox_scores_each_row_alike_natively_and_ours(path: Path) -> None:
+    """`--provider opensandbox` (and with docker too) on swebench_pro and terminal_bench_2_1:
+    native NeMo Gym and nemo-gym-env, through NeMo Gym's shipped opensandbox.yaml (and
+    docker.yaml), gave each row the reward its fixer case calls for (right fix 1, useless edit
+    0) in every batch, each row with one fix and one final call; the parity line names every
+    side and says they agree; no sandbox was left on the server's list and no container of any
+    side in docker."""
+    result = json.loads(path.read_text())
+    providers = result["providers"]
+    assert "opensandbox" in providers
+    sides = [containers.side_name(s, p) for p in providers for s in containers.SIDES]
+    assert set(result["envs"]) == {"swebench_pro", "terminal_bench_2_1"}
+    assert result["expected_rewards"] == [1.0, 0.0]
+    assert result["opensandbox_server"]["sandboxes_left"] == 0
+    for name, entry in result["envs"].items():
+        assert (
+            containers.PROVIDER_CONFIG.format(name="opensandbox")
+            in (entry["opensandbox_config_paths"])
+        ), name
+        assert entry["parity"] == {"sides": sides, "equal": True}, name
+        for side in (entry[s] for s in sides):
+            assert side["rewards"] == result["expected_rewards"], name
+            assert all(r == result["expected_rewards"] for r in side["timed_rewards"]), name
+            assert side["calls_by_case"] == [{"fix": 1, "final": 1}] * len(result["cases"])
+            assert side["containers_left"] == 0 and side["complete"], name
+
+
+@pytest.mark.parametrize("path", [OPENSANDBOX, PROVIDERS], ids=["opensandbox", "providers"])
+def test_opensandbox_tables_render_and_the_docs_quote_them(path: Path) -> None:
+    """Each OpenSandbox result's parity table has a column pair per side it ran, and
+    docs/containers.md quotes it row for row."""
+    result = json.loads(path.read_text())
+    parity = containers.table(result)
+    sides = [s for p in result["providers"] for s in (f"native-{p}", f"ours-{p}")]
+    sides = [s.removesuffix("-docker") for s in sides]
+    assert parity[0] == (
+        "| environment | "
+        + " | ".join([f"rewards {s}" for s in sides] + [f"s/rollout {s}" for s in sides])
+        + " |"
+    )
+    doc = (ROOT / "docs/containers.md").read_text().splitlines()
+    assert [row for row in parity if row not in doc] == []
+
+
+def test_sides_are_named_by_provider_and_the_tables_take_any_of_them() -> None:
+    """docker's sides keep their names (`native`, `ours`), another provider's are suffixed; the
+    parity table has a column pair per side present, in docker-then-OpenSandbox order; `parity`
+    compares the sides that scored."""
+    assert containers.side_name("native", "docker") == "native"
+    assert containers.side_name("ours", "opensandbox") == "ours-opensandbox"
+    assert containers.side_kind("ours-opensandbox") == ("ours", "opensandbox")
+    assert containers.side_kind("native") == ("native", "docker")
+    ok = {"rewards": [1.0, 0.0], "s_per_rollout": 2.0}
+    entry = {"ours-opensandbox": ok, "native": ok, "native-opensandbox": {"error": "boom"}}
+    result = {"envs": {"x": entry}}
+    assert containers.table(result)[2] == "| x | 1, 0 | error | 1, 0 | 2.0 | error | 2.0 |"
+    sides = containers.sides_of(result)
+    assert sides == ["native", "native-opensandbox", "ours-opensandbox"]
+    assert containers.parity(entry, sides) == {
+        "sides": ["native", "ours-opensandbox"],
+        "equal": True,
+    }
+    entry["native"] = {"rewards": [1.0, 1.0]}
+    assert containers.parity(entry, sides)["equal"] is False
+
+
+def test_the_native_docker_override_is_as_before_providers(tmp_path: Path) -> None:
+    """Native docker's own config: the containers on the host's network with the run's label,
+    the agent's artifacts in the run's folder (what the docker results were measured with)."""
+    got = containers.native_override("agent", tmp_path, "run", containers.DOCKER_SANDBOXES)
+    create = {"network": "host", "extra_run_args": ["--label", f"{containers.RUN_LABEL}=run"]}
+    impl = {"opencode_sandboxed_agent": {"artifacts_dir": str(tmp_path)}}
+    assert got == {"sandbox": {"docker": {"create": create}}, "agent": {containers.AGENTS: impl}}
+
+
+CUT_SHORT = """
+import asyncio, contextlib, types
+from benchmarks import containers
+
+
+@contextlib.asynccontextmanager
+async def side(*_args):
+    async def one(case):
+        print("rollout", flush=True)
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            # as the native side's `docker rm -f` racing NeMo Gym's own teardown did
+            raise RuntimeError("cleanup failed while cut short") from None
+        return containers.Rollout(0.0, 0.0, case, 1.0)
+
+    yield containers.Running(one, 0.0, None, [])
+
+
+containers.SIDES.update(native=side, ours=side)
+
+
+async def main():
+    for env in ("first", "second"):
+        task = types.SimpleNamespace(env=env)
+        await containers.measure_env(
+            None, task, "agent", None, [None], ["native", "ours"], (1,), 2, lambda _: None
+        )
+        print("went on after", env, flush=True)
+
+
+asyncio.run(main())
+"""
+"""The benchmark's own `measure_env` (sides, interleaved rounds, batches) on stand-in sides whose
+rollout, cut short, fails in its cleanup."""
+
+
+def test_ctrl_c_stops_the_run_even_when_a_cleanup_fails() -> None:
+    """SIGINT (Ctrl-C) during a batch stops the benchmark: the cleanup's error, raised while the
+    run is being cancelled, ends it (exit status not 0, the error shown) instead of becoming the
+    side's result, after which the run went on with the other side and the next environment
+    (the reported "ignores Ctrl-C"; SIGTERM, with no handler, just ended the process)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CUT_SHORT], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        while (line := proc.stdout.readline()) != "rollout\n":  # the sides' "up" lines first
+            assert line, proc.stderr and proc.stderr.read()
+        time.sleep(0.5)  # into the rollout's sleep
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, (out, err)
+    assert "went on" not in out and "rollout" not in out, out
+    assert "RuntimeError: cleanup failed while cut short" in err, err

@@ -31,7 +31,8 @@ def check_calls(policy: ScriptedPolicy, traces: list[dict[str, Any]]) -> None:
         assert "vf_nemogym_route" not in json.dumps(call.body.get("metadata") or {})
 
 
-@SURVEYED_ON_040  # 0.4.0 in CI: vf-eval in test_metrics.py, the Python API in test_judges.py
+# 0.4.0 (the default) in CI: vf-eval in test_shared_stack.py, the Python API in test_judges.py
+@SURVEYED_ON_040
 async def test_vf_eval_runs_rollouts_on_a_real_stack(
     policy: ScriptedPolicy, tmp_path: Path, any_nemo_venv: NeMoGymVenv
 ):

@@ -235,7 +235,7 @@ async def test_a_judge_refusing_the_key_fails_every_rollout_naming_the_judge(
     assert judge.calls == [] and policy.calls == []
 
 
-@pytest.mark.survey  # CI: a failing judge on 0.7.0 (above) and 0.6.0 (test_releases.py)
+@pytest.mark.survey  # CI: a failing judge on 0.7.0 (above)
 async def test_a_judge_that_goes_down_makes_rollouts_errors_naming_it(
     policy: ScriptedPolicy,
 ) -> None:

@@ -135,13 +135,19 @@ async def check_train_episodes(env: Any, held: HeldStack) -> None:
         episodes = await asyncio.gather(*(env.run_episode(t, ctx) for t in env.taskset))
     await held.released()
     for episode in episodes:
-        assert episode.ok, [t.errors for t in episode.traces]
-        for trace in episode.traces:
-            assert trace.calls and "nemo_gym" in trace.rewards
-            for call in trace.calls:
-                assert call.node is not None, call.error
-                node = trace.nodes[call.node]
-                assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
+        check_trained(episode)
+
+
+def check_trained(episode: vf.Episode) -> None:
+    """A train-mode episode: ok, NeMo Gym's reward on each trace, and every model call of it
+    with token ids, and logprobs for each token its mask keeps."""
+    assert episode.ok, [t.errors for t in episode.traces]
+    for trace in episode.traces:
+        assert trace.calls and "nemo_gym" in trace.rewards
+        for call in trace.calls:
+            assert call.node is not None, call.error
+            node = trace.nodes[call.node]
+            assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
 
 
 def error_text(episode: vf.Episode) -> str:

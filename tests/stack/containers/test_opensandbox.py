@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from helpers.env_servers import EnvServer, load_tasks, train_client
-from helpers.evals import error_text, vf_eval_command
+from helpers.evals import check_trained, error_text, vf_eval_command
 from helpers.processes import SHARED_STACK_GONE_S, gone, run_tag, until
 from helpers.stacks import runtime_flags
 from opensandbox_server import OpenSandboxServer
@@ -193,13 +193,7 @@ async def test_opensandbox_through_the_env_server_eval_train_and_its_server_goin
             async with TokenServer(packaged_tokenizer()) as tokens:
                 train = train_client(tokens.base_url, "VF_NEMOGYM_TEST_NO_KEY")
                 (trained,) = await asyncio.wait_for(envs.run(train, "tokens", tasks[:1]), 900)
-            assert trained.ok, error_text(trained)
-            for trace in trained.traces:
-                assert trace.calls and "nemo_gym" in trace.rewards
-                for call in trace.calls:
-                    assert call.node is not None, call.error
-                    node = trace.nodes[call.node]
-                    assert len(node.token_ids) > 0 and len(node.logprobs) == sum(node.mask) > 0
+            check_trained(trained)
 
             marker = await until(lambda: stack_marker(tag), 30, "the stack's marker")
             rollout = asyncio.ensure_future(envs.run(client, "fixer", [sleeping]))

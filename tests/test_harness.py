@@ -8,6 +8,8 @@ shapes, after one model call through the real proxy to the scripted policy, as a
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -18,7 +20,7 @@ from aiohttp import web
 from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
 from verifiers_nemogym.bridge.proxy import NeMoGymModelProxy
-from verifiers_nemogym.containers.providers.opensandbox import health
+from verifiers_nemogym.containers.providers.opensandbox import HEALTH_TIMEOUT, health
 from verifiers_nemogym.context import RolloutContext
 from verifiers_nemogym.errors import AgentRunError
 from verifiers_nemogym.harness import _post_run, record
@@ -274,3 +276,30 @@ async def test_a_failed_run_is_led_by_the_sandbox_provider_gone_mid_run(run_serv
     with pytest.raises(AgentRunError) as caught:
         await _run(url, agents_500(), results, sandbox_health=serving)
     assert str(caught.value).startswith("rows.jsonl:1: agent 'a' /run answered 500"), caught.value
+
+
+async def test_the_provider_probe_of_a_failed_run_is_bounded_when_its_server_hangs(run_server):
+    """An OpenSandbox server that takes connections and never answers (hung, not refusing):
+    the failed rollout's error still leads with the provider's line, within the probe's own
+    bound (`HEALTH_TIMEOUT`), not the lifecycle API's 30 s a call."""
+    results, _, url = run_server
+    hung = socket.create_server(("127.0.0.1", 0))  # accepts into its backlog, never reads
+    try:
+        port = hung.getsockname()[1]
+        settings = {"connection": {"domain": f"http://127.0.0.1:{port}", "api_key": "k"}}
+        began = time.monotonic()
+        with pytest.raises(AgentRunError) as caught:
+            await _run(
+                url,
+                web.Response(status=500, text="export failed"),
+                results,
+                sandbox_health=partial(health, settings),
+            )
+        took = time.monotonic() - began
+    finally:
+        hung.close()
+    assert str(caught.value).startswith(
+        f"the OpenSandbox server at http://127.0.0.1:{port} (NeMo Gym's opensandbox sandbox "
+        "provider) does not answer: TimeoutError"
+    ), caught.value
+    assert HEALTH_TIMEOUT <= took < HEALTH_TIMEOUT + 5, took

@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -47,6 +47,9 @@ STACK_KEY = "vf-nemogym/stack"
 API_KEY_HEADER = "OPEN-SANDBOX-API-KEY"
 API_TIMEOUT = 30.0
 """Seconds one call to the server's lifecycle API may take."""
+HEALTH_TIMEOUT = 5.0
+"""Seconds each call of `health` may take: it holds a failed rollout's error, and a server that
+takes longer than this to say it is healthy is as good as gone for that error's purpose."""
 PAGE_SIZE = 200
 STOP_FILE = "vf_nemogym_opensandbox.json"
 """In the stack's folder: how the supervisor's `--stop` reaches the server (the connection's
@@ -69,6 +72,8 @@ class Server:
 
     base_url: str
     api_key: str
+    timeout: float = API_TIMEOUT
+    """Seconds one call may take."""
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> Server:
@@ -95,7 +100,7 @@ class Server:
         """The JSON of `method path` (None for an empty body); StackError (one line, naming the
         provider and server) if the server does not answer or fails, ConfigError on 401/403."""
         url = f"{self.base_url}{path}"
-        timeout = aiohttp.ClientTimeout(total=API_TIMEOUT)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as http,
@@ -152,9 +157,10 @@ class Server:
 async def health(settings: dict[str, Any]) -> str | None:
     """None while the OpenSandbox server of the provider's `settings` is healthy and takes the
     key; else one line naming it and what fails (asked when a rollout's `/run` fails, so that
-    the rollout's error says the provider went away, not only what the agent made of it)."""
+    the rollout's error says the provider went away, not only what the agent made of it). Each
+    call to the server is bounded by `HEALTH_TIMEOUT`."""
     try:
-        await Server.from_settings(settings).check()
+        await replace(Server.from_settings(settings), timeout=HEALTH_TIMEOUT).check()
     except (ConfigError, StackError) as e:
         return str(e)
     return None

@@ -95,10 +95,11 @@ class NeMoGymEnv(vf.Env[NeMoGymEnvConfig]):
         config_paths = await asyncio.to_thread(taskset.config_paths)
         health = None
         if config.stack_url is None:
+            plan = await asyncio.to_thread(taskset.sandbox_plan, config_paths)
             # Rows whose container image is missing: one line now, not an error per rollout.
-            await asyncio.to_thread(taskset.check_container_images, config_paths)
+            await asyncio.to_thread(taskset.check_container_images, plan)
             # A stack elsewhere reads its provider's settings there, not from this process.
-            health = sandbox_health(await asyncio.to_thread(taskset.sandbox_plan, config_paths))
+            health = sandbox_health(plan)
         reward_ranges = await asyncio.to_thread(taskset.reward_ranges, config_paths)
         logger.info(
             "NeMo Gym %s on Python %s%s (runtime %s)",

@@ -426,13 +426,12 @@ class NeMoGymTaskset(vf.Taskset[NeMoGymTask, NeMoGymTasksetConfig]):  # type: ig
         catalog = Catalog(self.nemo_venv)
         return sandbox_plan(catalog.merged_config(path) for path in config_paths)
 
-    def check_container_images(self, config_paths: list[Path]) -> None:
-        """For `config_paths` (what `config_paths()` returned) whose servers run rows in
-        containers (`containers.sandbox`), before any rollout starts: a one-line error if they
-        cannot be isolated and `allow_unisolated_containers` is off (`check_isolation`), or
-        naming the first row whose docker image the daemon does not have (and how many are
-        missing), or no daemon. Reads no image of a provider other than docker."""
-        plan = self.sandbox_plan(config_paths)
+    def check_container_images(self, plan: SandboxPlan | None) -> None:
+        """For `plan` (what `sandbox_plan()` returned; None: no server starts a sandbox), before
+        any rollout starts: a one-line error if its sandboxes cannot be isolated and
+        `allow_unisolated_containers` is off (`check_isolation`), or naming the first row whose
+        docker image the daemon does not have (and how many are missing), or no daemon. Reads
+        no image of a provider other than docker."""
         if plan is None:
             return
         host = daemon() if plan.docker is not None else None

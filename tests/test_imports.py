@@ -1,5 +1,6 @@
 """The package's import structure: no import cycle (function-level imports included), nothing
-below `cli/` imports it, and the env package uses only the package's public names."""
+below `cli/` imports it, the env package uses only the package's public names, and a slow
+import that only one path needs waits for that path."""
 
 from __future__ import annotations
 
@@ -106,3 +107,20 @@ def test_no_loop_between_folders() -> None:
             found = {f for i in imports if (f := _folder(i)) is not None and f != node}
             folders.setdefault(node, set()).update(found)
     assert _cycle(folders) is None, " -> ".join(_cycle(folders) or [])
+
+
+DEFERRED = ("packaging.requirements", "packaging.specifiers")
+"""Modules no module of the package imports at its top: packaging's requirement parser compiles
+its specifier regex at import (0.15-0.25 s on 2 cores, measured 2026-11-28), which every env
+process paid at start; only a `sandbox_packages` line needs it."""
+
+
+def test_slow_imports_one_path_needs_are_not_at_a_modules_top() -> None:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:  # the module's top, not its functions
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [f"{path.name}: {name}" for name in names if name in DEFERRED]
+    assert found == []

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from verifiers_nemogym.nemo import rewards
 from verifiers_nemogym.nemo.release import release_files
 from verifiers_nemogym.nemo.rewards import RewardRange, declared_ranges
 from verifiers_nemogym.taskset import NeMoGymTasksetConfig
@@ -65,6 +67,32 @@ def test_ranges_nemo_gyms_manifests_declare(release_07: Path) -> None:
     assert (other.low, other.high) == (0.0, 1.0)
     assert "terminal_bench_2_1/opencode/" in other.source
     assert "terminal_bench_2_1/terminus_2/" in other.source
+
+
+def test_only_the_manifests_naming_the_stacks_servers_are_parsed(
+    release_07: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.7.0 ships 174 manifests; an env start on example_single_tool_call parses the one that
+    names its resources server, not all of them (their parse was a fixed cost of every start,
+    0.5-0.9 s on 2 cores), and still finds its range."""
+    parsed: list[str] = []
+    load = yaml.safe_load
+
+    def counting(text: str) -> object:
+        parsed.append(text)
+        return load(text)
+
+    monkeypatch.setattr(rewards.yaml, "safe_load", counting)
+    merged = [
+        _pairing("agent", "simple_agent", "example_single_tool_call", "example_single_tool_call")
+    ]
+    assert declared_ranges(release_07, merged) == {
+        "agent": RewardRange(
+            0.0, 1.0, "NeMo Gym's environments/example_single_tool_call/manifest.yaml"
+        )
+    }
+    assert len(list(release_07.glob("*/**/manifest.yaml"))) > 100
+    assert len(parsed) == 1
 
 
 @pytest.mark.parametrize(

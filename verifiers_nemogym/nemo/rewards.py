@@ -10,7 +10,7 @@ range is no measurement, and the harness makes such a rollout an error (docs/rel
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,14 +70,19 @@ class _Declared:
     high: float
 
 
-def _manifests(install: Path) -> list[_Declared]:
-    """Every manifest of NeMo Gym's install at `install` (its site-packages) that declares a
-    finite, ordered reward range and names its resources server; others are skipped."""
+def _manifests(install: Path, servers: Collection[str]) -> list[_Declared]:
+    """Every manifest of NeMo Gym's install at `install` (its site-packages) that names one of
+    `servers` as its resources server and declares a finite, ordered reward range; others are
+    skipped, and only those whose text holds one of the names are parsed at all."""
     found = []
     for root in MANIFEST_ROOTS:
         for path in sorted((install / root).rglob("manifest.yaml")):
             try:
-                manifest = yaml.safe_load(path.read_text(encoding="utf-8"))
+                text = path.read_text(encoding="utf-8")
+                # 0.7.0 ships 174: parsing them all took 0.5-0.9 s of every env start (2 cores).
+                if not any(server in text for server in servers):
+                    continue
+                manifest = yaml.safe_load(text)
             except (OSError, UnicodeDecodeError, yaml.YAMLError):
                 continue
             if not isinstance(manifest, dict):
@@ -86,7 +91,9 @@ def _manifests(install: Path) -> list[_Declared]:
             bounds = reward.get("range") if isinstance(reward, dict) else None
             server = manifest.get("resources_server")
             agent = manifest.get("agent_server")
-            if not isinstance(server, str) or not isinstance(bounds, list):
+            if not isinstance(server, str) or server not in servers:
+                continue
+            if not isinstance(bounds, list):
                 continue
             try:
                 low, high = check_range(bounds)
@@ -110,7 +117,7 @@ def declared_ranges(install: Path, merged: Iterable[dict[str, Any]]) -> dict[str
         resources |= {
             name: impl for name, (impl, _) in server_blocks(config, RESOURCES_SERVERS).items()
         }
-    manifests = _manifests(install)
+    manifests = _manifests(install, set(resources.values()))
     ranges: dict[str, RewardRange] = {}
     for config in configs:
         for agent, (impl, settings) in server_blocks(config, AGENTS).items():

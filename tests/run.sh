@@ -10,7 +10,9 @@
 #  2. The stack tier (tests/stack/), two test files at a time: a stack test waits on much besides
 #     CPU (model and CLI round trips, containers, deadlines, Ray's node); each worker keeps its
 #     shared stacks apart (tests/stack/conftest.py). Not the tests marked `survey` (each repeats
-#     a claim a test here shows, on another release or path): tests/survey.sh runs those.
+#     a claim a test here shows, on another release or path), nor the stack tests marked
+#     `verifiers_dev` (step 3 runs them; on this verifiers the OpenSandbox and harness tests here
+#     show their env-server and train-mode claims): tests/survey.sh runs both.
 #  3. On the verifiers pre-release: the tests marked `verifiers_dev` (those that touch verifiers,
 #     and mypy; tests/test_tiers.py checks that every other fast test's file is excluded by
 #     name), the fast ones two files at a time, then the stack ones. prime-rl runs verifiers'
@@ -82,7 +84,7 @@ if ! wait "$DEV_VENV_PID"; then
     exit 1
 fi
 
-uv run pytest -m "stack and not survey" -n 2 --dist loadfile || status=1
+uv run pytest -m "stack and not survey and not verifiers_dev" -n 2 --dist loadfile || status=1
 "$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and not stack" -n 2 --dist loadfile || status=1
 "$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and stack and not survey" -n 2 --dist loadfile ||
     status=1

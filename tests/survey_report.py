@@ -45,8 +45,9 @@ def report(junit: Path) -> str:
         "# Surveyed stack tests",
         "",
         "The stack tests CI does not run (marked `survey`; each repeats a claim a CI test shows, "
-        "on another release or path), as `tests/survey.sh` last ran them: written by it, not by "
-        "hand.",
+        "on another release or path), and the `verifiers_dev` stack tests on the locked "
+        "verifiers (CI runs them on the pre-release), as `tests/survey.sh` last ran them: "
+        "written by it, not by hand.",
         "",
         f"Run: {when}, commit {commit()}, load average at the end {load}; "
         f"{sum(o == 'passed' for _, o, _ in rows)} of {len(rows)} passed.",

@@ -162,10 +162,14 @@ async def test_opensandbox_through_the_env_server_eval_train_and_its_server_goin
     table = cases(kit, chosen, tmp_path / "rows.jsonl")
     table[-1] = replace(table[-1], fix="sleep 600")  # the rollout the server's stop catches
     workers = one_worker_each(kit, ENVS, tmp_path / "workers.yaml")
+    # One retry of a failed sandbox operation, not the shipped five (1 + 2 + 4 + 8 + 16 s of
+    # back-off): the killed server's rollout ends sooner, and nothing else here fails one.
+    retries = tmp_path / "retries.yaml"
+    retries.write_text("sandbox:\n  opensandbox:\n    operations:\n      retries: 1\n")
     tag, env = run_tag(FIXER_KEY="x", VF_NEMOGYM_TEST_NO_KEY="x", **provider_env(server))
     taskset = {
         "id": "nemo-gym-env",
-        "config_paths": [*config_paths(kit), workers],
+        "config_paths": [*config_paths(kit), workers, str(retries)],
         "jsonl_path": str(tmp_path / "rows.jsonl"),
         "allow_unisolated_containers": True,  # no egress image here
         "nemo_gym_version": nemo_venv_07.nemo_gym_version,

@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -123,11 +124,12 @@ async def run_start(repeats: int, cold_repeats: int, out: dict[str, Any]) -> Non
 
 
 async def run_warm(repeats: int, out: dict[str, Any]) -> None:
-    """Both stacks up (not timed), then `repeats` interleaved 100-rollout runs on each."""
+    """Both stacks up (not timed), then `repeats` interleaved 100-rollout runs on each, with
+    each run's phases (`details.warm_phases`: per repeat, their medians, the load averages),
+    then one import-profiled run per side (`imports`)."""
     runtime = bench_runtime()
-    ours: list[float] = []
-    attach: list[float] = []
-    native: list[float] = []
+    runs: dict[str, list[warm.Run]] = {"ours": [], "native": []}
+    load_before = os.getloadavg()
     async with await spawn_policy() as policy:
         stack = warm.native(runtime, int(policy.info["port"]))
         await warm.bring_up(runtime)
@@ -138,17 +140,60 @@ async def run_warm(repeats: int, out: dict[str, Any]) -> None:
                 for r in range(repeats):
                     for side in ["ours", "native"] if r % 2 == 0 else ["native", "ours"]:
                         if side == "ours":
-                            wall, attached = await warm.ours_once(runtime, policy.info["base_url"])
-                            ours.append(wall)
-                            attach.append(attached)
+                            runs[side].append(
+                                await warm.ours_once(runtime, policy.info["base_url"])
+                            )
                         else:
-                            native.append(await warm.native_once(runtime, stack, rows, Path(tmp)))
+                            runs[side].append(
+                                await warm.native_once(runtime, stack, rows, Path(tmp))
+                            )
+                # After the timed runs, so the profiler's overhead slows none of them.
+                imports = {
+                    "ours": await warm.ours_imports(runtime, policy.info["base_url"]),
+                    "native": await warm.native_imports(runtime, stack, rows, Path(tmp)),
+                }
         finally:
             await stack.stop()
             await warm.take_down(runtime)
+    ours = [run.wall for run in runs["ours"]]
+    native = [run.wall for run in runs["native"]]
     out["details"]["end_to_end_warm_s"] = {"ours": summary(ours), "native": summary(native)}
-    out["spread"]["stack_attach_s"] = summary(attach)
+    out["details"]["warm_phases"] = warm_phases(runs, load_before, os.getloadavg())
+    for side, profile in imports.items():
+        out["details"]["warm_phases"][side]["imports"] = profile
+    out["details"]["warm_phases"]["imports_of"] = (
+        "one more run per side after the timed ones, not timed, with PYTHONPROFILEIMPORTTIME=1"
+    )
+    out["spread"]["stack_attach_s"] = summary(
+        [run.attach for run in runs["ours"] if run.attach is not None]
+    )
     out["spread"]["end_to_end_warm_ratio"] = summary(_ratios(ours, native))
+
+
+def warm_phases(
+    runs: dict[str, list[warm.Run]], before: tuple[float, ...], after: tuple[float, ...]
+) -> dict[str, Any]:
+    """Per side: each phase's median over the repeats (`phases`; with `wall` and `other`), every
+    repeat's phases and load (`each`), and what its boundaries are; the load averages (1, 5,
+    15 minutes) before and after the figure."""
+    order = {"ours": warm.OURS_PHASES, "native": warm.NATIVE_PHASES}
+    marks = {"ours": warm.OURS_MARKS, "native": warm.NATIVE_MARKS}
+    result: dict[str, Any] = {}
+    for side, side_runs in runs.items():
+        names = [phase for phase, _ in order[side]] + ["wall", "other"]
+        result[side] = {
+            "phases": {
+                name: round(statistics.median(run.phases[name] for run in side_runs), 3)
+                for name in names
+            },
+            "phases_of": "median",
+            "each": [{**run.phases, "load_before_1m": run.load_before} for run in side_runs],
+            "boundaries": {phase: marks[side][end].what for phase, end in order[side]},
+            "unseparated": warm.UNSEPARATED[side],
+        }
+    result["load_avg_before"] = [round(x, 2) for x in before]
+    result["load_avg_after"] = [round(x, 2) for x in after]
+    return result
 
 
 async def run_workers(repeats: int, out: dict[str, Any]) -> None:

@@ -232,13 +232,19 @@ async def timed_vf_eval(cmd: list[str], outdir: Path, expected_ok: int) -> float
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 1800)
     elapsed = time.monotonic() - began
-    if proc.returncode != 0:
-        raise RuntimeError(f"vf-eval failed:\n{out.decode(errors='replace')[-3000:]}")
+    check_vf_eval(proc.returncode, out.decode(errors="replace"), outdir, expected_ok)
+    return elapsed
+
+
+def check_vf_eval(returncode: int | None, output: str, outdir: Path, expected_ok: int) -> None:
+    """Raise unless a vf-eval run (exit status, output, results in `outdir`) exited 0 with
+    `expected_ok` rollouts ok."""
+    if returncode != 0:
+        raise RuntimeError(f"vf-eval failed:\n{output[-3000:]}")
     (traces,) = outdir.glob("*/traces.jsonl")
     episodes = [json.loads(line) for line in traces.read_text().splitlines() if line]
     if (ok := sum(1 for e in episodes if e["ok"])) != expected_ok:
         raise RuntimeError(f"vf-eval: {ok}/{expected_ok} rollouts ok")
-    return elapsed
 
 
 STACK_PROGRAMS = ("ng_run", "gcs_server")

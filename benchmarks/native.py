@@ -122,8 +122,35 @@ async def collect_rollouts(
     repeats: int,
     in_flight: int,
 ) -> None:
-    """NeMo Gym's own rollout collection on a running stack; raises unless every rollout was
-    written with a reward and none is masked (0.7's mark of an infrastructure failure).
+    """NeMo Gym's own rollout collection on a running stack (`collect_command`); raises unless
+    every rollout was written with a reward and none is masked (`check_collected`)."""
+    what, command = collect_command(
+        runtime, stack, agent, rows, output, repeats=repeats, in_flight=in_flight
+    )
+    proc = await start_child(
+        *command,
+        cwd=output.parent,
+        env=runtime.env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 900)
+    check_collected(what, proc.returncode, out.decode(errors="replace"), rows, output, repeats)
+
+
+def collect_command(
+    runtime: NeMoGymVenv,
+    stack: NeMoGymStack,
+    agent: str,
+    rows: Path,
+    output: Path,
+    *,
+    repeats: int,
+    in_flight: int,
+) -> tuple[str, list[str]]:
+    """(its name, the command) of NeMo Gym's own rollout collection of `rows` x `repeats`
+    through `agent` on `stack`, results to `output`; run it in `output`'s folder with
+    `runtime.env()`.
 
     NeMo Gym 0.7 documents `gym eval run --no-serve` (`ng_collect_rollouts` is its deprecated
     shim): it posts each row's `/run` to the environment server fronting `agent`. Its defaults
@@ -136,7 +163,7 @@ async def collect_rollouts(
         what, command = "gym eval run", [str(runtime.bin("gym")), "eval", "run", "--no-serve"]
     else:
         what, command = "ng_collect_rollouts", [str(runtime.bin("ng_collect_rollouts"))]
-    proc = await start_child(
+    return what, [
         *command,
         f"+agent_name={agent}",
         f"+input_jsonl_fpath={rows}",
@@ -145,12 +172,14 @@ async def collect_rollouts(
         f"+num_samples_in_parallel={in_flight}",
         f"+head_server.host={host}",
         f"+head_server.port={port}",
-        cwd=output.parent,
-        env=runtime.env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 900)
+    ]
+
+
+def check_collected(
+    what: str, returncode: int | None, out: str, rows: Path, output: Path, repeats: int
+) -> None:
+    """Raise unless the collection `what` exited 0 and wrote every row's `repeats` rollouts to
+    `output` with a reward, none masked (0.7's mark of an infrastructure failure)."""
     wanted = repeats * sum(1 for line in rows.read_text().splitlines() if line.strip())
     lines = output.read_text().splitlines() if output.exists() else []
     results = [json.loads(line) for line in lines if line.strip()]
@@ -158,8 +187,8 @@ async def collect_rollouts(
     got = sum(
         1 for r in results if isinstance(r.get("reward"), int | float) and not r.get("mask_sample")
     )
-    if proc.returncode != 0 or got != wanted:
+    if returncode != 0 or got != wanted:
         raise RuntimeError(
-            f"{what} exit {proc.returncode}, {got}/{wanted} rollouts "
-            f"({len(results) - got} unscored or masked):\n" + out.decode(errors="replace")[-3000:]
+            f"{what} exit {returncode}, {got}/{wanted} rollouts "
+            f"({len(results) - got} unscored or masked):\n" + out[-3000:]
         )

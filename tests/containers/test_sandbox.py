@@ -5,6 +5,7 @@ reference it with `sandbox_provider: sandbox`."""
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import subprocess
@@ -380,6 +381,24 @@ def test_a_disk_bound_becomes_a_storage_opt_unless_the_user_set_one() -> None:
     own = {"create": {"extra_run_args": ["--storage-opt", "size=1g"]}}
     args = sandbox.docker_create(own, [], None, Bounds(disk="64m"))["extra_run_args"]
     assert args.count("--storage-opt") == 1 and "size=1g" in args, args
+
+
+def test_firewalled_containers_get_apt_without_retries_read_only(tmp_path: Path) -> None:
+    """With `apt_conf` (a firewalled stack), every docker container binds that file read-only
+    at `APT_NO_RETRIES`; a folder holding a comma stays one CSV field (docker parses `--mount`
+    as CSV); without it, no mount."""
+    conf = tmp_path / "a,b" / "apt-no-retries.conf"
+    args = sandbox.docker_create({}, ["l=1"], "n", Bounds(), "10.0.0.1", conf)["extra_run_args"]
+    (fields,) = csv.reader([args[args.index("--mount") + 1]])
+    assert fields == [
+        "type=bind",
+        f"source={conf}",
+        f"target={sandbox.APT_NO_RETRIES}",
+        "readonly",
+    ], fields
+    assert args[-1] == "--rm", args
+    assert "--mount" not in sandbox.docker_create({}, [], "n", Bounds())["extra_run_args"]
+    assert 'Acquire::Retries "0";' in sandbox.APT_NO_RETRIES_TEXT
 
 
 # ------------------------------------------------------------------ sandbox_packages

@@ -10,6 +10,8 @@ provider (docs/containers.md).
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import shutil
 from collections.abc import Callable, Iterable, Sequence
@@ -241,22 +243,44 @@ class Bounds:
     the stack where the daemon can bound it (`docker.DockerHost.disk_quota`); None: no bound."""
 
 
+APT_NO_RETRIES = "/etc/apt/apt.conf.d/99vf-nemogym-no-retries"
+"""Where a firewalled stack's containers find `APT_NO_RETRIES_TEXT` (bind-mounted, read-only)."""
+APT_NO_RETRIES_TEXT = (
+    "// verifiers-nemogym: this container reaches nothing off the machine (its stack's\n"
+    "// firewall), so apt's retries of a download could only wait (1 + 2 + 4 s an update).\n"
+    'Acquire::Retries "0";\n'
+)
+
+
+def bind_mount(source: Path, target: str) -> str:
+    """Docker's `--mount` value binding host file `source` read-only at `target`: its fields
+    are CSV, so a path holding a comma or a quote is quoted, not split."""
+    line = io.StringIO()
+    fields = ["type=bind", f"source={source}", f"target={target}", "readonly"]
+    csv.writer(line, lineterminator="").writerow(fields)
+    return line.getvalue()
+
+
 def docker_create(
     settings: dict[str, Any],
     labels: list[str],
     network: str | None,
     bounds: Bounds,
     dns: str | None = None,
+    apt_conf: Path | None = None,
 ) -> dict[str, Any]:
     """The docker provider's `create` settings for a provider whose settings are `settings`:
-    its own, plus `labels` (`key=value`), `--dns dns` (when given) and `--rm` after its
-    `extra_run_args`, `network` (None: its own setting stands) and each bound of `bounds` it
-    does not set itself."""
+    its own, plus `labels` (`key=value`), `--dns dns` (when given), `apt_conf` (a host file,
+    when given) mounted read-only at `APT_NO_RETRIES` and `--rm` after its `extra_run_args`,
+    `network` (None: its own setting stands) and each bound of `bounds` it does not set
+    itself."""
     create = dict(settings.get("create") or {})
     extra = [str(arg) for arg in create.get("extra_run_args") or []]
     create["extra_run_args"] = [*extra, *(a for label in labels for a in ("--label", label))]
     if dns is not None:
         create["extra_run_args"] += ["--dns", dns]
+    if apt_conf is not None:
+        create["extra_run_args"] += ["--mount", bind_mount(apt_conf, APT_NO_RETRIES)]
     if bounds.disk is not None and not any(a.startswith("--storage-opt") for a in extra):
         create["extra_run_args"] += ["--storage-opt", f"size={bounds.disk}"]
     create["extra_run_args"].append("--rm")  # a container whose keepalive ends is removed
@@ -284,6 +308,7 @@ def stack_config(
     labels: tuple[str, ...] = (),
     bounds: Bounds | None = None,
     dns: str | None = None,
+    apt_conf: Path | None = None,
 ) -> dict[str, Any]:
     """The config entries a stack adds for `plan`: for every server using the docker provider,
     however it names it (a block reference: the block; inline or by its agent's default: the
@@ -295,7 +320,8 @@ def stack_config(
     docker network they join (None: the provider's own setting stands); `door`: its host and
     port (None: agents keep their model server); `workdir`: the stack's folder; `bounds`:
     default `Bounds()`; `dns`: the containers' name server (docker's `--dns`,
-    `containers.names`), None to leave docker's."""
+    `containers.names`), None to leave docker's; `apt_conf`: a file holding
+    `APT_NO_RETRIES_TEXT` for the containers' apt (None: apt keeps its own retries)."""
     config: dict[str, Any] = rollout_correlation(workdir / "model-calls")
     if label is not None:
         every = [label, *labels]
@@ -303,12 +329,14 @@ def stack_config(
         for block, name in plan.blocks.items():
             if name == "docker":
                 create = docker_create(
-                    plan.merged[block]["docker"] or {}, every, network, held, dns
+                    plan.merged[block]["docker"] or {}, every, network, held, dns, apt_conf
                 )
                 config[block] = {"docker": {"create": create}}
         for server in plan.servers:
             if server.provider == "docker" and server.block is None:
-                create = docker_create(server.provider_settings, every, network, held, dns)
+                create = docker_create(
+                    server.provider_settings, every, network, held, dns, apt_conf
+                )
                 inline = {"docker": {**server.provider_settings, "create": create}}
                 _server_settings(config, server)[PROVIDER_REF] = inline
             if server.provider == "docker" and (ttl := _capped_ttl(server, held)) is not None:

@@ -35,7 +35,7 @@ from helpers.stacks import HeldStack, hold_shared_stack, runtime_flags, stack_ho
 import nemo_gym_env
 from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.kit import TaskKit, make_tasks
-from verifiers_nemogym.containers.sandbox import PROVIDER_CONFIG, STACK_LABEL
+from verifiers_nemogym.containers.sandbox import APT_NO_RETRIES, PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
 from verifiers_nemogym.nemo.venv import NeMoGymVenv
 from verifiers_nemogym.phases import PHASES
@@ -138,6 +138,10 @@ LOOKUP = (
     "except OSError as e: r = type(e).__name__\n"
     'print("LOOKUP %.3f %s" % (time.time() - t, r))\''
 )
+APT_CHECK = (
+    f"{{ apt-config dump Acquire::Retries; if (echo x >> {APT_NO_RETRIES}) 2>/dev/null; "
+    "then echo APT-WRITABLE; else echo APT-READ-ONLY; fi; }"
+)
 
 
 async def test_container_environments_score_and_never_cross_route(
@@ -154,7 +158,7 @@ async def test_container_environments_score_and_never_cross_route(
     cases = [(env, right) for right in (True, False) for env in ENVS]
     cases.append(WRITER_CASE)
     table = case_rows(kit, cases, tmp_path / "rows.jsonl")
-    table[0] = replace(table[0], fix=f"{LOOKUP} && {table[0].fix}")
+    table[0] = replace(table[0], fix=f"{LOOKUP} && {APT_CHECK} && {table[0].fix}")
     # swebench_pro writes verifier logs beside its code: in the stack's folder, not the runtime.
     runtime_logs = nemo_venv_07.site_packages / "resources_servers" / "swebench_pro" / "logs"
     logs_before = set(runtime_logs.rglob("*"))
@@ -193,11 +197,13 @@ async def test_container_environments_score_and_never_cross_route(
     content = tool["content"] if isinstance(tool["content"], str) else json.dumps(tool["content"])
     seconds, outcome = content[content.index("LOOKUP ") + 7 :].split()[:2]
     assert outcome == "gaierror" and float(seconds) < 1.0, (seconds, outcome)
+    # apt gives up at once (nothing off the machine answers), and the container cannot undo it.
+    assert 'Acquire::Retries "0";' in content and "APT-READ-ONLY" in content, content[-2000:]
     # The shared stack's host logs how its containers are isolated and bounded.
     host_text = stack_host_log(tmp_path / "out")
     assert "on the host they reach the door only (firewall)" in host_text
     assert "pids limit 1024, disk unbounded, dropped capabilities NET_RAW," in host_text
-    assert "no-new-privileges, keepalive 'sleep 3600' (then removed)" in host_text
+    assert "keepalive 'sleep 3600' (then removed), apt without retries" in host_text
     assert await gone(tag) == []
     # Every container and the network of the run's stack removed (named in its host's log).
     network = re.search(r"join docker network (vfng-\w+)", host_text)

@@ -4,9 +4,10 @@
 (`containers.docker.check_isolation`: root, iptables, a local rootful daemon; fails closed).
 `sweep`: what dead stacks left on the daemon (`sweep_dead_stacks`). `prepare`: the stack's
 internal network, the door on its gateway. `route`: the firewall (the door's port only), the
-refusing name server, and the config that labels, joins, bounds and routes every docker
-container of the stack however it names its provider (`sandbox.stack_config`). `stop`: removes
-what the stack made (its supervisor does too, whatever stops it: `label`).
+refusing name server, apt without retries (`sandbox.APT_NO_RETRIES`), and the config that
+labels, joins, bounds and routes every docker container of the stack however it names its
+provider (`sandbox.stack_config`). `stop`: removes what the stack made (its supervisor does too,
+whatever stops it: `label`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from verifiers_nemogym.containers.docker import (
 from verifiers_nemogym.containers.names import RefusingNameServer
 from verifiers_nemogym.containers.providers import Prepared
 from verifiers_nemogym.containers.sandbox import (
+    APT_NO_RETRIES,
+    APT_NO_RETRIES_TEXT,
     DEFAULT_DISK,
     STACK_LABEL,
     Bounds,
@@ -84,8 +87,13 @@ class Docker:
     ) -> dict[str, Any]:
         assert self.network is not None and door is not None, "prepare() first"
         firewalled = await asyncio.to_thread(self.network.firewall, door[1])
+        apt_conf = None
         if firewalled:
             self.names = await self._start_names(self.network.gateway)
+            # Nothing off the machine answers a firewalled container: apt's retries only wait.
+            apt_conf = workdir / "apt-no-retries.conf"
+            apt_conf.write_text(APT_NO_RETRIES_TEXT, encoding="utf-8")
+            apt_conf.chmod(0o644)
         self.reach = (
             "the door only (firewall)"
             if firewalled
@@ -97,7 +105,7 @@ class Docker:
         config = stack_config(
             plan, label=self.label, network=self.network.name, door=door, workdir=workdir,
             labels=origin_labels(), bounds=bounds,
-            dns=self.names.host if self.names is not None else None,
+            dns=self.names.host if self.names is not None else None, apt_conf=apt_conf,
         )  # fmt: skip
         self._describe(plan, config, f"http://{door[0]}:{door[1]}")
         return config
@@ -132,7 +140,8 @@ class Docker:
                 f"{','.join(create.get('cap_drop') or []) or 'none'}, security options "
                 f"{','.join(create.get('security_opt') or []) or 'none'}, keepalive "
                 f"{create.get('keepalive_cmd')!r}"
-                + (" (then removed)" if "--rm" in (create.get("extra_run_args") or []) else "")
+                + (" (then removed)" if "--rm" in args else "")
+                + (", apt without retries" if any(APT_NO_RETRIES in a for a in args) else "")
             )
             held.setdefault(bounds, []).append(instance)
         for bounds, instances in held.items():

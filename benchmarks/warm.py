@@ -163,13 +163,20 @@ async def take_down(runtime: NeMoGymVenv) -> None:
     await client.take_down(client.stack_dir(client.stack_key(runtime, paths)))
 
 
-async def ours_once(runtime: NeMoGymVenv, policy_url: str) -> Run:
+NO_RICH = "ours_no_rich"
+"""The side that runs `ours_once` with verifiers' `--no-rich` (no live dashboard; logs to the
+console): what a user gains by turning the dashboard off (prime-rl's env servers draw none)."""
+
+
+async def ours_once(runtime: NeMoGymVenv, policy_url: str, *, rich: bool = True) -> Run:
     """One `vf-eval` on the running stack, timed from launch to exit, with its phases and its
-    logged attach seconds."""
+    logged attach seconds; `rich=False`: with `--no-rich`."""
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="vfng-bench-warm-") as tmp:
         out = Path(tmp, "out")
         cmd = vf_eval_command(runtime, policy_url, out, private_stack=False)
+        if not rich:
+            cmd.append("--no-rich")
         tails = [
             Tail(EVAL_LOG, out, "*/logs/attempt_*/eval.log"),
             Tail(TRACES, out, "*/traces.jsonl"),
@@ -268,13 +275,17 @@ def phase_table(phases: dict[str, Any]) -> list[str]:
         "| imports (profiled run) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for side in ("ours", "native"):
+    for side in ("ours", NO_RICH, "native"):
+        if side not in phases:  # a run from before the side existed
+            continue
         medians = dict(phases[side]["phases"])
         if "taskset" in medians:
             medians["rows"] = medians.pop("taskset")
         # + 0.0: a tiny negative `other` (clock rounding) shows as 0.00, not -0.00
         cells = [f"{medians[c] + 0.0:.2f}" if c in medians else "-" for c in columns]
-        imports = phases[side]["imports"]
+        if (imports := phases[side].get("imports")) is None:
+            lines.append(f"| {side} (`--no-rich`) | {' | '.join(cells)} | - |")
+            continue
         owners = imports["by_owner"]
         split = (
             f" (verifiers {owners['verifiers']:.1f}, ours {owners['ours']:.1f})"

@@ -148,8 +148,8 @@ async def test_container_environments_score_and_never_cross_route(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
     """swebench_pro, terminal_bench_2_1 and swe_next (whose rows name their own image) mixed on
-    one stack through vf-eval at -c 4, OpenCode in each task's container: NeMo Gym's rewards
-    (1.0 right fix, 0.0 useless edit), four rollouts in flight never cross-routed (the fixer's
+    one stack through vf-eval at -c 3, OpenCode in each task's container: NeMo Gym's rewards
+    (1.0 right fix, 0.0 useless edit), three rollouts in flight never cross-routed (the fixer's
     log), every turn in the trace, and afterwards no container, network or process of the
     stack. Each trace says where its time went (`info["nemo_gym_phases"]`: start, model, tools,
     finish, adding up to NeMo Gym's `/run` and to within 5 % of verifiers' own agent time), and
@@ -165,7 +165,7 @@ async def test_container_environments_score_and_never_cross_route(
     writer = frozenset({len(cases) - 1})
     async with FixerPolicy(tasks=table, wrong=wrong_cases(cases), writer=writer) as policy:
         cmd = vf_eval_command(
-            "policy", policy.base_url, "FIXER_KEY", len(cases), 1, 4, tmp_path / "out",
+            "policy", policy.base_url, "FIXER_KEY", len(cases), 1, 3, tmp_path / "out",
             "--env.taskset.config-paths", json.dumps(config_paths(kit, ENVS)),
             "--env.taskset.jsonl-path", str(tmp_path / "rows.jsonl"),
             "--env.taskset.stack-idle-grace", "0",

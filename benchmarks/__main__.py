@@ -187,12 +187,12 @@ def warm_phases(
     """Per side: each phase's median over the repeats (`phases`; with `wall` and `other`), every
     repeat's phases and load (`each`), and what its boundaries are; the load averages (1, 5,
     15 minutes) before and after the figure."""
-    order = {"ours": warm.OURS_PHASES, warm.NO_RICH: warm.OURS_PHASES}
-    marks = {"ours": warm.OURS_MARKS, warm.NO_RICH: warm.OURS_MARKS}
-    order["native"], marks["native"] = warm.NATIVE_PHASES, warm.NATIVE_MARKS
+    order = {"ours": warm.OURS_PHASES, "native": warm.NATIVE_PHASES}
+    marks = {"ours": warm.OURS_MARKS, "native": warm.NATIVE_MARKS}
     result: dict[str, Any] = {}
     for side, side_runs in runs.items():
-        names = [phase for phase, _ in order[side]] + ["wall", "other"]
+        kind = "native" if side == "native" else "ours"  # NO_RICH is a vf-eval like ours
+        names = [phase for phase, _ in order[kind]] + ["wall", "other"]
         result[side] = {
             "phases": {
                 name: round(statistics.median(run.phases[name] for run in side_runs), 3)
@@ -200,8 +200,8 @@ def warm_phases(
             },
             "phases_of": "median",
             "each": [{**run.phases, "load_before_1m": run.load_before} for run in side_runs],
-            "boundaries": {phase: marks[side][end].what for phase, end in order[side]},
-            "unseparated": warm.UNSEPARATED.get(side, warm.UNSEPARATED["ours"]),
+            "boundaries": {phase: marks[kind][end].what for phase, end in order[kind]},
+            "unseparated": warm.UNSEPARATED[kind],
         }
     result["load_avg_before"] = [round(x, 2) for x in before]
     result["load_avg_after"] = [round(x, 2) for x in after]

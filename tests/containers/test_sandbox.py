@@ -276,15 +276,18 @@ def test_isolation_fails_closed_for_a_second_uid_and_the_opt_in_says_what_is_exp
     of a plan cannot be firewalled: refused in one line naming root and the option; with the
     option, one warning saying what they reach."""
     code = REFUSE.format(tests=str(Path(__file__).parent.parent))
+    # Read-search on files only (CAP_DAC_READ_SEARCH), so a checkout in a folder of mode 0700
+    # (a `mktemp -d` clone) imports too; the uid, the check's subject, stays 65534.
+    read_anywhere = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
     run = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *read_anywhere,
          sys.executable, "-c", code],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     if "ModuleNotFoundError" in run.stderr:  # the package or the tests' helpers
         pytest.fail(
-            f"uid 65534 cannot import from {Path(__file__).parents[2]}: this test needs a "
-            "checkout and venv other users can read (a folder of mode 0700 is not)"
+            f"uid 65534 cannot import from {Path(__file__).parents[2]} even with "
+            "CAP_DAC_READ_SEARCH"
         )
     assert run.returncode == 0, run.stderr[-3000:]
     refused, warned = run.stdout.splitlines()

@@ -45,7 +45,10 @@ def server_venv() -> Path:
         python = getattr(sys, "_base_executable", sys.executable)
         run_checked([uv, "venv", "-q", "--python", python, str(root)], "uv venv", 300)
         run_checked(
-            [uv, "pip", "install", "-q", "--python", str(root / "bin" / "python"), SERVER],
+            # Compiled once: the tests start this server many times, and where
+            # PYTHONDONTWRITEBYTECODE is set each start would compile its imports again.
+            [uv, "pip", "install", "-q", "--compile-bytecode",
+             "--python", str(root / "bin" / "python"), SERVER],
             f"uv pip install {SERVER}", 900,
         )  # fmt: skip
         (root / ".complete").touch()

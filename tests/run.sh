@@ -27,7 +27,10 @@ BACKGROUND_LOGS="$(mktemp -d)"
 # (2), which under `set -e` would end the trap, and the run, with 2 whatever the tests said.
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$BACKGROUND_LOGS"' EXIT
 
-uv sync --quiet  # what `uv run` does first; the background jobs below use .venv directly
+# What `uv run` does first (the background jobs below use .venv directly), with the venv's
+# bytecode compiled once: where PYTHONDONTWRITEBYTECODE is set (CI machines, container images)
+# every Python process of the tests would otherwise compile all it imports, each time.
+uv sync --quiet --compile-bytecode
 # Each runtime the stack tier asks for: every release of the package's table (nemo/release.py
 # `RELEASES`), the default and the newest first: the fast tier asks for them too (a build holds a
 # lock; the other waits). 0.5-0.7 declare a Python floor (>= 3.13.14) the tests opt below where
@@ -52,8 +55,9 @@ IMAGES_PID=$!
 .venv/bin/python -m benchmarks.opensandbox_server install >"$BACKGROUND_LOGS/opensandbox.log" 2>&1 &
 OPENSANDBOX_PID=$!
 (
-    UV_PROJECT_ENVIRONMENT="$DEV_VENV" uv sync --locked --quiet &&
-        uv pip install --quiet --python "$DEV_VENV/bin/python" -r tests/verifiers-prerelease.txt
+    UV_PROJECT_ENVIRONMENT="$DEV_VENV" uv sync --locked --quiet --compile-bytecode &&
+        uv pip install --quiet --compile-bytecode --python "$DEV_VENV/bin/python" \
+            -r tests/verifiers-prerelease.txt
 ) >"$BACKGROUND_LOGS/dev-venv.log" 2>&1 &
 DEV_VENV_PID=$!
 

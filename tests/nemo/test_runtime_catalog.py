@@ -129,6 +129,19 @@ def test_runtime_env_puts_its_interpreter_first(nemo_venv: NeMoGymVenv) -> None:
     assert "VIRTUAL_ENV" not in env
 
 
+def test_runtime_processes_write_bytecode_whatever_the_user_set(
+    nemo_venv: NeMoGymVenv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NeMo Gym's processes compile the cache's venvs once, not at every stack start."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    code = "import sys; print(sys.dont_write_bytecode)"
+    out = subprocess.run(
+        [str(nemo_venv.venv / "bin" / "python"), "-c", code],
+        env=nemo_venv.env(Path("/tmp/vfng-x")), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "False"
+
+
 def test_catalog_lists_packaged_environments(catalog: Catalog) -> None:
     names = catalog.names()
     assert "example_single_tool_call" in names

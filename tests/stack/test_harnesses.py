@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -46,6 +47,8 @@ CLINE_OVERRIDE = (
     "cline_math_agent:\n  responses_api_agents:\n    cline_agent:\n      cline_version: 3.0.57\n"
 )
 ROWS_PER_ENV = 2
+BUN_UNPACKED = ".*-00000000.so"
+"""What OpenCode (a bun executable) unpacks into $TMPDIR at a run and leaves there."""
 
 
 def case_rows(catalog: Catalog, envs: list[str], path: Path) -> tuple[list[AnswerRow], list[str]]:
@@ -175,7 +178,10 @@ async def test_harness_environments_score_and_never_cross_route(
     """opencode_math, codex_math and claude_code_math as shipped, cline_math with its override,
     and a classic environment, mixed on one shared stack through vf-eval at -c 4: NeMo Gym's
     rewards (1.0 right, 0.0 wrong), each CLI's own dialect, streaming, every call on its own
-    rollout and in its trace, and no process left afterwards (CLIs included)."""
+    rollout and in its trace, and no process left afterwards (CLIs included), nor a file in the
+    machine's temp folder (OpenCode unpacks a library into $TMPDIR at every run)."""
+    # Only this file's tests run OpenCode on this machine (elsewhere it runs in containers).
+    unpacked = set(Path(tempfile.gettempdir()).glob(BUN_UNPACKED))
     policy, owners, tag = await eval_scored(
         nemo_venv_07, catalog_07, [*HARNESS, CLASSIC], CLINE_OVERRIDE, 4, tmp_path
     )
@@ -186,6 +192,7 @@ async def test_harness_environments_score_and_never_cross_route(
     # The shared stack's host logs its start, the CLI versions it runs included.
     assert "cline_math_agent (cline@3.0.57)" in stack_host_log(tmp_path / "out")
     assert await gone(tag) == []  # the shared stack, its CLIs and their children: all gone
+    assert set(Path(tempfile.gettempdir()).glob(BUN_UNPACKED)) - unpacked == set()
 
 
 TWINS = {

@@ -292,7 +292,11 @@ class NeMoGymStack:
         # mkdtemp makes it 0700: Ray's sockets, session logs and the stack's Ray token
         # (`private_ray_auth`, or a joined cluster's token given by value) are this user's alone.
         self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
-        base_env = self.venv.env(self._ray_tmpdir)
+        # The stack's processes (NeMo Gym's servers and the CLIs they run) get a temp folder
+        # of their own, gone with the stack (stop, or the supervisor of a dead owner): OpenCode,
+        # for one, unpacks a 5 MB library into $TMPDIR at every run and never deletes it.
+        (private_tmp := self._ray_tmpdir / "tmp").mkdir()
+        base_env = self.venv.env(self._ray_tmpdir) | {"TMPDIR": str(private_tmp)}
         if self.ray is not None:
             # First: an address that does not answer, or a cluster that refuses us, is one
             # line before anything of the stack exists.

@@ -137,6 +137,28 @@ def test_serve_replay_needs_recordings_and_names_a_bad_file(tmp_path: Path):
     assert run.stderr.strip() == f"nemo-gym-env: {bad}:2: not a JSON rollout: 'not json'"
 
 
+def test_stack_up_or_down_by_config_file_names_a_missing_one(nemo_venv, tmp_path: Path):
+    """`stack up` needs an ENV or a `--config-path` (tests/stack/test_shared_stack.py adopts a
+    stack by its config file); a file that is not there is one line, before anything starts."""
+    bare = subprocess.run([COMMAND, "stack", "up"], capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 2 and bare.stdout == ""
+    assert bare.stderr.splitlines()[-1] == (
+        "nemo-gym-env: error: stack up needs an ENV or a --config-path"
+    )
+    missing = tmp_path / "no.yaml"
+    for command in ("up", "down"):
+        run = subprocess.run(
+            [COMMAND, "stack", command, "example_single_tool_call", "--config-path", str(missing)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 2 and run.stdout == ""
+        assert run.stderr.splitlines()[-1] == (
+            f"nemo-gym-env: error: --config-path: no such file: {missing}"
+        )
+
+
 def test_package_logs_reach_handlers_verifiers_sets_up_after_the_env_import(tmp_path: Path):
     # vf-eval imports the env module (which calls follow_verifiers_logging) while parsing its
     # arguments, and only then sets up its handlers: records must still reach them.

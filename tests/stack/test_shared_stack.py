@@ -354,9 +354,9 @@ def _eval_ok(out: Path, n: int) -> None:
 async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
     nemo_venv: NeMoGymVenv, policy: ScriptedPolicy, tmp_path: Path
 ) -> None:
-    """Two `vf-eval`s at once start one stack between them; `stack up` within the grace adopts
-    it as persistent; a third `vf-eval` attaches (and says how long that took); `stack down`
-    stops it."""
+    """Two `vf-eval`s at once start one stack between them; `stack up` (naming the env's config
+    file, not the env) within the grace adopts it as persistent; a third `vf-eval` attaches (and
+    says how long that took); `stack down` stops it."""
     await assert_no_stack(nemo_venv)
     tag, env = run_tag(SCRIPTED_KEY="unused")
     cli = script("nemo-gym-env")
@@ -377,7 +377,14 @@ async def test_two_vf_evals_share_a_stack_then_stack_up_vf_eval_stack_down(
         assert len(started) == 1 and len(attached) == 1, logs
         assert watch.max_tagged == {"ng_run": 1, "gcs_server": 1}, watch
 
-        code, output = await run_command([cli, "stack", "up", ENV, "--idle-timeout", "300"], env)
+        # Named by its config file, as a taskset's `config_paths` names one (relative to the
+        # NeMo Gym install): the same stack, so `up` adopts it (one ng_run throughout).
+        catalog = Catalog(nemo_venv)
+        (config,) = catalog.env(ENV).config_paths
+        by_path = ["--config-path", str(config.relative_to(catalog.root))]
+        code, output = await run_command(
+            [cli, "stack", "up", *by_path, "--idle-timeout", "300"], env
+        )
         assert code == 0 and "shared stack" in output, output
         info = await status(nemo_venv)
         assert info is not None and info["persistent"] and info["idle_timeout"] == 300

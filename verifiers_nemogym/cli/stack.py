@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verifiers_nemogym.cli.arguments import add_judge_arguments, judge_of
+from verifiers_nemogym.cli.arguments import UsageError, add_judge_arguments, judge_of
 from verifiers_nemogym.nemo.catalog import Catalog
 from verifiers_nemogym.nemo.venv import ensure_venv
 from verifiers_nemogym.shared import tls
@@ -24,7 +24,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.set_defaults(func=run)
     stack_commands = parser.add_subparsers(dest="stack_command", required=True)
     up = stack_commands.add_parser("up", help="start (or keep) a stack until `stack down`")
-    up.add_argument("envs", nargs="+", metavar="ENV", help="NeMo Gym environment name(s)")
+    up.add_argument("envs", nargs="*", metavar="ENV", help="NeMo Gym environment name(s)")
     up.add_argument(
         "--idle-timeout",
         type=float,
@@ -44,6 +44,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     down = stack_commands.add_parser("down", help="stop shared stacks and wait for them")
     down.add_argument("envs", nargs="*", metavar="ENV", help="default: every shared stack")
     for named in (up, down):  # the judge and the Ray cluster are part of a stack's identity
+        named.add_argument(
+            "--config-path",
+            dest="config_paths",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="a NeMo Gym config file, as the taskset's `config_paths` takes it (relative to "
+            "the NeMo Gym install, or absolute), with or instead of ENV; repeatable",
+        )
         add_judge_arguments(named)
         named.add_argument(
             "--allow-unisolated-containers",
@@ -67,13 +76,21 @@ def run(args: argparse.Namespace) -> int:
     from verifiers_nemogym.nemo.ray_cluster import RayCluster
     from verifiers_nemogym.shared import client
 
+    if args.stack_command == "up" and not (args.envs or args.config_paths):
+        raise UsageError("stack up needs an ENV or a --config-path")
     if args.stack_command == "up" and args.listen is not None:
         tls.check_bindable(*tls.parse_listen(args.listen))  # before anything starts
     runtime = ensure_venv(args.nemo_gym_version, args.python)
     catalog = Catalog(runtime)
 
     def config_paths(envs: list[str]) -> list[Path]:
-        return [p for name in envs for p in catalog.env(name).config_paths]
+        """The stack's config files as the taskset lists them (`NeMoGymTaskset.config_paths`),
+        so that the stack's key is the one vf-eval's env process looks for."""
+        paths = [p for name in envs for p in catalog.env(name).config_paths]
+        extra = [catalog.config_path(path) for path in args.config_paths]
+        if missing := [str(path) for path in extra if not path.is_file()]:
+            raise UsageError(f"--config-path: no such file: {', '.join(missing)}")
+        return paths + extra
 
     if args.stack_command == "status":
         return _status(args.json, asyncio.run(client.list_hosts()))
@@ -102,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         client.stack_key(
             runtime, config_paths(args.envs), judge, ray, args.allow_unisolated_containers
         )
-        if args.envs
+        if args.envs or args.config_paths
         else None
     )
     stopped = 0

@@ -128,14 +128,14 @@ def test_the_prerelease_takes_every_fast_test_whose_imports_reach_verifiers() ->
     it when its imports reach verifiers, through the package (test_taskset.py: the taskset
     module) or directly, with no mark written; one that reaches no verifiers code is not, unless
     marked by hand; and mypy (which reads verifiers' source) is, ruff not."""
-    on = {nodeid.split("::")[0] for nodeid in _fast_tests("verifiers_dev")}
+    on_ids = _fast_tests("verifiers_dev")
+    on = {nodeid.split("::")[0] for nodeid in on_ids}
     off = {nodeid.split("::")[0] for nodeid in _fast_tests("not verifiers_dev")}
     assert {"tests/test_taskset.py", "tests/test_harness.py", "tests/bridge/test_chat.py"} <= on
     assert {"tests/test_util.py", "tests/shared/test_gate.py", "tests/test_net.py"} <= off
     for name in sorted(off - on):
         assert not touches_verifiers(TESTS.parent / name), f"{name} reaches verifiers, unmarked"
     static = "tests/test_static.py::test_static_check_passes"
-    on_ids = _fast_tests("verifiers_dev")
     assert f"{static}[mypy]" in on_ids and f"{static}[ruff-check]" not in on_ids
 
 

@@ -27,10 +27,20 @@ REPEATS = ROOT / "benchmarks/results/2026-11-28-containers-repeats.json"
 NO_RETRIES = ROOT / "benchmarks/results/2026-11-29-containers.json"
 """terminal_bench_2_1 and swebench_pro at `-c 1, 2, 4`, two rounds each, after the stack's
 containers got apt without retries."""
+SWE_NEXT = ROOT / "benchmarks/results/2026-11-29-containers-swe-next.json"
+"""swe_next at `-c 1, 2, 4`, two rounds each (after the apt change)."""
+FOCUS = {
+    RESULT: "terminal_bench_2_1",
+    LEVELS: "terminal_bench_2_1",
+    REPEATS: "terminal_bench_2_1",
+    NO_RETRIES: "terminal_bench_2_1",
+    SWE_NEXT: "swe_next",
+}
+"""The environment each result was run for: it must be there, measured on both sides."""
 DOCKER_RESULTS = pytest.mark.parametrize(
     "path",
-    [RESULT, LEVELS, REPEATS, NO_RETRIES],
-    ids=["c12", "c124", "c12-three", "c124-no-retries"],
+    list(FOCUS),
+    ids=["c12", "c124", "c12-three", "c124-no-retries", "c124-swe-next"],
 )
 OPENSANDBOX = ROOT / "benchmarks/results/2026-11-28-opensandbox.json"
 """`--provider opensandbox`: native and ours through NeMo Gym's opensandbox.yaml."""
@@ -43,7 +53,7 @@ def test_every_measured_side_scores_each_row_as_its_case_calls_for(path: Path) -
     """Every rollout of a side that ran, at every level, got the reward its fixer case calls
     for (so native and ours agree where both ran), and nothing of it was left running."""
     result = json.loads(path.read_text())
-    assert "rewards" in result["envs"]["terminal_bench_2_1"]["ours"]
+    assert "rewards" in result["envs"][FOCUS[path]]["ours"]
     for name, entry in result["envs"].items():
         for side in (entry[s] for s in ("native", "ours") if "rewards" in entry[s]):
             assert side["rewards"] == result["expected_rewards"], name
@@ -56,13 +66,13 @@ def test_every_measured_side_scores_each_row_as_its_case_calls_for(path: Path) -
 
 @DOCKER_RESULTS
 def test_the_sides_ran_interleaved_on_both_container_environments(path: Path) -> None:
-    """Every environment of the result (terminal_bench_2_1 among them) ran on both sides; at
+    """Every environment of the result (the one it was run for among them) ran on both sides; at
     every level each side ran `repeats` rounds, the two sides' batches of a round one after the
     other with the order turned every round, and each batch recorded the host's CPU busy share
     and load average."""
     result = json.loads(path.read_text())
     assert result["interleaved"] is True and result["repeats"] >= (1 if path == LEVELS else 2)
-    assert "terminal_bench_2_1" in result["envs"]
+    assert FOCUS[path] in result["envs"]
     for name, entry in result["envs"].items():
         for level in result["levels"]:
             native = entry["native"]["levels"][str(level)]["batches"]
@@ -125,7 +135,7 @@ def test_tables_render_and_the_docs_quote_them(path: Path) -> None:
     result = json.loads(path.read_text())
     parity = containers.table(result)
     assert len(parity) == 2 + len(result["envs"])
-    assert any(row.startswith("| terminal_bench_2_1 | ") for row in parity[2:])
+    assert any(row.startswith(f"| {FOCUS[path]} | ") for row in parity[2:])
     doc = (ROOT / "docs/containers.md").read_text().splitlines()
     assert [row for row in parity if row not in doc] == []
     phases, rates = containers.phase_table(result), containers.rate_table(result)

@@ -31,6 +31,8 @@ SWE_NEXT = ROOT / "benchmarks/results/2026-11-29-containers-swe-next.json"
 """swe_next at `-c 1, 2, 4`, two rounds each (after the apt change)."""
 SWEBENCH_C4 = ROOT / "benchmarks/results/2026-11-29-containers-swebench-pro-c4.json"
 """swebench_pro at `-c 1, 4`, three rounds each."""
+SWEBENCH_C1 = ROOT / "benchmarks/results/2026-11-29-containers-swebench-pro-c1.json"
+"""swebench_pro at `-c 1`, three rounds, right after."""
 FOCUS = {
     RESULT: "terminal_bench_2_1",
     LEVELS: "terminal_bench_2_1",
@@ -38,12 +40,21 @@ FOCUS = {
     NO_RETRIES: "terminal_bench_2_1",
     SWE_NEXT: "swe_next",
     SWEBENCH_C4: "swebench_pro",
+    SWEBENCH_C1: "swebench_pro",
 }
 """The environment each result was run for: it must be there, measured on both sides."""
 DOCKER_RESULTS = pytest.mark.parametrize(
     "path",
     list(FOCUS),
-    ids=["c12", "c124", "c12-three", "c124-no-retries", "c124-swe-next", "c14-swebench-pro"],
+    ids=[
+        "c12",
+        "c124",
+        "c12-three",
+        "c124-no-retries",
+        "c124-swe-next",
+        "c14-swebench-pro",
+        "c1-swebench-pro",
+    ],
 )
 OPENSANDBOX = ROOT / "benchmarks/results/2026-11-28-opensandbox.json"
 """`--provider opensandbox`: native and ours through NeMo Gym's opensandbox.yaml."""

@@ -83,10 +83,10 @@ def run(args: argparse.Namespace) -> int:
     runtime = ensure_venv(args.nemo_gym_version, args.python)
     catalog = Catalog(runtime)
 
-    def config_paths(envs: list[str]) -> list[Path]:
-        """The stack's config files as the taskset lists them (`NeMoGymTaskset.config_paths`),
-        so that the stack's key is the one vf-eval's env process looks for."""
-        paths = [p for name in envs for p in catalog.env(name).config_paths]
+    def config_paths() -> list[Path]:
+        """The stack's config files (its ENVs', then `--config-path`'s) as the taskset lists them
+        (`NeMoGymTaskset.config_paths`), so that its key is the one vf-eval's env process seeks."""
+        paths = [p for name in args.envs for p in catalog.env(name).config_paths]
         extra = [catalog.config_path(path) for path in args.config_paths]
         if missing := [str(path) for path in extra if not path.is_file()]:
             raise UsageError(f"--config-path: no such file: {', '.join(missing)}")
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         info = asyncio.run(
             client.bring_up(
                 runtime,
-                config_paths(args.envs),
+                config_paths(),
                 idle_timeout=args.idle_timeout,
                 start_timeout=args.start_timeout,
                 judge=judge,
@@ -116,9 +116,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     hosts = asyncio.run(client.list_hosts())
     wanted = (
-        client.stack_key(
-            runtime, config_paths(args.envs), judge, ray, args.allow_unisolated_containers
-        )
+        client.stack_key(runtime, config_paths(), judge, ray, args.allow_unisolated_containers)
         if args.envs or args.config_paths
         else None
     )

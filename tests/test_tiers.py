@@ -7,6 +7,7 @@ pre-release): a fast test file is in it by what it imports (tests/tiering.py), n
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -118,6 +119,8 @@ def _fast_tests(marks: str) -> set[str]:
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
          "--ignore", str(TESTS / "stack"), "-m", marks, str(TESTS)],
         cwd=TESTS.parent, capture_output=True, text=True, timeout=600,
+        # The listing's format is `-q`'s whatever the run's own options (`-v` would make it a tree).
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return {line for line in out.stdout.splitlines() if "::" in line}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from verifiers_nemogym.nemo.ng_log import NgRunLog
 from verifiers_nemogym.nemo.venv import (
+    RAY_TMPDIR_PREFIX,
     STALE_WORKDIR_SECONDS,
     WORKDIR_LOCK,
     WORKDIR_PREFIX,
@@ -61,6 +62,30 @@ def test_prune_stale_workdirs_removes_only_old_unused_own_folders(tmp_path: Path
     assert not old.exists() and not no_log.exists()
     for kept in (fresh, in_use, recent_log, running, other, target, link):
         assert kept.exists(), kept
+
+
+def test_prune_of_ray_temp_folders_takes_only_dead_stacks_locked_ones(tmp_path: Path) -> None:
+    """A stack killed whole (owner and supervisor at once) leaves its Ray temp folder, lock file
+    in it: a day later the next start deletes it; one a live stack holds, one without the lock
+    file (another tool's `vfng-` folder, an older release's stack) and a fresh one stay."""
+    dead = _folder(tmp_path / f"{RAY_TMPDIR_PREFIX}dead", log=False)
+    (dead / WORKDIR_LOCK).touch()
+    (dead / "auth_token").write_text("token")
+    os.utime(dead, (DAY_AGO, DAY_AGO))
+    held = _folder(tmp_path / f"{RAY_TMPDIR_PREFIX}held", log=False)
+    lock = try_flock(held / WORKDIR_LOCK)
+    assert lock is not None
+    os.utime(held, (DAY_AGO, DAY_AGO))
+    foreign = _folder(tmp_path / f"{RAY_TMPDIR_PREFIX}foreign", log=False)
+    fresh = _folder(tmp_path / f"{RAY_TMPDIR_PREFIX}fresh", age=None, log=False)
+    (fresh / WORKDIR_LOCK).touch()
+    workdir = _folder(tmp_path / f"{WORKDIR_PREFIX}old")  # not this prefix's
+    try:
+        removed = prune_stale_workdirs(tmp_path, prefix=RAY_TMPDIR_PREFIX)
+    finally:
+        lock.close()
+    assert removed == [dead] and not dead.exists()
+    assert held.exists() and foreign.exists() and fresh.exists() and workdir.exists()
 
 
 def test_prune_interrupted_builds_spares_a_live_build(tmp_path: Path) -> None:

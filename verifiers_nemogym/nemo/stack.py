@@ -57,6 +57,7 @@ from verifiers_nemogym.nemo.release import features
 from verifiers_nemogym.nemo.sandboxes import SandboxesFactory, StackSandboxes, Unprepared
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env, signal_with_env
 from verifiers_nemogym.nemo.venv import (
+    RAY_TMPDIR_PREFIX,
     WORKDIR_LOCK,
     WORKDIR_PREFIX,
     NeMoGymVenv,
@@ -237,6 +238,7 @@ class NeMoGymStack:
             self.server_venvs, self.config_paths, judge.api if judge is not None else None
         )
         self._workdir_lock: IO[str] | None = None
+        self._ray_tmpdir_lock: IO[str] | None = None
         self._warm = False
         self.ng_log = NgRunLog(self.workdir / "ng_run.log" if self.workdir else None)
         """ng_run's log (its servers' lines too): readiness, and what died and why."""
@@ -291,7 +293,10 @@ class NeMoGymStack:
         # Ray puts unix sockets below its temp dir (path limit ~107 chars): keep it short.
         # mkdtemp makes it 0700: Ray's sockets, session logs and the stack's Ray token
         # (`private_ray_auth`, or a joined cluster's token given by value) are this user's alone.
-        self._ray_tmpdir = Path(tempfile.mkdtemp(prefix="vfng-", dir="/tmp"))
+        # What stacks killed whole (owner and supervisor at once) left, a day later.
+        await asyncio.to_thread(prune_stale_workdirs, Path("/tmp"), prefix=RAY_TMPDIR_PREFIX)
+        self._ray_tmpdir = Path(tempfile.mkdtemp(prefix=RAY_TMPDIR_PREFIX, dir="/tmp"))
+        self._ray_tmpdir_lock = try_flock(self._ray_tmpdir / WORKDIR_LOCK)
         # The stack's processes (NeMo Gym's servers and the CLIs they run) get a temp folder
         # of their own, gone with the stack (stop, or the supervisor of a dead owner): OpenCode,
         # for one, unpacks a 5 MB library into $TMPDIR at every run and never deletes it.
@@ -687,13 +692,24 @@ class NeMoGymStack:
         if self._ray_tmpdir is not None:
             shutil.rmtree(self._ray_tmpdir, ignore_errors=True)
             self._ray_tmpdir = None
-        if self._own_workdir and self.workdir is not None and not self._failed:
+        if self._ray_tmpdir_lock is not None:
+            self._ray_tmpdir_lock.close()
+            self._ray_tmpdir_lock = None
+        if self._own_workdir and self.workdir is not None and not self._keeps_log():
             shutil.rmtree(self.workdir, ignore_errors=True)
         self._started = False
         if survivors:
             raise StackError(
                 f"NeMo Gym processes survived SIGKILL: {survivors} (marker {self.marker})"
             )
+
+    def _keeps_log(self) -> bool:
+        """A failed start keeps its workdir for ng_run's log, if ng_run got to write one (a
+        start that failed before, such as a bad config or a missing image, has none)."""
+        try:
+            return self._failed and self.log_path.stat().st_size > 0
+        except OSError:
+            return False
 
     def discard_workdir(self) -> None:
         """Remove the workdir a failed start kept for its log, if this stack created it (a

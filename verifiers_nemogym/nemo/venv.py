@@ -454,28 +454,39 @@ class WarmStart:
 
 _RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 WORKDIR_PREFIX = "vf-nemogym-stack-"
-# Held (flock) by the stack that created the workdir from its creation to its stop.
+RAY_TMPDIR_PREFIX = "vfng-"
+"""A stack's private temp folder in /tmp (Ray's sockets and sessions, the stack's Ray token, its
+processes' `$TMPDIR`): short, for Ray's unix socket paths."""
+# Held (flock) by the stack that created the workdir (or the Ray temp folder) from its creation
+# to its stop.
 WORKDIR_LOCK = ".in-use"
 STALE_WORKDIR_SECONDS = 24 * 3600.0
 
 
 def prune_stale_workdirs(
-    parent: Path, older_than: float = STALE_WORKDIR_SECONDS, log: logging.Logger = logger
+    parent: Path,
+    older_than: float = STALE_WORKDIR_SECONDS,
+    log: logging.Logger = logger,
+    prefix: str = WORKDIR_PREFIX,
 ) -> list[Path]:
-    """Delete this user's `WORKDIR_PREFIX` folders (not links) in `parent` untouched (folder and
+    """Delete this user's `prefix` folders (not links) in `parent` untouched (folder and
     `ng_run.log`) for `older_than` s, that no process runs in and whose `WORKDIR_LOCK` no stack
-    holds (docs/runtime.md); returns those deleted, never raises."""
+    holds (docs/runtime.md); returns those deleted, never raises. A Ray temp folder
+    (`RAY_TMPDIR_PREFIX`) is deleted only if it has that lock file: a folder of the prefix
+    without one is another tool's, or an older release's stack's that may still run."""
     removed: list[Path] = []
     in_use: set[Path] | None = None
     now = time.time()
     try:
-        candidates = sorted(parent.glob(f"{WORKDIR_PREFIX}*"))
+        candidates = sorted(parent.glob(f"{prefix}*"))
     except OSError:
         return removed
     for path in candidates:
         try:
             info = path.lstat()
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            if prefix == RAY_TMPDIR_PREFIX and not (path / WORKDIR_LOCK).is_file():
                 continue
             log_file = path / "ng_run.log"
             touched = max(info.st_mtime, log_file.stat().st_mtime if log_file.exists() else 0)

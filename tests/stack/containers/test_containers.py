@@ -21,9 +21,11 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,16 @@ from verifiers_nemogym.containers import docker
 from verifiers_nemogym.containers.kit import TaskKit, make_tasks
 from verifiers_nemogym.containers.sandbox import APT_NO_RETRIES, PROVIDER_CONFIG, STACK_LABEL
 from verifiers_nemogym.nemo.supervisor import MARKER_ENV_VAR, processes_with_env
-from verifiers_nemogym.nemo.venv import NeMoGymVenv
+from verifiers_nemogym.nemo.venv import (
+    RAY_TMPDIR_PREFIX,
+    WORKDIR_LOCK,
+    WORKDIR_PREFIX,
+    NeMoGymVenv,
+    prune_stale_workdirs,
+)
 from verifiers_nemogym.phases import PHASES
 from verifiers_nemogym.policies.fixer import WRITTEN_REWARD, FixerPolicy, FixTask
+from verifiers_nemogym.util import try_flock
 
 ENVS = ("swebench_pro", "terminal_bench_2_1", "swe_next")
 DOCKER_CONFIG = PROVIDER_CONFIG.format(name="docker")
@@ -631,20 +640,32 @@ def short_lifetime(path: Path) -> Path:
     return path
 
 
-def kill_every_process(entry: str) -> str:
+def unheld(workdir: Path) -> bool:
+    """Whether `workdir`'s lock file exists and no stack holds it (its stack is gone)."""
+    if not (workdir / WORKDIR_LOCK).is_file():
+        return False  # a stack making it right now
+    handle = try_flock(workdir / WORKDIR_LOCK)
+    if handle is not None:
+        handle.close()
+    return handle is not None
+
+
+def kill_every_process(entry: str) -> tuple[str, list[Path]]:
     """SIGKILL every process carrying `entry` (a run's tag) until none is left (bounded
-    rounds: a process may start one while being killed); the stack marker its supervisor had."""
+    rounds: a process may start one while being killed); the stack marker its supervisor had
+    and the folders it was to remove were its owner to die (the Ray temp folder, the workdir)."""
     from verifiers_nemogym.nemo.supervisor import argv_of
 
-    marker = ""
+    marker, folders = "", list[Path]()
     for _ in range(50):
         pids = processes_with_env(entry)
         if not pids:
-            return marker
+            return marker, folders
         for pid in pids:
             argv = argv_of(pid)
             if "--marker" in argv:
                 marker = argv[argv.index("--marker") + 1]
+                folders = [Path(v) for k, v in pairwise(argv) if k == "--remove-if-orphaned"]
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     raise AssertionError(f"processes of {entry} still start after 50 rounds of SIGKILL")
@@ -661,9 +682,16 @@ async def test_a_run_killed_whole_leaves_containers_that_end_within_their_lifeti
     lifetime = str(short_lifetime(tmp_path / "lifetime.yaml"))
     rows, out = tmp_path / "rows.jsonl", tmp_path / "out"
     async with eval_in_its_container(kit, nemo_venv_07, rows, out, lifetime) as (tag, _):
-        marker = kill_every_process(tag)
+        marker, folders = kill_every_process(tag)
         killed = asyncio.get_running_loop().time()
     assert marker and processes_with_env(tag) == []
+    # Nothing of the run was left to remove its folders: a later start prunes them, a day on
+    # for its workdir (its log), and at once, as here, for its Ray temp folder (token, sockets).
+    ray_tmpdir, workdir = folders
+    assert ray_tmpdir.name.startswith(RAY_TMPDIR_PREFIX) and workdir.name.startswith(WORKDIR_PREFIX)
+    assert ray_tmpdir in prune_stale_workdirs(Path("/tmp"), 0, prefix=RAY_TMPDIR_PREFIX)
+    assert workdir.is_dir() and unheld(workdir)
+    shutil.rmtree(workdir)  # this test's own doing: not left for a day
     (container,) = stack_containers(marker)
     await asyncio.sleep(3)
     assert stack_containers(marker) == [container], "gone before its lifetime: not the bound"
@@ -671,10 +699,10 @@ async def test_a_run_killed_whole_leaves_containers_that_end_within_their_lifeti
     assert asyncio.get_running_loop().time() - killed < LIFETIME + 30
     assert marker in docker._stack_markers()  # its network, left for a sweep
     # A sweep removes it: this one, or a stack starting meanwhile in the other test worker
-    # (every start sweeps; a CI run once saw that start's sweep come first).
-    swept = docker.sweep_dead_stacks()
-    assert marker in swept or marker not in docker._stack_markers(), swept
-    assert marker not in docker._stack_markers()
+    # (every start sweeps; a CI run once saw that start's sweep come first, and one under load
+    # saw it still removing: its docker commands name the marker, which keeps ours off it).
+    if marker not in docker.sweep_dead_stacks():
+        await until(lambda: marker not in docker._stack_markers(), 60, "the other sweep", 0.5)
     assert not [r for r in _iptables_input() if marker in r]
 
 
@@ -703,6 +731,7 @@ async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
         assert "\n" not in message, message
         return message
 
+    before = set(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"))
     absent = _env(kit, nemo_venv_07, tmp_path / "absent.jsonl", shared_stack=False)
     message = await first_error(absent)
     assert "absent.jsonl:1" in message and "swebench-pro:not-built-here" in message, message
@@ -721,6 +750,12 @@ async def test_what_the_machine_cannot_give_is_one_line_before_any_rollout(
     message = await first_error(_env(kit, nemo_venv_07, tmp_path / "rows.jsonl"))
     assert "needs a running docker daemon" in message, message
     monkeypatch.undo()
+    # A start that failed before NeMo Gym ran has no log to keep: no workdir of it is left.
+    # (Only such folders are counted: a stack of the other test worker has its lock taken or
+    # a log, and may come and go meanwhile.)
+    now = set(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"))
+    left = [w for w in now - before if not (w / "ng_run.log").exists() and unheld(w)]
+    assert left == [], left
     assert stack_containers() == [] or all(
         processes_with_env(f"{MARKER_ENV_VAR}={m}") for m in docker._stack_markers()
     )

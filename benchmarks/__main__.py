@@ -157,6 +157,10 @@ async def run_warm(repeats: int, out: dict[str, Any]) -> None:
                     "ours": await warm.ours_imports(runtime, policy.info["base_url"]),
                     "native": await warm.native_imports(runtime, stack, rows, Path(tmp)),
                 }
+                cpu = {
+                    "ours": await warm.ours_cpu(runtime, policy.info["base_url"]),
+                    "native": await warm.native_cpu(runtime, stack, rows, Path(tmp)),
+                }
         finally:
             await stack.stop()
             await warm.take_down(runtime)
@@ -173,6 +177,12 @@ async def run_warm(repeats: int, out: dict[str, Any]) -> None:
         out["details"]["warm_phases"][side]["imports"] = profile
     out["details"]["warm_phases"]["imports_of"] = (
         "one more run per side after the timed ones, not timed, with PYTHONPROFILEIMPORTTIME=1"
+    )
+    for side, profile in cpu.items():
+        out["details"]["warm_phases"][side]["cpu"] = profile
+    out["details"]["warm_phases"]["cpu_of"] = (
+        "one more run per side after those, not timed, its client process (vf-eval; NeMo Gym's "
+        "collector) sampled by py-spy (benchmarks/cpu_profile.py)"
     )
     out["spread"]["stack_attach_s"] = summary(
         [run.attach for run in runs["ours"] if run.attach is not None]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import cpu_profile
 from benchmarks.common import (
     ENV,
     IN_FLIGHT,
@@ -244,6 +245,53 @@ async def native_imports(
     returncode, stdout, stderr = await _run(cmd, env, tmp)
     check_collected(what, returncode, stdout + stderr, rows, output, REPEATS)
     return import_profile(stderr)
+
+
+async def ours_cpu(runtime: NeMoGymVenv, policy_url: str) -> dict[str, Any]:
+    """One more `vf-eval` as `ours_once` runs it (not timed), sampled by py-spy: its CPU per
+    rollout by whose code ran (`cpu_profile.per_rollout`)."""
+    with tempfile.TemporaryDirectory(prefix="vfng-bench-warm-") as tmp:
+        out = Path(tmp, "out")
+        cmd = vf_eval_command(runtime, policy_url, out, private_stack=False)
+        env = {**os.environ, "SCRIPTED_KEY": "unused"}
+        returncode, output, profile = await cpu_profile.record(cmd, env, None)
+        check_vf_eval(returncode, output, out, ROWS * REPEATS)
+        return cpu_profile.per_rollout(profile, ROWS * REPEATS)
+
+
+async def native_cpu(
+    runtime: NeMoGymVenv, stack: NeMoGymStack, rows: Path, tmp: Path
+) -> dict[str, Any]:
+    """One more native collection as `native_once` runs it (not timed), sampled by py-spy."""
+    spec = Catalog(runtime).env(ENV)
+    output = tmp / f"rollouts-{time.monotonic_ns()}.jsonl"
+    what, cmd = collect_command(
+        runtime, stack, spec.agent.name, rows, output, repeats=REPEATS, in_flight=IN_FLIGHT
+    )
+    returncode, out, profile = await cpu_profile.record(cmd, runtime.env(), tmp)
+    check_collected(what, returncode, out, rows, output, REPEATS)
+    return cpu_profile.per_rollout(profile, ROWS * REPEATS)
+
+
+CPU_OWNERS = ("ours", "verifiers", "nemo_gym", cpu_profile.EVENT_LOOP)
+
+
+def cpu_table(phases: dict[str, Any]) -> list[str]:
+    """`details.warm_phases[side]["cpu"]` as a markdown table, one row per side: the client
+    process's CPU milliseconds per rollout by owner (`-`: none of its code ran there), its
+    total, and the part under inspect's signature parse (pydantic's default_factory check)."""
+    lines = [
+        "| side | ours | verifiers | NeMo Gym | event loop | total | of it: signature parse |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for side in ("ours", "native"):
+        if (cpu := phases.get(side, {}).get("cpu")) is None:
+            continue
+        by = cpu["cpu_ms_per_rollout"]
+        cells = [f"{by[o]:.1f}" if o in by else "-" for o in CPU_OWNERS]
+        total, signature = cpu["cpu_ms_per_rollout_total"], cpu["signature_ms_per_rollout"]
+        lines.append(f"| {side} | {' | '.join(cells)} | {total:.1f} | {signature:.1f} |")
+    return lines
 
 
 async def _run(

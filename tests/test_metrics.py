@@ -5,6 +5,7 @@ numbers themselves are NeMo Gym's: tests/stack/test_metrics.py compares them wit
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,34 @@ def test_a_run_folder_its_traces_and_a_prime_rl_stream_folder_read_the_same(tmp_
     (stream / "notes.txt").write_text("not a chunk")
     for path in (run, run / "traces.jsonl", stream, tmp_path / "out"):
         assert read_episodes(path) == EPISODES, path
+
+
+def test_reading_traces_runs_no_garbage_collection(tmp_path: Path):
+    """A vf-eval process reads its run's traces at its close, its heap full of the run's
+    objects: Python's cycle collector, run again and again as the parsed episodes pile up,
+    took 278 of the 289 ms of reading 100 traces there. Parsed JSON has no cycles: none runs
+    while traces are read (the collector's own state is as it was after)."""
+    _write(tmp_path / "traces.jsonl", EPISODES * 500)
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        episodes = read_episodes(tmp_path)
+    finally:
+        gc.callbacks.remove(count)
+    # At most the one young-generation pass the re-enabled collector owes the allocations
+    # (before the pause: 72 passes, 3000 episodes on a near-empty heap).
+    assert len(episodes) == 3000 and len(collections) <= 1 and gc.isenabled(), collections
+    gc.disable()
+    try:
+        read_episodes(tmp_path)
+        assert not gc.isenabled()  # a caller's own choice stands
+    finally:
+        gc.enable()
 
 
 def test_bad_trace_files_name_file_and_line(tmp_path: Path):

@@ -28,8 +28,9 @@ from benchmarks.timeline import (
 
 N = ROWS * REPEATS
 ROOT = Path(__file__).resolve().parent.parent
-RUN = ROOT / "benchmarks/results/2026-11-29-warm-phases.json"
-"""`--only warm --repeats 2 --nemo-gym-version 0.7.0`: both sides' phases, interleaved."""
+RUN = ROOT / "benchmarks/results/2026-11-29-warm-cpu.json"
+"""`--only warm --repeats 3 --nemo-gym-version 0.7.0`: both sides' phases, interleaved, and
+each side's client CPU by owner."""
 
 # vf-eval's eval.log as verifiers and our package write it (loguru's format, whole seconds).
 EVAL_LOG = """\
@@ -240,7 +241,7 @@ def test_the_committed_run_has_both_sides_phases_adding_up_to_each_wall() -> Non
     for side, order in sides:
         names = [phase for phase, _ in order]
         each = found[side]["each"]
-        assert len(each) == 2, side
+        assert len(each) == 3, side
         for run in each:
             covered = sum(run[name] for name in names)
             assert min(run[name] for name in names) >= 0, side
@@ -261,5 +262,24 @@ def test_the_docs_quote_the_committed_phase_table() -> None:
     table = warm.phase_table(json.loads(RUN.read_text())["details"]["warm_phases"])
     assert len(table) == 5 and table[2].startswith("| ours | ")
     assert table[3].startswith(f"| {warm.NO_RICH} (`--no-rich`) | ")
+    performance = (ROOT / "docs/performance.md").read_text().splitlines()
+    assert [row for row in table if row not in performance] == []
+
+
+def test_the_committed_cpu_profile_charges_each_side_its_own_code_and_the_docs_quote_it() -> None:
+    """vf-eval's CPU is ours, verifiers' and the event loop's, never NeMo Gym's; the collector's
+    NeMo Gym's and the loop's, never ours or verifiers'; each side's total is its owners' sum;
+    the docs' CPU table is the file's."""
+    found = json.loads(RUN.read_text())["details"]["warm_phases"]
+    ours, native = found["ours"]["cpu"], found["native"]["cpu"]
+    assert set(ours["cpu_ms_per_rollout"]) == {"ours", "verifiers", "event_loop"}
+    assert set(native["cpu_ms_per_rollout"]) == {"nemo_gym", "event_loop"}
+    for side in (ours, native):
+        assert side["rollouts"] == N and side["import_s"] > 0
+        by = side["cpu_ms_per_rollout"]
+        assert sum(by.values()) == pytest.approx(side["cpu_ms_per_rollout_total"], abs=0.05)
+    assert 0 < ours["signature_ms_per_rollout"] < ours["cpu_ms_per_rollout"]["verifiers"]
+    table = warm.cpu_table(found)
+    assert len(table) == 4 and table[2].startswith("| ours | ")
     performance = (ROOT / "docs/performance.md").read_text().splitlines()
     assert [row for row in table if row not in performance] == []

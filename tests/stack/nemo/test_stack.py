@@ -240,7 +240,20 @@ async def test_check_alive_names_the_server_that_died_first(
     """The watchdog's race, held still: the agent server is SIGKILLed, then the resources
     server gets the SIGINT that NeMo Gym's shutdown (or the supervisor's teardown) sends every
     other server once one died, while ng_run has not yet written which one died. Both refuse
-    connections, the resources server first in check order; the agent must be named."""
+    connections, the resources server first in check order; the agent must be named. A run in
+    which ng_run's own once-a-minute poll wrote it first (a loaded machine: CI once took over a
+    minute from the kill to the check) proves nothing either way, and is run again once."""
+    for _ in range(2):
+        if await _agent_named_before_nemo_gym_said(nemo_venv, single_tool_env, policy):
+            return
+    pytest.fail("ng_run named the dead server before the check in both runs: the race not held")
+
+
+async def _agent_named_before_nemo_gym_said(
+    nemo_venv: NeMoGymVenv, single_tool_env: EnvSpec, policy: ScriptedPolicy
+) -> bool:
+    """One run of the test above on a fresh stack: whether the check was made before ng_run
+    wrote which server died (asserting, either way, that the check names the agent)."""
     stack = _stack_for(nemo_venv, single_tool_env, policy)
     agent = single_tool_env.agent.name
     try:
@@ -268,11 +281,12 @@ async def test_check_alive_names_the_server_that_died_first(
             await stack.check_alive()
         assert str(caught.value).startswith(f"NeMo Gym server {agent!r} "), caught.value
         assert f"also down now: {ENV_NAME}" in str(caught.value), caught.value
-        # Decided by the servers' own logs: NeMo Gym had not said which one died.
-        assert "finished unexpectedly" not in stack.log_path.read_text(errors="replace")
+        # Decided by the servers' own logs if NeMo Gym had not said which one died.
+        held = "finished unexpectedly" not in stack.log_path.read_text(errors="replace")
     finally:
         await stack.stop()
     assert await gone(f"{MARKER_ENV_VAR}={stack.marker}", 10) == []
+    return held
 
 
 def _stack_for(

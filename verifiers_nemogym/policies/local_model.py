@@ -203,6 +203,9 @@ class LocalModelServer:
             "context": self.context,
             "parallel": self.parallel,
             "temperature": self.temperature,
+            # The log a temp file of ours: the server removes it as it leaves, so an owner
+            # SIGKILLed (whose `stop` never runs) leaves none.
+            "remove_on_exit": str(self.log_path) if self._own_log else None,
         }
         started = time.monotonic()
         logger.info("starting the local model server (%s) ...", model.name)
@@ -325,14 +328,18 @@ class LocalModelServer:
 # ---- the child process ------------------------------------------------------------------------
 
 
-def _exit_with_owner(owner: int) -> None:
-    """Leave as soon as stdin closes (owner stopped us or died) or the owner is gone."""
+def _exit_with_owner(owner: int, remove: str | None) -> None:
+    """Leave as soon as stdin closes (owner stopped us or died) or the owner is gone, removing
+    `remove` (the owner's temp log) first."""
     while True:
         ready, _, _ = select.select([sys.stdin.buffer], [], [], 1.0)
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break
         if os.getppid() != owner:
             break
+    if remove is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(remove)
     # os._exit: llama.cpp's threads need no orderly shutdown; the kernel frees the model.
     os._exit(0)
 
@@ -364,7 +371,8 @@ def _child_main() -> None:
     """The child process: read the config line, serve until the owner goes (never returns)."""
     owner = os.getppid()
     config = json.loads(sys.stdin.buffer.readline())
-    threading.Thread(target=_exit_with_owner, args=(owner,), daemon=True).start()
+    remove = config.get("remove_on_exit")
+    threading.Thread(target=_exit_with_owner, args=(owner, remove), daemon=True).start()
     _serve(config)
 
 

@@ -100,7 +100,8 @@ def test_eval_local_runs_the_real_model_through_nemo_gym(tmp_path: Path) -> None
 
 
 def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
-    """The model server of a SIGKILLed owner exits by itself (its stdin pipe closes)."""
+    """The model server of a SIGKILLed owner exits by itself (its stdin pipe closes), and
+    removes the temp log its owner made for it."""
     owner_code = textwrap.dedent(
         """
         import json, sys, urllib.request
@@ -108,7 +109,8 @@ def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
         server = LocalModelServer().start()
         with urllib.request.urlopen(server.base_url + "/models", timeout=30) as reply:
             models = json.load(reply)
-        print(json.dumps({"pid": server.pid, "marker": server.marker, "models": models}))
+        print(json.dumps({"pid": server.pid, "marker": server.marker, "models": models,
+                          "log": str(server.log_path)}))
         sys.stdout.flush()
         sys.stdin.read()  # until the test kills us
         """
@@ -127,6 +129,7 @@ def test_server_serves_and_dies_with_its_owner(tmp_path: Path) -> None:
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=10)
         assert wait_gone(info["pid"], 15), "the model server outlived its owner"
+        assert not Path(info["log"]).exists(), "the server's temp log outlived its owner"
     finally:
         owner.kill()
         owner.wait()

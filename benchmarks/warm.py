@@ -236,15 +236,24 @@ async def native_imports(
 ) -> dict[str, object]:
     """One more native collection as `native_once` runs it (not timed), with Python's import
     profile on: what its imports cost (`timeline.import_profile`)."""
+    what, cmd, output = _collection(runtime, stack, rows, tmp)
+    env = {**runtime.env(), "PYTHONPROFILEIMPORTTIME": "1"}
+    returncode, stdout, stderr = await _run(cmd, env, tmp)
+    check_collected(what, returncode, stdout + stderr, rows, output, REPEATS)
+    return import_profile(stderr)
+
+
+def _collection(
+    runtime: NeMoGymVenv, stack: NeMoGymStack, rows: Path, tmp: Path
+) -> tuple[str, list[str], Path]:
+    """NeMo Gym's collection of the 100 rollouts as `native_once` runs it, for the untimed
+    extra runs: (its name, its command, the results file it writes in `tmp`)."""
     spec = Catalog(runtime).env(ENV)
     output = tmp / f"rollouts-{time.monotonic_ns()}.jsonl"
     what, cmd = collect_command(
         runtime, stack, spec.agent.name, rows, output, repeats=REPEATS, in_flight=IN_FLIGHT
     )
-    env = {**runtime.env(), "PYTHONPROFILEIMPORTTIME": "1"}
-    returncode, stdout, stderr = await _run(cmd, env, tmp)
-    check_collected(what, returncode, stdout + stderr, rows, output, REPEATS)
-    return import_profile(stderr)
+    return what, cmd, output
 
 
 async def ours_cpu(runtime: NeMoGymVenv, policy_url: str) -> dict[str, Any]:
@@ -263,11 +272,7 @@ async def native_cpu(
     runtime: NeMoGymVenv, stack: NeMoGymStack, rows: Path, tmp: Path
 ) -> dict[str, Any]:
     """One more native collection as `native_once` runs it (not timed), sampled by py-spy."""
-    spec = Catalog(runtime).env(ENV)
-    output = tmp / f"rollouts-{time.monotonic_ns()}.jsonl"
-    what, cmd = collect_command(
-        runtime, stack, spec.agent.name, rows, output, repeats=REPEATS, in_flight=IN_FLIGHT
-    )
+    what, cmd, output = _collection(runtime, stack, rows, tmp)
     returncode, out, profile = await cpu_profile.record(cmd, runtime.env(), tmp)
     check_collected(what, returncode, out, rows, output, REPEATS)
     return cpu_profile.per_rollout(profile, ROWS * REPEATS)

@@ -31,6 +31,7 @@ from verifiers_nemogym.nemo.supervisor import (
     kill_processes_mentioning,
     pids,
     processes_mentioning,
+    started,
 )
 from verifiers_nemogym.nemo.supervisor import remove_docker_objects as remove_objects
 from verifiers_nemogym.net import bind_error
@@ -44,8 +45,8 @@ NETWORK_PREFIX = "vfng-"
 BRIDGE_PREFIX = "vfng"
 """Bridge interface names are at most 15 characters: the prefix and 11 of the marker."""
 OWNER_LABEL = "vf-nemogym.owner"
-"""On a stack's network: the pid of the process that made it. (A reused pid only keeps a dead
-stack's network until a later sweep.)"""
+"""On a stack's network: the process that made it, `PID:start` (`supervisor.started`: a later
+process given the same PID is not it). Networks of older releases carry the PID alone."""
 BOOT_LABEL = "vf-nemogym.boot"
 """On a stack's networks and containers: the boot id of the host whose processes own it."""
 PIDNS_LABEL = "vf-nemogym.pidns"
@@ -252,7 +253,7 @@ class ContainerNetwork:
         origins = [a for o in origin_labels() for a in ("--label", o)]
         run_docker(
             "network", "create", "--internal", "--label", label, *origins,
-            "--label", f"{OWNER_LABEL}={os.getpid()}",
+            "--label", f"{OWNER_LABEL}={os.getpid()}:{started(os.getpid())}",
             "--opt", f"com.docker.network.bridge.name={bridge}",
             "--opt", "com.docker.network.bridge.enable_icc=false",
             name,
@@ -303,8 +304,8 @@ class ContainerNetwork:
 class _Stack:
     """A stack's docker objects as the sweep reads them."""
 
-    owners: set[int]
-    """PIDs that made its networks (`OWNER_LABEL`)."""
+    owners: set[tuple[int, int | None]]
+    """The processes that made its networks (`OWNER_LABEL`): PID and start (None: unknown)."""
     origins: set[tuple[str, str]]
     """(boot id, PID namespace) of each of its objects ("" where a label is missing)."""
 
@@ -323,7 +324,9 @@ def _stack_markers() -> dict[str, _Stack]:
             marker, boot_id, namespace, pid = [*line.strip().split(" "), "", "", ""][:4]
             if marker:
                 entry = found.setdefault(marker, _Stack(set(), set()))
-                entry.owners.update([int(pid)] if pid.isdigit() else [])
+                pid, _, start = pid.partition(":")
+                if pid.isdigit():
+                    entry.owners.add((int(pid), int(start) if start.isdigit() else None))
                 entry.origins.add((boot_id, namespace))
     return found
 
@@ -354,7 +357,7 @@ def sweep_dead_stacks(log: logging.Logger = logger) -> list[str]:
     stacks = {m: s for m, s in _stack_markers().items() if all(here) and s.origins == {here}}
     running = _running(stacks)
     for marker, stack in sorted(stacks.items()):
-        if marker in running or any(alive(owner) for owner in stack.owners):
+        if marker in running or any(alive(pid, start) for pid, start in stack.owners):
             continue
         left = remove_objects(f"{STACK_LABEL}={marker}")
         log.info(

@@ -164,20 +164,36 @@ def uid_of(pid: int) -> int | None:
         return None
 
 
-def _state_and_parent(pid: int) -> tuple[str, int] | None:
-    """`pid`'s state letter (`Z`: a zombie) and parent PID; None if it is gone."""
+def _stat(pid: int) -> list[str] | None:
+    """`pid`'s /proc/PID/stat fields from the third (its state) on; None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             # The command name (field 2) may hold spaces and parentheses: split after the last.
-            state, ppid = handle.read().rsplit(")", 1)[1].split()[:2]
-        return state, int(ppid)
-    except (OSError, IndexError, ValueError):
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie is not) of this machine."""
-    return (found := _state_and_parent(pid)) is not None and found[0] != "Z"
+def _state_and_parent(pid: int) -> tuple[str, int] | None:
+    """`pid`'s state letter (`Z`: a zombie) and parent PID; None if it is gone."""
+    fields = _stat(pid)
+    return (fields[0], int(fields[1])) if fields and fields[1].isdigit() else None
+
+
+def started(pid: int) -> int | None:
+    """When `pid` started, in clock ticks after boot (stat field 22); None if it is gone. With
+    the PID it names one process of a boot: a process given a reused PID started later."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
+
+
+def alive(pid: int, started_at: int | None = None) -> bool:
+    """Whether `pid` is a live process (a zombie is not) of this machine; with `started_at`
+    (`started`), only the process that started then, never a later one given the same PID."""
+    fields = _stat(pid)
+    if not fields or fields[0] == "Z":
+        return False
+    return started_at is None or (len(fields) > 19 and fields[19] == str(started_at))
 
 
 def rss_bytes(pid: int) -> int:

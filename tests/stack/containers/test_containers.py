@@ -673,6 +673,23 @@ def kill_every_process(entry: str) -> tuple[str, list[Path]]:
     raise AssertionError(f"processes of {entry} still start after 50 rounds of SIGKILL")
 
 
+def _keepers(marker: str) -> str:
+    """What keeps the sweep off the stack of `marker`: the live processes carrying it (in
+    their environment or on their command line) and its networks' live makers."""
+    from verifiers_nemogym.nemo.supervisor import alive, argv_of, environ_of, pids
+
+    entry = f"{MARKER_ENV_VAR}={marker}".encode()
+    carriers = [
+        f"{pid} {' '.join(argv_of(pid))[:200]!r}"
+        for pid in pids()
+        if entry in environ_of(pid) or marker in " ".join(argv_of(pid))
+    ]
+    stack = docker._stack_markers().get(marker) or docker._Stack(set(), set())
+    owners = [f"{o} {' '.join(argv_of(o))[:200]!r}" for o, t in stack.owners if alive(o, t)]
+    here = docker.origin()
+    return f"carried by {carriers}; live makers {owners}; origins {stack.origins} (here {here})"
+
+
 async def test_a_run_killed_whole_leaves_containers_that_end_within_their_lifetime(
     nemo_venv_07: NeMoGymVenv, kit: TaskKit, tmp_path: Path
 ) -> None:
@@ -704,7 +721,10 @@ async def test_a_run_killed_whole_leaves_containers_that_end_within_their_lifeti
     # (every start sweeps; a CI run once saw that start's sweep come first, and one under load
     # saw it still removing: its docker commands name the marker, which keeps ours off it).
     if marker not in docker.sweep_dead_stacks():
-        await until(lambda: marker not in docker._stack_markers(), 60, "the other sweep", 0.5)
+        gone_by = asyncio.get_running_loop().time() + 60
+        while marker in docker._stack_markers():
+            assert asyncio.get_running_loop().time() < gone_by, f"not swept: {_keepers(marker)}"
+            await asyncio.sleep(0.5)
     assert not [r for r in _iptables_input() if marker in r]
 
 
@@ -832,6 +852,43 @@ def test_a_sweep_keeps_the_network_of_a_stack_still_starting() -> None:
     finally:
         docker.remove_objects(f"{STACK_LABEL}={starting}")
         docker.remove_objects(f"{STACK_LABEL}={orphaned}")
+
+
+REUSED_PID = """
+import os, subprocess, sys
+from verifiers_nemogym.containers import docker
+make = "import os, sys; from verifiers_nemogym.containers import docker; "
+make += "docker.ContainerNetwork.create(sys.argv[1]); print(os.getpid())"
+marker = os.environ["SWEPT_MARKER"]  # not on a command line: that would read as a live stack
+maker = int(subprocess.run([sys.executable, "-c", make, marker], check=True, text=True,
+                           capture_output=True, timeout=120).stdout)
+with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
+    handle.write(str(maker - 1))
+reuser = subprocess.Popen(["sleep", "120"])
+try:
+    print(reuser.pid == maker, marker in docker.sweep_dead_stacks())
+finally:
+    reuser.kill()
+"""
+
+
+def test_a_sweep_takes_a_dead_makers_network_when_its_pid_was_given_to_another_process() -> None:
+    """In a PID namespace of its own (so the next PID can be chosen: `ns_last_pid`), a process
+    makes a stack's network and exits, and a `sleep` is given its PID: the sweep sees the maker
+    is gone (its PID now names a process that started later) and removes the network."""
+    import subprocess
+    import uuid
+
+    marker = uuid.uuid4().hex
+    try:
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REUSED_PID],
+            capture_output=True, text=True, timeout=180, env={**os.environ, "SWEPT_MARKER": marker},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["True", "True"], done.stdout
+    finally:
+        docker.remove_objects(f"{STACK_LABEL}={marker}")
 
 
 def path_without_iptables(folder: Path) -> str:

@@ -13,15 +13,17 @@
 #     a claim a test here shows, on another release or path), nor the stack tests marked
 #     `verifiers_dev` (step 3 runs them; on this verifiers the OpenSandbox and harness tests here
 #     show their env-server and train-mode claims): tests/survey.sh runs both.
-#  3. On the verifiers pre-release: the tests marked `verifiers_dev` (those that touch verifiers,
-#     and mypy; tests/test_tiers.py checks that every other fast test's file is excluded by
-#     name), the fast ones two files at a time, then the stack ones. prime-rl runs verifiers'
-#     dev versions.
+#  3. On the verifiers pre-release, beside step 2: the tests marked `verifiers_dev` (those that
+#     touch verifiers, and mypy; tests/test_tiers.py checks that every other fast test's file is
+#     excluded by name), fast and stack ones, one at a time. prime-rl runs verifiers' dev
+#     versions.
 # The tests that observe a first run (a cold runtime, an empty cache) use caches of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEV_VENV=.venv-verifiers-dev
+# Where the run's time goes, on record: each step's end, in seconds from the start.
+mark() { echo "tests/run.sh: at ${SECONDS} s: $*"; }
 BACKGROUND_LOGS="$(mktemp -d)"
 # An interrupted run leaves no job. `|| true`: with no job left, `kill` alone is a usage error
 # (2), which under `set -e` would end the trap, and the run, with 2 whatever the tests said.
@@ -66,6 +68,7 @@ DEV_VENV_PID=$!
 trap 'exit 130' INT  # but an interrupt (Ctrl-C) stops the run, after the step's own teardown
 status=0
 uv run pytest -m "not stack" -n 2 --dist loadfile || status=1
+mark "the fast tier ended"
 
 # Both background jobs are waited for and reported.
 wait "$RUNTIMES_PID"
@@ -88,9 +91,21 @@ if ! wait "$DEV_VENV_PID"; then
     echo "tests/run.sh: the verifiers pre-release venv ($DEV_VENV) was not made" >&2
     exit 1
 fi
+mark "the background jobs ended"
 
+# Step 3 runs beside step 2, one test at a time (its stack tests keep their shared stacks in the
+# default folder, apart from the stack tier's workers'): the stack tier leaves about a tenth of
+# the CPU idle (deadlines, containers, model round trips), which this takes up. One pytest, the
+# job's own process, so the EXIT trap's kill reaches it.
+"$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and not survey" \
+    >"$BACKGROUND_LOGS/prerelease.log" 2>&1 &
+PRERELEASE_PID=$!
 uv run pytest -m "stack and not survey and not verifiers_dev" -n 2 --dist loadfile || status=1
-"$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and not stack" -n 2 --dist loadfile || status=1
-"$DEV_VENV/bin/python" -m pytest -m "verifiers_dev and stack and not survey" -n 2 --dist loadfile ||
-    status=1
+mark "the stack tier ended"
+prerelease=0
+wait "$PRERELEASE_PID" || prerelease=$?
+mark "the pre-release's tests ended"
+echo "tests/run.sh: on the verifiers pre-release (run beside the stack tier):"
+cat "$BACKGROUND_LOGS/prerelease.log"
+[[ "$prerelease" == 0 ]] || status=1
 exit "$status"

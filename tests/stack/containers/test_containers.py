@@ -164,10 +164,10 @@ async def test_container_environments_score_and_never_cross_route(
     finish, adding up to NeMo Gym's `/run` and to within 5 % of verifiers' own agent time), and
     a name lookup in a container fails within a second (the stack's refusing name server;
     docker's embedded DNS alone leaves it ~10 s to time out)."""
-    # terminal_bench_2_1's useless edit is the writer's case (its 0.0 then also shows the
-    # written reward never counts): six rollouts, two waves at -c 3.
-    cases = [(env, right) for right in (True, False) for env in ENVS if (env, right) != WRITER_CASE]
-    cases.append(WRITER_CASE)
+    # Each environment's right fix; a useless edit's 0.0 for swe_next, and for terminal_bench_2_1
+    # as the writer's case (its 0.0 then also shows the written reward never counts). swebench_pro's
+    # useless edit scores 0.0 in the hostile-code test below. Five rollouts, two waves at -c 3.
+    cases = [(env, True) for env in ENVS] + [("swe_next", False), WRITER_CASE]
     table = case_rows(kit, cases, tmp_path / "rows.jsonl")
     table[0] = replace(table[0], fix=f"{LOOKUP} && {APT_CHECK} && {table[0].fix}")
     # swebench_pro writes verifier logs beside its code: in the stack's folder, not the runtime.

@@ -15,6 +15,7 @@ whose file touches verifiers by what it imports at its top, through the package 
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -35,6 +36,15 @@ pytest_plugins = ["pytester"]  # tests/test_tiers.py runs inner sessions with th
 
 STACK_TIER = Path(__file__).parent / "stack"
 """The slow tier: every test collected under this folder is marked `stack`."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as from a terminal for every process the tests start: a suite run as a script's
+    background job (tests/run.sh runs the pre-release's tests so) starts with SIGINT ignored,
+    which its children inherit across exec (Python then installs no handler of its own), and a
+    test stopping one with SIGINT would find it deaf."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

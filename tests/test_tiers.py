@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,27 @@ def test_run_sh_exit_trap_keeps_the_runs_status_when_no_background_job_is_left(
         done = subprocess.run(["bash", "-c", script, "run.sh", str(status)], timeout=60)
         assert done.returncode == status
     assert not logs.exists()
+
+
+SIGINT_OF_A_CHILD = """import signal, subprocess, sys
+
+
+def test_a_child_takes_ctrl_c():
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done
+"""
+
+
+def test_a_suite_started_with_sigint_ignored_gives_its_children_ctrl_c(
+    pytester: pytest.Pytester,
+) -> None:
+    """A session started as a script's background job (SIGINT ignored, as tests/run.sh starts
+    the pre-release's): the processes its tests start take SIGINT as from a terminal."""
+    inner_tests(pytester, test_inner=SIGINT_OF_A_CHILD)
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the inner session
+    try:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=600)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    result.assert_outcomes(passed=1)

@@ -161,3 +161,16 @@ def test_a_command_that_exits_at_once_ends_the_supervisor(tmp_path: Path, attemp
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_alive_with_a_start_time_names_one_process_not_a_later_one_with_its_pid() -> None:
+    """`alive(pid, started_at)`: true for the process that started then, false for a start
+    time that is not that PID's (a later process given a reused PID) and for an exited one."""
+    me, start = os.getpid(), supervisor.started(os.getpid())
+    assert start is not None
+    assert supervisor.alive(me) and supervisor.alive(me, start)
+    assert not supervisor.alive(me, start + 1)
+    child = subprocess.Popen(["true"])
+    child.wait()  # reaped: its PID names no process
+    assert supervisor.started(child.pid) is None
+    assert not supervisor.alive(child.pid) and not supervisor.alive(child.pid, start)

@@ -177,7 +177,7 @@ def _stat(pid: int) -> list[str] | None:
 def _state_and_parent(pid: int) -> tuple[str, int] | None:
     """`pid`'s state letter (`Z`: a zombie) and parent PID; None if it is gone."""
     fields = _stat(pid)
-    return (fields[0], int(fields[1])) if fields and fields[1].isdigit() else None
+    return (fields[0], int(fields[1])) if fields and fields[1:2] and fields[1].isdigit() else None
 
 
 def started(pid: int) -> int | None:

@@ -335,8 +335,12 @@ async def test_failed_warm_start_drops_the_warm_stamp(
     stamp.write_text(f"{config}\n")  # a start of this set once succeeded
     for _ in range(2):
         # Noticed at once (not at the start deadline): ng_run's exit and its first error.
+        stack = attempt()
         with pytest.raises(StackError, match="exited with status 1: RuntimeError: broken venv"):
-            await attempt().start()
+            await stack.start()
+        assert "broken venv" in stack.log_path.read_text()  # kept for its log
+        stack.discard_workdir()  # this test's own doing: not left for a day
+        assert stack.workdir is not None and not stack.workdir.exists()
     first, second = calls.read_text().splitlines()
     assert "+skip_venv_if_present=true" in first.split()
     assert "+skip_venv_if_present=false" in second.split()

@@ -180,11 +180,16 @@ def _state_and_parent(pid: int) -> tuple[str, int] | None:
     return (fields[0], int(fields[1])) if fields and fields[1:2] and fields[1].isdigit() else None
 
 
+def _start_of(fields: list[str]) -> int | None:
+    """The start time in `_stat`'s fields (stat field 22, the 20th from the state)."""
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+
+
 def started(pid: int) -> int | None:
     """When `pid` started, in clock ticks after boot (stat field 22); None if it is gone. With
     the PID it names one process of a boot: a process given a reused PID started later."""
     fields = _stat(pid)
-    return int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
+    return _start_of(fields) if fields else None
 
 
 def alive(pid: int, started_at: int | None = None) -> bool:
@@ -193,7 +198,7 @@ def alive(pid: int, started_at: int | None = None) -> bool:
     fields = _stat(pid)
     if not fields or fields[0] == "Z":
         return False
-    return started_at is None or (len(fields) > 19 and fields[19] == str(started_at))
+    return started_at is None or _start_of(fields) == started_at
 
 
 def rss_bytes(pid: int) -> int:
